@@ -1,0 +1,115 @@
+"""The `gputrace` command: subcommands from a registry, expected errors as `error:`/`hint:` lines."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from . import __version__
+from .errors import GputraceError, NotYetAvailable, UsageError
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    epilog: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, help: str, epilog: str = "") -> Callable:
+    """Registers `configure` (adds arguments); returns a decorator for the function that runs it."""
+
+    def register(configure: Callable[[argparse.ArgumentParser], None]) -> Callable:
+        def bind(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+            COMMANDS[name] = Command(name, help, epilog, configure, run)
+            return run
+
+        return bind
+
+    return register
+
+
+def add_pid(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("-p", "--pid", type=int, required=required, help="target process id")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON (orjson; schema in docs/json-schema.md)")
+
+
+def not_yet(name: str, issue: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        if getattr(args, "pid", None) is not None:
+            from .procs import require_process
+
+            require_process(args.pid)
+        raise NotYetAvailable(f"`gputrace {name}` is not available yet", f"it arrives with {issue}")
+
+    return run
+
+
+def _load_commands() -> None:
+    # Each module registers its commands on import; importing them here keeps startup to what runs.
+    from . import commands  # noqa: F401
+
+
+def build_parser() -> argparse.ArgumentParser:
+    _load_commands()
+    parser = argparse.ArgumentParser(
+        prog="gputrace",
+        description="What would GPU checkpointing cost this CUDA job? Measured with eBPF uprobes on libcuda.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  gputrace doctor                      check that this host can trace\n"
+        "  gputrace demo                        audit the bundled demo workload\n"
+        "  gputrace attach -p 1234 -d 10        audit a running job for 10 s\n"
+        "  gputrace attach --exact -- python train.py\n"
+        "run `gputrace COMMAND --help` for each command's options and examples",
+    )
+    parser.add_argument("--version", action="version", version=f"gputrace {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help, epilog=cmd.epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        cmd.configure(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    trailing: list[str] = []
+    if "--" in argv:  # `gputrace attach [opts] -- command args`: the command is not ours to parse
+        i = argv.index("--")
+        argv, trailing = argv[:i], argv[i + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.command_argv = trailing
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except GputraceError as exc:
+        print(f"error: {exc.msg}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # Output piped into `head` and the like: not an error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""`gputrace attach` (being written)."""

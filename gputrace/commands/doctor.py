@@ -1,0 +1,1 @@
+"""`gputrace doctor` (being written)."""

@@ -1,0 +1,24 @@
+"""Subcommands whose machinery later work brings; they validate their target, then say so."""
+
+from __future__ import annotations
+
+from ..cli import add_pid, command, not_yet
+
+
+for _name, _help, _issue in [
+    ("top", "live dashboard of every CUDA process (not yet available)", "the `top` dashboard (issue 6)"),
+    ("record", "record a tracing session to a file for replay (not yet available)", "the `top` dashboard (issue 6)"),
+    ("checkpoint", "checkpoint a shimmed process's GPU state (not yet available)", "the checkpointer (issue 5)"),
+    ("restore", "roll a process back to a checkpoint (not yet available)", "the checkpointer (issue 5)"),
+    ("suspend", "take a job's device memory off the GPU (not yet available)", "the checkpointer (issue 5)"),
+    ("resume", "bring a suspended job's device memory back (not yet available)", "the checkpointer (issue 5)"),
+    ("shim", "inspect the checkpointing shim in a process (not yet available)", "the shim (issue 4)"),
+]:
+    command(_name, _help)(lambda p: add_pid(p, required=False))(not_yet(_name, _issue))
+
+command("run", "start a job with the checkpointing shim preloaded (not yet available)")(lambda p: None)(
+    not_yet("run", "the shim (issue 4)")
+)
+command("ps", "list processes running with the shim (not yet available)")(lambda p: None)(
+    not_yet("ps", "the shim (issue 4)")
+)

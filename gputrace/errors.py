@@ -1,0 +1,51 @@
+"""One error hierarchy: every expected failure carries a message and a hint for the user.
+
+The CLI prints `error: <msg>` and `hint: <hint>` and exits with `exit_code`; nothing expected ever
+reaches the user as a traceback.
+"""
+
+from __future__ import annotations
+
+
+class GputraceError(Exception):
+    exit_code = 1
+
+    def __init__(self, msg: str, hint: str = "") -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.msg
+
+
+class UsageError(GputraceError):
+    exit_code = 2
+
+
+class NoSuchProcess(GputraceError):
+    exit_code = 3
+
+
+class NoLibcuda(GputraceError):
+    exit_code = 4
+
+
+class PermissionDenied(GputraceError):
+    exit_code = 5
+
+
+class BpfUnavailable(GputraceError):
+    """bcc missing, kernel without BPF/uprobes, or a program that does not load."""
+
+    exit_code = 6
+
+
+class BuildError(GputraceError):
+    """A C component (simcuda, calibration target, shim) failed to compile."""
+
+    exit_code = 7
+
+
+class NotYetAvailable(GputraceError):
+    exit_code = 9
