@@ -1,0 +1,199 @@
+"""Which libcuda a process uses, or a command will use: the file the uprobes go on.
+
+A process may see its libcuda through another mount namespace (a container) or keep mapping one
+that has since been deleted (a driver upgrade under a running job). `LibcudaFile.path` is always a
+path this process can open; `dev` and `inode` identify the file, so the tracer attaches once per
+distinct file however many processes map it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Mapping
+
+from gputrace.errors import GputraceError, NoLibcuda, NoSuchProcess, PermissionDenied, UsageError
+from gputrace.procs import require_process
+
+SONAME = "libcuda.so.1"
+_LIBCUDA = re.compile(r"libcuda\.so(\.\d+)*")  # not libcudart, libcudnn, libcuda_foo
+_DELETED = " (deleted)"
+_MULTIARCH = f"{os.uname().machine}-linux-gnu"
+DEFAULT_DIRS = (f"/lib/{_MULTIARCH}", f"/usr/lib/{_MULTIARCH}", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+
+_NOT_LOADED_HINT = (
+    "start the job under the tracer with `gputrace attach -- COMMAND` to catch it from the start; "
+    "a process that has not initialised CUDA yet maps no libcuda"
+)
+
+
+@dataclass(frozen=True)
+class LibcudaFile:
+    path: str  # host-visible path to open (/proc/PID/root/... or /proc/PID/map_files/... where needed)
+    mapped_as: str  # the path as the process maps it, verbatim from /proc/PID/maps (may end in " (deleted)")
+    dev: int
+    inode: int
+
+
+def is_libcuda(path: str) -> bool:
+    return _LIBCUDA.fullmatch(os.path.basename(path)) is not None
+
+
+def libcuda_of(pid: int) -> LibcudaFile:
+    require_process(pid)
+    try:
+        found = _libcuda_in(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        raise NoSuchProcess(f"process {pid} exited", "check the pid with `ps -p PID`; the job may have exited") from None
+    except PermissionError:
+        raise PermissionDenied(
+            f"cannot read the memory maps or libcuda of process {pid}",
+            "run as root, or as the process's user with ptrace allowed (kernel.yama.ptrace_scope)",
+        ) from None
+    if found is None:
+        raise NoLibcuda(f"process {pid} has no libcuda loaded", _NOT_LOADED_HINT)
+    return found
+
+
+def cuda_processes() -> dict[int, LibcudaFile]:
+    """Every process on the host that maps a libcuda; ones that vanish or are unreadable are skipped."""
+    found: dict[int, LibcudaFile] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            lib = _libcuda_in(int(entry))
+        except (OSError, GputraceError):
+            continue
+        if lib is not None:
+            found[int(entry)] = lib
+    return found
+
+
+def _libcuda_in(pid: int) -> LibcudaFile | None:
+    with open(f"/proc/{pid}/maps") as f:
+        text = f.read()
+    if "libcuda.so" not in text:  # cheap skip for the many processes without it
+        return None
+    chosen: tuple[str, str] | None = None  # (start-end, mapped_as)
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not is_libcuda(fields[5].removesuffix(_DELETED)):
+            continue
+        # Prefer the executable mapping: that is the code the uprobes patch.
+        if chosen is None or "x" in fields[1]:
+            chosen = (fields[0], fields[5])
+        if "x" in fields[1]:
+            break
+    if chosen is None:
+        return None
+    span, mapped_as = chosen
+    path = _host_path(pid, span, mapped_as)
+    try:
+        st = os.stat(path)
+    except PermissionError:
+        if mapped_as.endswith(_DELETED):
+            hint = (
+                "it was deleted after the process loaded it (a driver upgrade?); reading it through "
+                "/proc/PID/map_files needs root (CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE)"
+            )
+        else:
+            hint = "run as root to reach the files of another user's process or container"
+        raise PermissionDenied(f"cannot open {path}, the libcuda that process {pid} maps", hint) from None
+    except FileNotFoundError:
+        if not os.path.exists(f"/proc/{pid}"):
+            raise
+        raise NoLibcuda(
+            f"process {pid} maps {mapped_as}, but it is not at {path}", "report this with the output of `cat /proc/PID/maps`"
+        ) from None
+    return LibcudaFile(path, mapped_as, st.st_dev, st.st_ino)
+
+
+def _host_path(pid: int, span: str, mapped_as: str) -> str:
+    if mapped_as.endswith(_DELETED):
+        # Opening map_files needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE; it raises PermissionError otherwise.
+        start, end = (int(x, 16) for x in span.split("-"))
+        return f"/proc/{pid}/map_files/{start:x}-{end:x}"
+    if _same_mount_ns(pid):
+        return mapped_as
+    return f"/proc/{pid}/root{mapped_as}"
+
+
+def _same_mount_ns(pid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino
+    except PermissionError:
+        return False  # then /proc/PID/root decides whether we may see it at all
+
+
+def resolve_for_command(argv: list[str], env: Mapping[str, str] | None = None, *, search_system: bool = True) -> str:
+    """The libcuda.so.1 that `argv` will load, found the way the dynamic linker looks for it.
+
+    Order: LD_LIBRARY_PATH (from `env`, default os.environ), then the ldconfig cache, then the
+    default directories; files of another ELF class or machine are skipped as ld.so skips them.
+    The executable's RPATH/RUNPATH are not consulted: libcuda is dlopen()ed by libcudart or a
+    framework, not linked by the program. `search_system=False` stops after LD_LIBRARY_PATH.
+    Returns the real path (symlinks resolved), as /proc/PID/maps will show it.
+    """
+    if not argv:
+        raise UsageError("no command given", "put the command after --, e.g. gputrace attach -- python train.py")
+    env = os.environ if env is None else env
+    dirs = _ld_library_path(env)
+    candidates = [os.path.join(d, SONAME) for d in dirs]
+    if search_system:
+        candidates += _ldconfig_cache()
+        candidates += [os.path.join(d, SONAME) for d in DEFAULT_DIRS]
+    for cand in candidates:
+        if _loadable(cand):
+            return os.path.realpath(cand)
+    where = "LD_LIBRARY_PATH, the ldconfig cache and " + ", ".join(DEFAULT_DIRS) if search_system else "LD_LIBRARY_PATH"
+    raise NoLibcuda(
+        f"no {SONAME} for `{argv[0]}` in {where}",
+        "install the NVIDIA driver (libcuda comes with the driver, not the CUDA toolkit) or add its directory to "
+        "LD_LIBRARY_PATH; in a container, run it with the NVIDIA container toolkit (--gpus)",
+    )
+
+
+def _ld_library_path(env: Mapping[str, str]) -> list[str]:
+    value = env.get("LD_LIBRARY_PATH", "")
+    if not value:
+        return []
+    return [d or "." for d in re.split("[:;]", value)]  # ld.so reads an empty entry as the working directory
+
+
+def _ldconfig_cache() -> list[str]:
+    ldconfig = shutil.which("ldconfig") or next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None)
+    if ldconfig is None:
+        return []
+    try:
+        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    # "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    entries = (line.strip() for line in out.splitlines())
+    return [e.split(" => ", 1)[1] for e in entries if e.startswith(SONAME + " ") and " => " in e]
+
+
+def _loadable(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return _elf_kind(f.read(20)) == _own_elf_kind()
+    except OSError:
+        return False
+
+
+def _elf_kind(header: bytes) -> tuple[int, int, bytes] | None:
+    """(class, byte order, machine) of an ELF header, or None for anything else."""
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    return header[4], header[5], header[18:20]
+
+
+@functools.cache
+def _own_elf_kind() -> tuple[int, int, bytes] | None:
+    with open("/proc/self/exe", "rb") as f:
+        return _elf_kind(f.read(20))
