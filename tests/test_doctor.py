@@ -1,0 +1,241 @@
+"""`gputrace doctor`: all OK on a host that can trace, and each degraded host gives its line and hint, no traceback."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from gputrace import doctor
+from gputrace.doctor import FAIL, OK, WARN, Check
+
+# `python -m gputrace.cli` would run cli.py a second time as __main__, whose command registry stays empty
+# (the commands register into gputrace.cli); calling main() from the imported module avoids that.
+CLI = [sys.executable, "-c", "import sys; from gputrace.cli import main; sys.exit(main())"]
+HOST_CHECKS = ["privileges", "bpf-syscall", "btf", "tracefs", "kernel-headers", "bcc", "bcc-compile", "uprobes",
+               "uprobe-multi"]
+GPU_CHECKS = ["libcuda", "nvidia-driver", "checkpoint-api"]
+
+is_root = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not is_root, reason="needs root")
+
+
+def run_doctor(*extra: str, env: dict[str, str] | None = None, prefix: list[str] | None = None,
+               json: bool = True) -> tuple[int, dict | str, str]:
+    full_env = {**os.environ, **(env or {})}
+    cmd = (prefix or []) + CLI + ["doctor"] + (["--json"] if json else []) + list(extra)
+    p = subprocess.run(cmd, capture_output=True, env=full_env, timeout=120)
+    out, err = p.stdout.decode(), p.stderr.decode()
+    assert "Traceback" not in out + err, out + err
+    return p.returncode, (orjson.loads(p.stdout) if json else out), err
+
+
+def by_name(doc: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in doc["checks"]}
+
+
+def bcc_importable_here() -> bool:
+    try:
+        from gputrace.bccload import import_bcc
+
+        import_bcc()
+        return True
+    except Exception:
+        return False
+
+
+# --- a host that can trace ------------------------------------------------------------------------------------------
+
+@pytest.mark.bpf
+@needs_root
+def test_every_host_check_is_ok_here():
+    if not bcc_importable_here():
+        pytest.skip("bcc is not installed (scripts/setup-host installs it)")
+    rc, doc, err = run_doctor()
+    checks = by_name(doc)
+    assert doc["schema"] == 1
+    assert list(checks) == HOST_CHECKS + GPU_CHECKS
+    for name in HOST_CHECKS:
+        assert checks[name]["status"] == OK, checks[name]
+    for name in GPU_CHECKS:
+        assert checks[name]["status"] in (OK, WARN), checks[name]
+    assert rc == 0
+    assert err == ""  # clang and libbcc chatter stays captured
+    assert "fired" in checks["uprobes"]["detail"]
+
+
+@pytest.mark.bpf
+@needs_root
+def test_run_checks_returns_frozen_checks():
+    checks = doctor.run_checks()
+    assert isinstance(checks, tuple) and all(isinstance(c, Check) for c in checks)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        checks[0].status = FAIL  # type: ignore[misc]
+    assert {c.status for c in checks} <= {OK, WARN, FAIL}
+    assert all(c.hint for c in checks if c.status != OK)
+
+
+@pytest.mark.bpf
+@needs_root
+def test_text_output_one_line_per_check_with_hints():
+    rc, out, _ = run_doctor(env={"GPUTRACE_TRACEFS": "/nonexistent"}, json=False)
+    lines = out.splitlines()
+    assert any(ln.startswith("OK   privileges ") for ln in lines)
+    i = next(i for i, ln in enumerate(lines) if ln.split()[1:2] == ["tracefs"])
+    assert lines[i].split()[0] in (WARN, FAIL)
+    assert lines[i + 1].startswith(" ") and "hint: mount -t tracefs nodev /nonexistent" in lines[i + 1]
+
+
+# --- degraded hosts, each through the CLI as a subprocess ---------------------------------------------------------
+
+def test_bcc_hidden():
+    probe = subprocess.run([sys.executable, "-c", "import bcc"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip(f"{sys.executable} imports bcc by itself; it cannot be hidden")
+    rc, doc, _ = run_doctor(env={"GPUTRACE_BCC_PATH": ""})
+    checks = by_name(doc)
+    assert checks["bcc"]["status"] == FAIL
+    assert "not installed" in checks["bcc"]["detail"]
+    assert "python3-bpfcc" in checks["bcc"]["hint"]
+    assert checks["bcc-compile"] == {"name": "bcc-compile", "status": FAIL, "detail": "skipped: needs bcc",
+                                     "hint": "see the bcc check above"}
+    assert checks["uprobe-multi"]["status"] == WARN and "skipped" in checks["uprobe-multi"]["detail"]
+    assert rc == 1
+
+
+def test_headers_missing():
+    rc, doc, _ = run_doctor(env={"GPUTRACE_KERNEL_HEADERS": "/nonexistent"})
+    checks = by_name(doc)
+    h = checks["kernel-headers"]
+    assert h["status"] == FAIL and "/nonexistent does not exist" in h["detail"]
+    assert "scripts/setup-host" in h["hint"] and f"linux-headers-{os.uname().release}" in h["hint"]
+    assert checks["bcc-compile"]["status"] == FAIL
+    assert checks["bcc-compile"]["detail"] in ("skipped: needs kernel-headers", "skipped: needs bcc")
+    assert rc == 1
+
+
+def test_headers_without_include_dir(tmp_path):
+    rc, doc, _ = run_doctor(env={"GPUTRACE_KERNEL_HEADERS": str(tmp_path)})
+    h = by_name(doc)["kernel-headers"]
+    assert h["status"] == FAIL and h["detail"] == f"{tmp_path} has no include/"
+    assert rc == 1
+
+
+@pytest.mark.bpf
+@needs_root
+def test_compile_failure_is_one_useful_line(tmp_path):
+    if not bcc_importable_here():
+        pytest.skip("bcc is not installed")
+    (tmp_path / "include").mkdir()  # headers that pass a glance but cannot compile anything
+    rc, doc, err = run_doctor(env={"BCC_KERNEL_SOURCE": str(tmp_path)})
+    c = by_name(doc)["bcc-compile"]
+    assert c["status"] == FAIL
+    assert "\n" not in c["detail"], c
+    assert "Unable to find kernel headers" in c["detail"] or "error" in c["detail"], c
+    assert "setup-host" in c["hint"]
+    assert err == ""
+    assert rc == 1
+
+
+def test_tracefs_missing():
+    rc, doc, _ = run_doctor(env={"GPUTRACE_TRACEFS": "/nonexistent"})
+    checks = by_name(doc)
+    t = checks["tracefs"]
+    assert t["hint"] == "mount -t tracefs nodev /nonexistent"
+    assert "/nonexistent" in t["detail"]
+    # Only a warning where multi-uprobe links work; without them bcc's per-probe path needs tracefs.
+    assert t["status"] == (WARN if checks["uprobe-multi"]["status"] == OK else FAIL)
+    assert rc == (1 if any(c["status"] == FAIL for c in doc["checks"]) else 0)
+
+
+@needs_root
+def test_not_root():
+    setpriv = shutil.which("setpriv")
+    if not setpriv:
+        pytest.skip("setpriv (util-linux) is not installed")
+    drop = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+    rc, doc, _ = run_doctor(prefix=drop, env={"HOME": "/tmp"})
+    checks = by_name(doc)
+    p = checks["privileges"]
+    assert p["status"] == FAIL and "uid 65534" in p["detail"]
+    assert "setcap" in p["hint"] and "sudo" in p["hint"]
+    assert checks["bpf-syscall"]["status"] == FAIL
+    assert checks["uprobes"]["status"] == FAIL and checks["uprobes"]["detail"].startswith("skipped")
+    assert rc == 1
+    rc, out, err = run_doctor(prefix=drop, env={"HOME": "/tmp"}, json=False)
+    assert out.startswith("FAIL privileges ") and "hint: run it with sudo" in out
+    assert rc == 1 and err == ""
+
+
+def test_help_has_examples_and_environment():
+    p = subprocess.run(CLI + ["doctor", "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0
+    for s in ("examples:", "gputrace doctor --json", "GPUTRACE_KERNEL_HEADERS", "GPUTRACE_TRACEFS", "GPUTRACE_BCC_PATH"):
+        assert s in p.stdout
+
+
+# --- pieces that a host without a GPU cannot show through the CLI ----------------------------------------------------
+
+def test_a_check_that_raises_becomes_a_fail():
+    c = doctor._run_one("boom", lambda: 1 // 0)
+    assert c == Check("boom", FAIL, "ZeroDivisionError: integer division or modulo by zero", "")
+
+
+def _fake_libcuda(tmp_path, functions):
+    if not shutil.which("gcc"):
+        pytest.skip("gcc is not installed")
+    src = tmp_path / "fake.c"
+    src.write_text("".join(f"int {f}(void *a) {{ return 0; }}\n" for f in functions))
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return lib
+
+
+def test_libcuda_in_a_process_and_its_checkpoint_api(tmp_path, monkeypatch):
+    lib = _fake_libcuda(tmp_path, list(doctor.CHECKPOINT_API) + ["cuInit"])
+    holder = subprocess.Popen([sys.executable, "-c",
+                               f"import ctypes, sys, time; ctypes.CDLL({str(lib)!r}); print(1, flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"1"
+        monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))  # what a job started here would load: the fake
+        d = doctor._Doctor()
+        c = d.libcuda_check()
+        assert c.status == OK, c
+        assert c.detail.startswith(f"{lib} (what a job started here loads)")
+        assert f"{holder.pid} (python" in c.detail
+        api = d.checkpoint_api()
+        assert api == Check("", OK, f"{lib} exports cuCheckpointProcess{{Lock,Checkpoint,Restore,Unlock}}")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_old_driver_lacks_checkpoint_api(tmp_path):
+    lib = _fake_libcuda(tmp_path, ["cuInit", "cuCheckpointProcessLock"])
+    d = doctor._Doctor()
+    d.libcuda = str(lib)
+    c = d.checkpoint_api()
+    assert c.status == WARN
+    assert "cuCheckpointProcessCheckpoint, cuCheckpointProcessRestore, cuCheckpointProcessUnlock" in c.detail
+    assert "newer NVIDIA driver" in c.hint
+
+
+def test_checkpoint_api_skipped_without_libcuda():
+    c = doctor._run_one("checkpoint-api", doctor._Doctor().checkpoint_api)
+    assert (c.status, c.detail) == (WARN, "skipped: needs libcuda")
+    assert "simcuda" in c.hint
+
+
+def test_libc_getpid_offset_is_a_file_offset():
+    path, off = doctor._Doctor().libc_target()
+    assert os.path.basename(path).startswith("libc")
+    assert off > 0
+    with open(path, "rb") as f:
+        f.seek(off)
+        assert len(f.read(16)) == 16  # a file offset, inside the file
