@@ -1,0 +1,2848 @@
+/* simcuda: a simulated CUDA driver (libcuda.so.1) for tests without a GPU.
+ *
+ * Exports the real driver API names and signatures, so a tracer sees the same symbols it would on a
+ * real machine and programs written against cuda.h run unchanged.  The "GPU" is host memory and host
+ * threads:
+ *   - device memory is a PROT_NONE reservation at a fixed high address; allocations commit pieces of
+ *     it, so device pointers are never valid host pointers and bad ones are caught;
+ *   - every stream has a worker thread that runs the stream's operations in order; kernels are
+ *     builtin host functions that occupy the stream for their configured duration (sleeping, not
+ *     spinning: a GPU does not use the host's CPU), so synchronization really waits;
+ *   - a module image is text: "SIMCUDA-MODULE\n" then lines "kernel NAME BUILTIN DURATION_NS".
+ *
+ * Rules that keep uprobe counts exact: an exported function never calls another exported one (they
+ * share static implementations), and -fno-ipa-icf keeps identical bodies at distinct addresses.
+ *
+ * Environment, read by cuInit: SIMCUDA_KERNEL_NS (overrides every kernel's duration),
+ * SIMCUDA_LAUNCH_NS (CPU busy-wait inside each launch call), SIMCUDA_MEM_BYTES (device memory,
+ * default 16 GiB), SIMCUDA_DEVICES (device count, default 1).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#pragma GCC visibility push(default)
+#include "simcuda.h"
+#pragma GCC visibility pop
+
+#define DRIVER_VERSION 13000
+#define MAX_DEVICES 8
+#define CTX_STACK_MAX 64
+#define PARAM_MAX 64
+#define PAGE 4096UL
+#define VMM_GRANULARITY (2UL << 20)
+#ifndef ARENA_HINT
+#define ARENA_HINT 0x200000000000UL /* 32 TiB: far from the heap, libraries and stacks */
+#endif
+#define PITCH_ALIGN 512UL
+
+/* ------------------------------------------------------------------------------------------------
+ * Global state.  One mutex guards every registry and queue; one condition variable is broadcast
+ * whenever any operation completes, and every kind of waiting (stream, event, context, device) waits
+ * on it.  The GPU work itself runs outside the lock. */
+
+static pthread_mutex_t G = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t G_done = PTHREAD_COND_INITIALIZER;
+static atomic_int g_init;   /* 0: not yet, 1: initialized, -1: a child forked after init (unusable) */
+static long g_pending;      /* operations enqueued on any stream and not yet completed */
+
+static struct {
+    int kernel_ns_set;
+    uint64_t kernel_ns;
+    uint64_t launch_ns;
+    size_t mem_bytes;
+    int ndev;
+} cfg;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static void spin_ns(uint64_t ns)
+{
+    uint64_t end = now_ns() + ns;
+    while (now_ns() < end)
+        __builtin_ia32_pause();
+}
+
+static void sleep_until(uint64_t t)
+{
+    struct timespec ts = {(time_t)(t / 1000000000ULL), (long)(t % 1000000000ULL)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+static uint64_t env_u64(const char *name, uint64_t dflt, int *set)
+{
+    const char *v = getenv(name);
+    if (set)
+        *set = 0;
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 0);
+    if (errno || *end) {
+        fprintf(stderr, "simcuda: ignoring %s=%s (not a number)\n", name, v);
+        return dflt;
+    }
+    if (set)
+        *set = 1;
+    return x;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Handle registry: the set of live handles and their types, so that a stale or made-up handle is
+ * answered with an error instead of being dereferenced.  Open addressing with tombstones; G held. */
+
+enum htype { H_NONE, H_CTX, H_STREAM, H_EVENT, H_MODULE, H_FUNC, H_LIBRARY, H_KERNEL, H_PHYS };
+#define TOMB ((uintptr_t)1)
+
+static struct {
+    uintptr_t *key;
+    unsigned char *type;
+    size_t cap, used, live; /* used: live + tombstones */
+} hs;
+
+static size_t hs_slot(uintptr_t p, size_t cap)
+{
+    return (size_t)(((p >> 4) * 0x9E3779B97F4A7C15ULL) >> 17) & (cap - 1);
+}
+
+static int hs_add(const void *ptr, int type);
+
+static int hs_grow(void)
+{
+    /* Mostly tombstones (handles created and destroyed in a loop): rehash at the same size. */
+    size_t ncap = !hs.cap ? 256 : hs.live * 4 < hs.cap ? hs.cap : hs.cap * 2;
+    uintptr_t *ok = hs.key;
+    unsigned char *ot = hs.type;
+    size_t ocap = hs.cap;
+    hs.key = calloc(ncap, sizeof *hs.key);
+    hs.type = calloc(ncap, 1);
+    if (!hs.key || !hs.type) {
+        free(hs.key);
+        free(hs.type);
+        hs.key = ok;
+        hs.type = ot;
+        return -1;
+    }
+    hs.cap = ncap;
+    hs.used = hs.live = 0;
+    for (size_t i = 0; i < ocap; i++)
+        if (ok[i] > TOMB)
+            hs_add((void *)ok[i], ot[i]);
+    free(ok);
+    free(ot);
+    return 0;
+}
+
+static int hs_add(const void *ptr, int type)
+{
+    if ((hs.used + 1) * 2 > hs.cap && hs_grow())
+        return -1;
+    uintptr_t p = (uintptr_t)ptr;
+    size_t i = hs_slot(p, hs.cap);
+    while (hs.key[i] > TOMB)
+        i = (i + 1) & (hs.cap - 1);
+    if (hs.key[i] == 0)
+        hs.used++;
+    hs.live++;
+    hs.key[i] = p;
+    hs.type[i] = (unsigned char)type;
+    return 0;
+}
+
+static int hs_type(const void *ptr)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    if (p <= TOMB || !hs.cap)
+        return H_NONE;
+    for (size_t i = hs_slot(p, hs.cap);; i = (i + 1) & (hs.cap - 1)) {
+        if (hs.key[i] == p)
+            return hs.type[i];
+        if (hs.key[i] == 0)
+            return H_NONE;
+    }
+}
+
+static void hs_del(const void *ptr)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    if (p <= TOMB || !hs.cap)
+        return;
+    for (size_t i = hs_slot(p, hs.cap);; i = (i + 1) & (hs.cap - 1)) {
+        if (hs.key[i] == p) {
+            hs.key[i] = TOMB;
+            hs.type[i] = H_NONE;
+            hs.live--;
+            return;
+        }
+        if (hs.key[i] == 0)
+            return;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Objects */
+
+struct stream;
+
+struct CUctx_st {
+    int device;
+    unsigned flags;
+    int primary;
+    int refs;             /* primary: retain count */
+    atomic_int alive;
+    long pending;         /* operations on this context's streams not yet completed */
+    CUresult err;         /* asynchronous error, reported (and cleared) by cuCtxSynchronize */
+    struct stream *streams;
+    struct stream *null_stream;
+};
+
+enum opkind { OP_KERNEL, OP_COPY, OP_MEMSET, OP_RECORD, OP_WAIT, OP_FREE, OP_EXIT };
+enum cpkind { CP_H2D, CP_D2H, CP_D2D };
+
+struct CUevent_st {
+    unsigned flags;
+    int refs;             /* the handle + each pending operation + each waiter */
+    int recorded;
+    uint64_t rec_gen;     /* bumped by each cuEventRecord */
+    uint64_t done_gen;    /* the newest record the GPU has passed */
+    uint64_t ts_ns;
+};
+
+struct region;
+
+struct op {
+    struct op *next;
+    int kind;
+    uint64_t seq;
+    uint64_t enq_ns;
+    uint64_t dur_ns;
+    int builtin;
+    unsigned char params[PARAM_MAX];
+    int cpkind;
+    void *dst;
+    const void *src;
+    size_t n;
+    void *staging;
+    unsigned value;
+    int elsize;
+    struct CUevent_st *ev;
+    uint64_t gen;
+    struct region *region;
+};
+
+struct stream {
+    struct CUctx_st *ctx;
+    unsigned flags;
+    int priority;
+    int refs;             /* the handle (or the context, for the null stream) + worker + waiters */
+    struct op *head, *tail;
+    uint64_t submitted, completed;
+    uint64_t vclock;      /* when the GPU finishes what this stream has run so far */
+    uint64_t wake_at;     /* smallest sequence number a stream_wait waits for (UINT64_MAX: none) */
+    CUresult err;
+    pthread_cond_t work;
+    struct stream *next;  /* in ctx->streams */
+};
+
+struct CUfunc_st {
+    struct CUmod_st *mod;
+    char *name;
+    int builtin;
+    uint64_t dur_ns;
+};
+
+struct CUkern_st {
+    struct CUfunc_st *fn;
+};
+
+struct CUmod_st {
+    struct CUctx_st *ctx;   /* NULL for a library */
+    int is_library;
+    int n;
+    struct CUfunc_st **funcs;
+    struct CUkern_st **kernels;
+    struct CUmod_st *next;
+};
+
+struct region {
+    struct region *next;
+    uintptr_t base;
+    size_t size;          /* address space taken, guard page included */
+    size_t usable;        /* committed bytes */
+    size_t req;           /* bytes asked for: the bounds that copies and kernels are checked against */
+    int kind;             /* enum simcudaAllocKind */
+    int pending_free;     /* cuMemFreeAsync enqueued: no new work may use it */
+    struct CUctx_st *ctx;
+};
+
+struct phys {
+    struct phys *next;
+    int fd;
+    size_t size;
+    int device;
+    int maps;
+    int released;
+};
+
+struct mapping {
+    struct mapping *next;
+    uintptr_t va;
+    size_t size;
+    struct phys *ph;
+    size_t off;
+    int access;
+};
+
+static struct CUctx_st *primary[MAX_DEVICES];
+static struct CUmod_st *modules;
+static struct region *regions;       /* inside the arena, sorted by base */
+static struct region *host_regions;  /* pinned host memory */
+static struct phys *physs;
+static struct mapping *mappings;     /* sorted by va */
+static uintptr_t arena_base;
+static size_t arena_size;
+static size_t mem_used;
+
+static __thread struct CUctx_st *tls_stack[CTX_STACK_MAX];
+static __thread int tls_depth;
+
+#define CHECK_INIT()                                                          \
+    do {                                                                      \
+        if (atomic_load_explicit(&g_init, memory_order_acquire) != 1)         \
+            return CUDA_ERROR_NOT_INITIALIZED;                                \
+    } while (0)
+
+static CUresult cur_ctx(struct CUctx_st **out)
+{
+    struct CUctx_st *c = tls_depth ? tls_stack[tls_depth - 1] : NULL;
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!atomic_load_explicit(&c->alive, memory_order_acquire))
+        return c->primary ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+static int valid_device(CUdevice d)
+{
+    return d >= 0 && d < cfg.ndev;
+}
+
+static size_t round_up(size_t x, size_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Builtin kernels.  Parameters are packed like CUDA's parameter buffer: each at its natural
+ * alignment, in order. */
+
+enum { K_SPIN, K_FILL_U32, K_ADD_F32, K_SCALE_F32, K_INC_U32, K_SUM_U32, K_COUNT };
+
+static const struct builtin {
+    const char *name;
+    int nparams;
+    unsigned char psize[4];
+} builtins[K_COUNT] = {
+    [K_SPIN] = {"spin", 0, {0}},
+    [K_FILL_U32] = {"fill_u32", 3, {8, 4, 8}},     /* (u32 *dst, u32 value, u64 n) */
+    [K_ADD_F32] = {"add_f32", 4, {8, 8, 8, 8}},    /* (f32 *a, f32 *b, f32 *out, u64 n) */
+    [K_SCALE_F32] = {"scale_f32", 3, {8, 4, 8}},   /* (f32 *x, f32 alpha, u64 n) */
+    [K_INC_U32] = {"inc_u32", 2, {8, 8}},          /* (u32 *p, u64 n) */
+    [K_SUM_U32] = {"sum_u32", 3, {8, 8, 8}},       /* (u32 *src, u64 n, u64 *out) */
+};
+
+static size_t param_bytes(int b)
+{
+    size_t off = 0;
+    for (int i = 0; i < builtins[b].nparams; i++)
+        off = round_up(off, builtins[b].psize[i]) + builtins[b].psize[i];
+    return off;
+}
+
+static uint64_t P64(const unsigned char *p, size_t off)
+{
+    uint64_t v;
+    memcpy(&v, p + off, 8);
+    return v;
+}
+
+static uint32_t P32(const unsigned char *p, size_t off)
+{
+    uint32_t v;
+    memcpy(&v, p + off, 4);
+    return v;
+}
+
+static int dev_range_ok(CUdeviceptr p, size_t n, int write, int allow_pending);
+
+static int kernel_args_ok(int b, const unsigned char *pa, int allow_pending)
+{
+    uint64_t n;
+    switch (b) {
+    case K_FILL_U32:
+        n = P64(pa, 16);
+        return n <= SIZE_MAX / 4 && dev_range_ok(P64(pa, 0), n * 4, 1, allow_pending);
+    case K_ADD_F32:
+        n = P64(pa, 24);
+        return n <= SIZE_MAX / 4 && dev_range_ok(P64(pa, 0), n * 4, 0, allow_pending) &&
+               dev_range_ok(P64(pa, 8), n * 4, 0, allow_pending) && dev_range_ok(P64(pa, 16), n * 4, 1, allow_pending);
+    case K_SCALE_F32:
+        n = P64(pa, 16);
+        return n <= SIZE_MAX / 4 && dev_range_ok(P64(pa, 0), n * 4, 1, allow_pending);
+    case K_INC_U32:
+        n = P64(pa, 8);
+        return n <= SIZE_MAX / 4 && dev_range_ok(P64(pa, 0), n * 4, 1, allow_pending);
+    case K_SUM_U32:
+        n = P64(pa, 8);
+        return n <= SIZE_MAX / 4 && dev_range_ok(P64(pa, 0), n * 4, 0, allow_pending) &&
+               dev_range_ok(P64(pa, 16), 8, 1, allow_pending);
+    default:
+        return 1;
+    }
+}
+
+static void kernel_run(int b, const unsigned char *pa)
+{
+    switch (b) {
+    case K_FILL_U32: {
+        uint32_t *d = (uint32_t *)(uintptr_t)P64(pa, 0), v = P32(pa, 8);
+        for (uint64_t i = 0, n = P64(pa, 16); i < n; i++)
+            d[i] = v;
+        break;
+    }
+    case K_ADD_F32: {
+        const float *a = (const float *)(uintptr_t)P64(pa, 0), *x = (const float *)(uintptr_t)P64(pa, 8);
+        float *o = (float *)(uintptr_t)P64(pa, 16);
+        for (uint64_t i = 0, n = P64(pa, 24); i < n; i++)
+            o[i] = a[i] + x[i];
+        break;
+    }
+    case K_SCALE_F32: {
+        float *x = (float *)(uintptr_t)P64(pa, 0), alpha;
+        uint32_t bits = P32(pa, 8);
+        memcpy(&alpha, &bits, 4);
+        for (uint64_t i = 0, n = P64(pa, 16); i < n; i++)
+            x[i] *= alpha;
+        break;
+    }
+    case K_INC_U32: {
+        uint32_t *p = (uint32_t *)(uintptr_t)P64(pa, 0);
+        for (uint64_t i = 0, n = P64(pa, 8); i < n; i++)
+            p[i]++;
+        break;
+    }
+    case K_SUM_U32: {
+        const uint32_t *s = (const uint32_t *)(uintptr_t)P64(pa, 0);
+        uint64_t sum = 0;
+        for (uint64_t i = 0, n = P64(pa, 8); i < n; i++)
+            sum += s[i];
+        memcpy((void *)(uintptr_t)P64(pa, 16), &sum, 8);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Device memory: the arena and its registries (G held). */
+
+static int arena_init(void)
+{
+    size_t want = cfg.mem_bytes * 4;
+    if (want < (1UL << 30))
+        want = 1UL << 30;
+    want = round_up(want, VMM_GRANULARITY);
+    for (; want >= cfg.mem_bytes && want >= VMM_GRANULARITY; want /= 2) {
+        void *p = mmap((void *)ARENA_HINT, want, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        if (p == MAP_FAILED)
+            p = mmap((void *)ARENA_HINT, want, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p != MAP_FAILED) {
+            /* The arena must be 2 MiB aligned so VMM granularity holds for its addresses. */
+            uintptr_t b = round_up((uintptr_t)p, VMM_GRANULARITY);
+            arena_base = b;
+            arena_size = (uintptr_t)p + want - b;
+            arena_size -= arena_size % VMM_GRANULARITY;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int decommit(uintptr_t base, size_t size)
+{
+    return mmap((void *)base, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) ==
+                   MAP_FAILED ? -1 : 0;
+}
+
+static int range_free(uintptr_t b, size_t size)
+{
+    if (b < arena_base || b + size > arena_base + arena_size || b + size < b)
+        return 0;
+    for (struct region *r = regions; r; r = r->next)
+        if (b < r->base + r->size && r->base < b + size)
+            return 0;
+    return 1;
+}
+
+/* Takes address space: first fit, or exactly at `want` if it is free. */
+static struct region *arena_take(size_t size, size_t align, uintptr_t want)
+{
+    uintptr_t b = 0;
+    if (want && want % align == 0 && range_free(want, size)) {
+        b = want;
+    } else {
+        uintptr_t cur = arena_base;
+        for (struct region *r = regions;; r = r->next) {
+            uintptr_t cand = round_up(cur, align);
+            uintptr_t lim = r ? r->base : arena_base + arena_size;
+            if (cand + size <= lim && cand + size > cand) {
+                b = cand;
+                break;
+            }
+            if (!r)
+                return NULL;
+            cur = r->base + r->size;
+        }
+    }
+    struct region *n = calloc(1, sizeof *n);
+    if (!n)
+        return NULL;
+    n->base = b;
+    n->size = size;
+    struct region **pp = &regions;
+    while (*pp && (*pp)->base < b)
+        pp = &(*pp)->next;
+    n->next = *pp;
+    *pp = n;
+    return n;
+}
+
+static void region_unlink(struct region **list, struct region *r)
+{
+    for (struct region **pp = list; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            return;
+        }
+}
+
+static int is_device_kind(int k)
+{
+    return k == SIMCUDA_ALLOC_DEVICE || k == SIMCUDA_ALLOC_PITCH || k == SIMCUDA_ALLOC_ASYNC;
+}
+
+static CUresult dev_alloc(CUdeviceptr *dptr, size_t bytes, int kind, struct CUctx_st *c)
+{
+    size_t usable = round_up(bytes, PAGE);
+    if (usable < bytes || mem_used + usable > cfg.mem_bytes)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    /* One PROT_NONE guard page after each allocation: an overrun faults instead of silently
+     * writing into the neighbour. */
+    struct region *r = arena_take(usable + PAGE, PAGE, 0);
+    if (!r)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (mmap((void *)r->base, usable, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+        region_unlink(&regions, r);
+        free(r);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    r->usable = usable;
+    r->req = bytes;
+    r->kind = kind;
+    r->ctx = c;
+    mem_used += usable;
+    *dptr = r->base;
+    return CUDA_SUCCESS;
+}
+
+static void dev_free(struct region *r)
+{
+    decommit(r->base, r->usable);
+    mem_used -= r->usable;
+    region_unlink(&regions, r);
+    free(r);
+}
+
+static struct region *find_device_alloc(CUdeviceptr p)
+{
+    for (struct region *r = regions; r; r = r->next)
+        if (r->base == p && is_device_kind(r->kind))
+            return r;
+    return NULL;
+}
+
+static int access_ok(int access, int write)
+{
+    return write ? access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE : access != CU_MEM_ACCESS_FLAGS_PROT_NONE;
+}
+
+/* Is [p, p+n) device memory that may be used?  A plain allocation must contain it; VMM mappings
+ * may cover it together. */
+static int dev_range_ok(CUdeviceptr p, size_t n, int write, int allow_pending)
+{
+    if (n == 0)
+        return 1;
+    if (p < arena_base || p + n > arena_base + arena_size || p + n < p)
+        return 0;
+    for (struct region *r = regions; r && r->base <= p; r = r->next)
+        if (is_device_kind(r->kind) && p + n <= r->base + r->req)
+            return allow_pending || !r->pending_free;
+    uintptr_t cur = p;
+    for (struct mapping *m = mappings; m; m = m->next) {
+        if (m->va + m->size <= cur)
+            continue;
+        if (m->va > cur || !access_ok(m->access, write))
+            return 0;
+        cur = m->va + m->size;
+        if (cur >= p + n)
+            return 1;
+    }
+    return 0;
+}
+
+static int in_arena(const void *h, size_t n)
+{
+    uintptr_t p = (uintptr_t)h;
+    return p < arena_base + arena_size && p + (n ? n : 1) > arena_base;
+}
+
+static int is_pinned(const void *h, size_t n)
+{
+    uintptr_t p = (uintptr_t)h;
+    for (struct region *r = host_regions; r; r = r->next)
+        if (p >= r->base && p + n <= r->base + r->req)
+            return 1;
+    return 0;
+}
+
+static void phys_maybe_free(struct phys *ph)
+{
+    if (!ph->released || ph->maps)
+        return;
+    close(ph->fd);
+    mem_used -= ph->size;
+    for (struct phys **pp = &physs; *pp; pp = &(*pp)->next)
+        if (*pp == ph) {
+            *pp = ph->next;
+            break;
+        }
+    free(ph);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Streams and their workers */
+
+static void event_unref(struct CUevent_st *e)
+{
+    if (--e->refs == 0)
+        free(e);
+}
+
+static void stream_unref(struct stream *s)
+{
+    if (--s->refs == 0) {
+        pthread_cond_destroy(&s->work);
+        free(s);
+    }
+}
+
+static void async_error(struct stream *s, CUresult r)
+{
+    s->err = r;
+    s->ctx->err = r;
+}
+
+/* Runs one operation; G is held on entry and exit and released around the work itself. */
+static void exec_op(struct stream *s, struct op *op)
+{
+    uint64_t start = op->enq_ns > s->vclock ? op->enq_ns : s->vclock;
+    switch (op->kind) {
+    case OP_KERNEL:
+        if (!kernel_args_ok(op->builtin, op->params, 1)) {
+            async_error(s, CUDA_ERROR_ILLEGAL_ADDRESS);
+            break;
+        }
+        s->vclock = start + op->dur_ns;
+        pthread_mutex_unlock(&G);
+        kernel_run(op->builtin, op->params);
+        if (now_ns() < start + op->dur_ns)
+            sleep_until(start + op->dur_ns);
+        pthread_mutex_lock(&G);
+        break;
+    case OP_COPY: {
+        int ok = 1;
+        if (op->cpkind != CP_H2D)
+            ok = dev_range_ok((uintptr_t)op->src, op->n, 0, 1);
+        if (op->cpkind != CP_D2H)
+            ok = ok && dev_range_ok((uintptr_t)op->dst, op->n, 1, 1);
+        if (!ok) {
+            async_error(s, CUDA_ERROR_ILLEGAL_ADDRESS);
+            break;
+        }
+        pthread_mutex_unlock(&G);
+        if (op->n)
+            memmove(op->dst, op->staging ? op->staging : op->src, op->n); /* device copies may overlap */
+        uint64_t end = now_ns();
+        pthread_mutex_lock(&G);
+        s->vclock = end > start ? end : start;
+        break;
+    }
+    case OP_MEMSET: {
+        if (!dev_range_ok((uintptr_t)op->dst, op->n * op->elsize, 1, 1)) {
+            async_error(s, CUDA_ERROR_ILLEGAL_ADDRESS);
+            break;
+        }
+        pthread_mutex_unlock(&G);
+        if (op->elsize == 1) {
+            memset(op->dst, (int)op->value, op->n);
+        } else {
+            uint32_t *d = op->dst;
+            for (size_t i = 0; i < op->n; i++)
+                d[i] = op->value;
+        }
+        uint64_t end = now_ns();
+        pthread_mutex_lock(&G);
+        s->vclock = end > start ? end : start;
+        break;
+    }
+    case OP_RECORD:
+        s->vclock = start;
+        if (op->gen > op->ev->done_gen) {
+            op->ev->done_gen = op->gen;
+            op->ev->ts_ns = start;
+        }
+        event_unref(op->ev);
+        break;
+    case OP_WAIT:
+        while (op->ev->done_gen < op->gen)
+            pthread_cond_wait(&G_done, &G);
+        if (op->ev->ts_ns > s->vclock)
+            s->vclock = op->ev->ts_ns;
+        event_unref(op->ev);
+        break;
+    case OP_FREE:
+        dev_free(op->region);
+        break;
+    default:
+        break;
+    }
+}
+
+static void *worker(void *arg)
+{
+    struct stream *s = arg;
+    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* short kernels: wake near the deadline */
+    pthread_mutex_lock(&G);
+    for (;;) {
+        while (!s->head)
+            pthread_cond_wait(&s->work, &G);
+        struct op *op = s->head;
+        int exiting = op->kind == OP_EXIT;
+        if (!exiting)
+            exec_op(s, op);
+        s->head = op->next;
+        if (!s->head)
+            s->tail = NULL;
+        s->completed = op->seq;
+        if (!exiting) {
+            s->ctx->pending--;
+            g_pending--;
+        }
+        /* Wake waiters only when something they can wait for happened: the stream went idle
+         * (stream, context and device waits), an event was passed, or a waited-for operation
+         * finished.  Waking them after every operation costs two context switches each. */
+        if (!s->head || op->kind == OP_RECORD || s->completed >= s->wake_at) {
+            s->wake_at = UINT64_MAX;
+            pthread_cond_broadcast(&G_done);
+        }
+        free(op->staging);
+        free(op);
+        if (exiting)
+            break;
+    }
+    stream_unref(s);
+    pthread_mutex_unlock(&G);
+    return NULL;
+}
+
+static struct stream *stream_new(struct CUctx_st *c, unsigned flags, int priority)
+{
+    struct stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->ctx = c;
+    s->flags = flags;
+    s->priority = priority;
+    s->refs = 2;
+    s->wake_at = UINT64_MAX;
+    pthread_cond_init(&s->work, NULL);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    /* The worker takes no signals: they belong to the application's threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t t;
+    int rc = pthread_create(&t, &attr, worker, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc) {
+        pthread_cond_destroy(&s->work);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void enqueue(struct stream *s, struct op *op)
+{
+    op->seq = ++s->submitted;
+    op->enq_ns = now_ns();
+    if (s->tail)
+        s->tail->next = op;
+    else
+        s->head = op;
+    s->tail = op;
+    if (op->kind != OP_EXIT) {
+        s->ctx->pending++;
+        g_pending++;
+    }
+    pthread_cond_signal(&s->work);
+}
+
+/* The worker finishes what is queued, then exits and frees the stream once unreferenced. */
+static void stream_kill(struct stream *s)
+{
+    struct op *op = calloc(1, sizeof *op);
+    if (!op)
+        abort();
+    op->kind = OP_EXIT;
+    enqueue(s, op);
+    stream_unref(s); /* the handle's reference */
+}
+
+/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD all mean the context's null stream here. */
+static CUresult get_stream(CUstream h, struct CUctx_st *c, struct stream **out)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+        if (!c->null_stream && !(c->null_stream = stream_new(c, 0, 0)))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        *out = c->null_stream;
+        return CUDA_SUCCESS;
+    }
+    if (hs_type(h) != H_STREAM)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *out = (struct stream *)h;
+    return CUDA_SUCCESS;
+}
+
+static CUresult stream_wait(struct stream *s, uint64_t seq)
+{
+    s->refs++;
+    while (s->completed < seq) {
+        if (seq < s->wake_at)
+            s->wake_at = seq;
+        pthread_cond_wait(&G_done, &G);
+    }
+    CUresult r = s->err;
+    s->err = CUDA_SUCCESS;
+    stream_unref(s);
+    return r;
+}
+
+static void wait_device_idle(void)
+{
+    while (g_pending)
+        pthread_cond_wait(&G_done, &G);
+}
+
+static void module_free(struct CUmod_st *m)
+{
+    for (struct CUmod_st **pp = &modules; *pp; pp = &(*pp)->next)
+        if (*pp == m) {
+            *pp = m->next;
+            break;
+        }
+    hs_del(m);
+    for (int i = 0; i < m->n; i++) {
+        hs_del(m->funcs[i]);
+        free(m->funcs[i]->name);
+        free(m->funcs[i]);
+        if (m->kernels) {
+            hs_del(m->kernels[i]);
+            free(m->kernels[i]);
+        }
+    }
+    free(m->funcs);
+    free(m->kernels);
+    free(m);
+}
+
+/* Frees everything a context owns; its handle stays registered only if it is a primary context. */
+static void ctx_teardown(struct CUctx_st *c)
+{
+    while (c->pending)
+        pthread_cond_wait(&G_done, &G);
+    while (c->streams) {
+        struct stream *s = c->streams;
+        c->streams = s->next;
+        hs_del(s);
+        stream_kill(s);
+    }
+    if (c->null_stream) {
+        stream_kill(c->null_stream);
+        c->null_stream = NULL;
+    }
+    for (struct region *r = regions, *nx; r; r = nx) {
+        nx = r->next;
+        if (r->ctx == c && is_device_kind(r->kind))
+            dev_free(r);
+    }
+    for (struct region *r = host_regions, *nx; r; r = nx) {
+        nx = r->next;
+        if (r->ctx == c) {
+            munmap((void *)r->base, r->usable);
+            region_unlink(&host_regions, r);
+            free(r);
+        }
+    }
+    for (struct CUmod_st *m = modules, *nx; m; m = nx) {
+        nx = m->next;
+        if (m->ctx == c)
+            module_free(m);
+    }
+    c->err = CUDA_SUCCESS;
+    atomic_store_explicit(&c->alive, 0, memory_order_release);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Initialization, fork */
+
+static void atfork_prepare(void) { pthread_mutex_lock(&G); }
+static void atfork_parent(void) { pthread_mutex_unlock(&G); }
+
+static void atfork_child(void)
+{
+    /* The stream workers did not survive the fork: like the real driver, refuse to go on in the
+     * child rather than hang in the first synchronization. */
+    if (atomic_load(&g_init) == 1)
+        atomic_store(&g_init, -1);
+    tls_depth = 0;
+    pthread_mutex_unlock(&G);
+}
+
+__attribute__((constructor)) static void simcuda_ctor(void)
+{
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+CUresult cuInit(unsigned int Flags)
+{
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    int st = atomic_load(&g_init);
+    if (st == -1) {
+        r = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (st == 0) {
+        cfg.kernel_ns = env_u64("SIMCUDA_KERNEL_NS", 0, &cfg.kernel_ns_set);
+        cfg.launch_ns = env_u64("SIMCUDA_LAUNCH_NS", 0, NULL);
+        cfg.mem_bytes = round_up(env_u64("SIMCUDA_MEM_BYTES", 16ULL << 30, NULL), VMM_GRANULARITY);
+        cfg.ndev = (int)env_u64("SIMCUDA_DEVICES", 1, NULL);
+        if (cfg.ndev < 0 || cfg.ndev > MAX_DEVICES)
+            cfg.ndev = 1;
+        if (cfg.ndev == 0) {
+            r = CUDA_ERROR_NO_DEVICE;
+        } else if (cfg.mem_bytes == 0 || arena_init()) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            for (int d = 0; d < cfg.ndev && !r; d++) {
+                primary[d] = calloc(1, sizeof *primary[d]);
+                if (!primary[d] || hs_add(primary[d], H_CTX)) {
+                    r = CUDA_ERROR_OUT_OF_MEMORY;
+                    break;
+                }
+                primary[d]->device = d;
+                primary[d]->primary = 1;
+            }
+            if (!r)
+                atomic_store_explicit(&g_init, 1, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuDriverGetVersion(int *driverVersion)
+{
+    if (!driverVersion)
+        return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = DRIVER_VERSION;
+    return CUDA_SUCCESS;
+}
+
+static const struct {
+    CUresult code;
+    const char *name, *text;
+} errtab[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "CUDA_ERROR_CONTEXT_ALREADY_CURRENT", "context already current"},
+    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
+    {CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+static CUresult err_lookup(CUresult error, const char **pStr, int text)
+{
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof errtab / sizeof errtab[0]; i++)
+        if (errtab[i].code == error) {
+            *pStr = text ? errtab[i].text : errtab[i].name;
+            return CUDA_SUCCESS;
+        }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorName(CUresult error, const char **pStr) { return err_lookup(error, pStr, 0); }
+CUresult cuGetErrorString(CUresult error, const char **pStr) { return err_lookup(error, pStr, 1); }
+
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
+{
+    if (!ppExportTable || !pExportTableId)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ppExportTable = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED; /* the runtime's private tables: simcuda has none */
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Devices */
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    CHECK_INIT();
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(ordinal))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *count)
+{
+    CHECK_INIT();
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = cfg.ndev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "SimCUDA Virtual GPU");
+    return CUDA_SUCCESS;
+}
+
+static int attr_value(int a)
+{
+    switch (a) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: return 64;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: return 2147483647;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: return 65535;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: return 65535;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: return 49152;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: return 65536;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: return 32;
+    case CU_DEVICE_ATTRIBUTE_MAX_PITCH: return 2147483647;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: return 65536;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: return 1980000;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: return 512;
+    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: return 1;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return 132;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
+    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: return 1;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: return 2619000;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: return 5120;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: return 52428800;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: return 2048;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 2;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: return 1;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return 0;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: return 233472;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: return 65536;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: return 1;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: return 232448;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: return 32;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
+    default: return 0;
+    }
+}
+
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *pi = attrib == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID ? 0x18 + dev : attr_value(attrib);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = cfg.mem_bytes;
+    return CUDA_SUCCESS;
+}
+
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(uuid->bytes, "SIMCUDA-GPU-0000", 16);
+    uuid->bytes[15] = (char)('0' + dev);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev); }
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev); }
+
+/* ------------------------------------------------------------------------------------------------
+ * Primary contexts and contexts */
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&G);
+    struct CUctx_st *c = primary[dev];
+    if (c->refs++ == 0)
+        atomic_store_explicit(&c->alive, 1, memory_order_release);
+    pthread_mutex_unlock(&G);
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CHECK_INIT();
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    struct CUctx_st *c = primary[dev];
+    if (c->refs == 0)
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    else if (--c->refs == 0)
+        ctx_teardown(c);
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CHECK_INIT();
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&G);
+    *flags = primary[dev]->flags;
+    *active = atomic_load(&primary[dev]->alive);
+    pthread_mutex_unlock(&G);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    CHECK_INIT();
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (flags & ~CU_CTX_FLAGS_MASK)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    primary[dev]->flags = flags;
+    pthread_mutex_unlock(&G);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CHECK_INIT();
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&G);
+    struct CUctx_st *c = primary[dev];
+    if (atomic_load(&c->alive))
+        ctx_teardown(c);
+    c->refs = 0;
+    c->flags = 0;
+    pthread_mutex_unlock(&G);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pctx || (flags & ~CU_CTX_FLAGS_MASK))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (tls_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUctx_st *c = calloc(1, sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->device = dev;
+    c->flags = flags;
+    atomic_store(&c->alive, 1);
+    pthread_mutex_lock(&G);
+    int bad = hs_add(c, H_CTX);
+    pthread_mutex_unlock(&G);
+    if (bad) {
+        free(c);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    tls_stack[tls_depth++] = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&G);
+    if (hs_type(ctx) != H_CTX || ctx->primary) {
+        pthread_mutex_unlock(&G);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    hs_del(ctx);
+    ctx_teardown(ctx);
+    pthread_mutex_unlock(&G);
+    /* The struct is never freed: other threads may still hold it as current, and must get
+     * CUDA_ERROR_CONTEXT_IS_DESTROYED rather than read freed memory. */
+    if (tls_depth && tls_stack[tls_depth - 1] == ctx)
+        tls_depth--;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    CHECK_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = tls_depth ? tls_stack[tls_depth - 1] : NULL;
+    return CUDA_SUCCESS;
+}
+
+static CUresult check_ctx_handle(CUcontext ctx)
+{
+    pthread_mutex_lock(&G);
+    int t = hs_type(ctx);
+    pthread_mutex_unlock(&G);
+    return t == H_CTX ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    CHECK_INIT();
+    if (!ctx) {
+        if (tls_depth)
+            tls_depth--;
+        return CUDA_SUCCESS;
+    }
+    CUresult r = check_ctx_handle(ctx);
+    if (r)
+        return r;
+    if (tls_depth)
+        tls_stack[tls_depth - 1] = ctx;
+    else
+        tls_stack[tls_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    CHECK_INIT();
+    if (!ctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_ctx_handle(ctx);
+    if (r)
+        return r;
+    if (tls_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    tls_stack[tls_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CHECK_INIT();
+    if (!tls_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUctx_st *c = tls_stack[--tls_depth];
+    if (pctx)
+        *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *device)
+{
+    CHECK_INIT();
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    *device = c->device;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    CHECK_INIT();
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    if (ctx) {
+        CUresult r = check_ctx_handle(ctx);
+        if (r)
+            return r;
+        c = ctx;
+    } else {
+        CUresult r = cur_ctx(&c);
+        if (r)
+            return r;
+    }
+    *device = c->device;
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_sync(struct CUctx_st *c)
+{
+    pthread_mutex_lock(&G);
+    while (c->pending)
+        pthread_cond_wait(&G_done, &G);
+    CUresult r = c->err;
+    c->err = CUDA_SUCCESS;
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuCtxSynchronize(void)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    return r ? r : ctx_sync(c);
+}
+
+CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r;
+    if (ctx) {
+        if ((r = check_ctx_handle(ctx)))
+            return r;
+        c = ctx;
+    } else if ((r = cur_ctx(&c))) {
+        return r;
+    }
+    return ctx_sync(c);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Memory */
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!dptr || !bytesize)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    r = dev_alloc(dptr, bytesize, SIMCUDA_ALLOC_DEVICE, c);
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!dptr || !pPitch || !WidthInBytes || !Height ||
+        (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = round_up(WidthInBytes, PITCH_ALIGN);
+    if (Height > SIZE_MAX / pitch)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&G);
+    r = dev_alloc(dptr, pitch * Height, SIMCUDA_ALLOC_PITCH, c);
+    pthread_mutex_unlock(&G);
+    if (!r)
+        *pPitch = pitch;
+    return r;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!dptr)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    /* Like cudaFree, freeing waits for the device: nothing queued may still use the memory. */
+    wait_device_idle();
+    struct region *reg = find_device_alloc(dptr);
+    if (!reg || reg->pending_free)
+        r = CUDA_ERROR_INVALID_VALUE;
+    else
+        dev_free(reg);
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream h)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!dptr || !bytesize)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct stream *s;
+    pthread_mutex_lock(&G);
+    if (!(r = get_stream(h, c, &s)))
+        r = dev_alloc(dptr, bytesize, SIMCUDA_ALLOC_ASYNC, c);
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) { return alloc_async(dptr, bytesize, hStream); }
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) { return alloc_async(dptr, bytesize, hStream ? hStream : CU_STREAM_PER_THREAD); }
+
+static CUresult free_async(CUdeviceptr dptr, CUstream h)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    struct op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct stream *s;
+    pthread_mutex_lock(&G);
+    struct region *reg = find_device_alloc(dptr);
+    if (!reg || reg->pending_free) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (!(r = get_stream(h, c, &s))) {
+        reg->pending_free = 1;
+        op->kind = OP_FREE;
+        op->region = reg;
+        enqueue(s, op);
+        op = NULL;
+    }
+    pthread_mutex_unlock(&G);
+    free(op);
+    return r;
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream); }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream ? hStream : CU_STREAM_PER_THREAD); }
+
+static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!pp || !bytesize || (flags & ~7u))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t usable = round_up(bytesize, PAGE);
+    void *p = mmap(NULL, usable, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct region *reg = calloc(1, sizeof *reg);
+    if (!reg) {
+        munmap(p, usable);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    reg->base = (uintptr_t)p;
+    reg->size = reg->usable = usable;
+    reg->req = bytesize;
+    reg->kind = SIMCUDA_ALLOC_HOST;
+    reg->ctx = c;
+    pthread_mutex_lock(&G);
+    reg->next = host_regions;
+    host_regions = reg;
+    pthread_mutex_unlock(&G);
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) { return host_alloc(pp, bytesize, 0); }
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) { return host_alloc(pp, bytesize, Flags); }
+
+CUresult cuMemFreeHost(void *p)
+{
+    CHECK_INIT();
+    struct region *reg;
+    pthread_mutex_lock(&G);
+    wait_device_idle(); /* a queued async copy may still read or write it */
+    for (reg = host_regions; reg && reg->base != (uintptr_t)p; reg = reg->next)
+        ;
+    if (reg)
+        region_unlink(&host_regions, reg);
+    pthread_mutex_unlock(&G);
+    if (!reg)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap((void *)reg->base, reg->usable);
+    free(reg);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!free_bytes || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    *free_bytes = cfg.mem_bytes - mem_used;
+    *total = cfg.mem_bytes;
+    pthread_mutex_unlock(&G);
+    return CUDA_SUCCESS;
+}
+
+/* Copies: `sync` ones wait for completion; async ones return at once, except where the real driver
+ * is synchronous too (device to pageable host memory).  Host memory that is not pinned is staged
+ * at the call for host-to-device copies, so the caller may reuse its buffer on return. */
+static CUresult copy_impl(int kind, void *dst, const void *src, size_t n, CUstream h, int async)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (n && (!dst || !src))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    op->kind = OP_COPY;
+    op->cpkind = kind;
+    op->dst = dst;
+    op->src = src;
+    op->n = n;
+    struct stream *s;
+    int wait = !async;
+    pthread_mutex_lock(&G);
+    int ok = 1;
+    if (kind == CP_H2D)
+        ok = !in_arena(src, n);
+    else
+        ok = dev_range_ok((uintptr_t)src, n, 0, 0);
+    if (kind == CP_D2H)
+        ok = ok && !in_arena(dst, n);
+    else
+        ok = ok && dev_range_ok((uintptr_t)dst, n, 1, 0);
+    if (!ok) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (!(r = get_stream(h, c, &s))) {
+        if (async && kind == CP_D2H && !is_pinned(dst, n))
+            wait = 1;
+        if (async && kind == CP_H2D && n && !is_pinned(src, n)) {
+            if ((op->staging = malloc(n)))
+                memcpy(op->staging, src, n);
+            else
+                wait = 1;
+        }
+        enqueue(s, op);
+        uint64_t seq = op->seq;
+        op = NULL;
+        if (wait)
+            r = stream_wait(s, seq);
+    }
+    pthread_mutex_unlock(&G);
+    free(op);
+    return r;
+}
+
+#define HPTR(p) ((void *)(uintptr_t)(p))
+#define PTSZ(h) ((h) ? (h) : CU_STREAM_PER_THREAD)
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { return copy_impl(CP_H2D, HPTR(d), s, n, NULL, 0); }
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void *s, size_t n) { return copy_impl(CP_H2D, HPTR(d), s, n, CU_STREAM_PER_THREAD, 0); }
+CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { return copy_impl(CP_D2H, d, HPTR(s), n, NULL, 0); }
+CUresult cuMemcpyDtoH_v2_ptds(void *d, CUdeviceptr s, size_t n) { return copy_impl(CP_D2H, d, HPTR(s), n, CU_STREAM_PER_THREAD, 0); }
+CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { return copy_impl(CP_D2D, HPTR(d), HPTR(s), n, NULL, 0); }
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr d, CUdeviceptr s, size_t n) { return copy_impl(CP_D2D, HPTR(d), HPTR(s), n, CU_STREAM_PER_THREAD, 0); }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream h) { return copy_impl(CP_H2D, HPTR(d), s, n, h, 1); }
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream h) { return copy_impl(CP_H2D, HPTR(d), s, n, PTSZ(h), 1); }
+CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream h) { return copy_impl(CP_D2H, d, HPTR(s), n, h, 1); }
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *d, CUdeviceptr s, size_t n, CUstream h) { return copy_impl(CP_D2H, d, HPTR(s), n, PTSZ(h), 1); }
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h) { return copy_impl(CP_D2D, HPTR(d), HPTR(s), n, h, 1); }
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h) { return copy_impl(CP_D2D, HPTR(d), HPTR(s), n, PTSZ(h), 1); }
+
+/* Memsets are asynchronous with respect to the host, as on the real driver for device memory. */
+static CUresult memset_impl(CUdeviceptr d, unsigned value, int elsize, size_t n, CUstream h)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if ((elsize == 4 && d % 4) || n > SIZE_MAX / (size_t)elsize)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    op->kind = OP_MEMSET;
+    op->dst = HPTR(d);
+    op->n = n;
+    op->elsize = elsize;
+    op->value = value;
+    struct stream *s;
+    pthread_mutex_lock(&G);
+    if (!dev_range_ok(d, n * elsize, 1, 0)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (!(r = get_stream(h, c, &s))) {
+        enqueue(s, op);
+        op = NULL;
+    }
+    pthread_mutex_unlock(&G);
+    free(op);
+    return r;
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char uc, size_t n) { return memset_impl(d, uc, 1, n, NULL); }
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr d, unsigned char uc, size_t n) { return memset_impl(d, uc, 1, n, CU_STREAM_PER_THREAD); }
+CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int ui, size_t n) { return memset_impl(d, ui, 4, n, NULL); }
+CUresult cuMemsetD32_v2_ptds(CUdeviceptr d, unsigned int ui, size_t n) { return memset_impl(d, ui, 4, n, CU_STREAM_PER_THREAD); }
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char uc, size_t n, CUstream h) { return memset_impl(d, uc, 1, n, h); }
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char uc, size_t n, CUstream h) { return memset_impl(d, uc, 1, n, PTSZ(h)); }
+CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int ui, size_t n, CUstream h) { return memset_impl(d, ui, 4, n, h); }
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int ui, size_t n, CUstream h) { return memset_impl(d, ui, 4, n, PTSZ(h)); }
+
+/* ------------------------------------------------------------------------------------------------
+ * Virtual memory management: handles are memfds, so one handle mapped at two addresses shows the
+ * same bytes at both, as on the GPU. */
+
+static int prop_ok(const CUmemAllocationProp *prop)
+{
+    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+           valid_device(prop->location.id) &&
+           (prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE ||
+            prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option)
+{
+    CHECK_INIT();
+    if (!granularity || !prop_ok(prop) ||
+        (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!handle || !prop_ok(prop) || flags || !size || size % VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct phys *ph = calloc(1, sizeof *ph);
+    if (!ph)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    if (mem_used + size > cfg.mem_bytes) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        ph->fd = memfd_create("simcuda-vmm", MFD_CLOEXEC);
+        if (ph->fd < 0 || ftruncate(ph->fd, (off_t)size) || hs_add(ph, H_PHYS)) {
+            if (ph->fd >= 0)
+                close(ph->fd);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            ph->size = size;
+            ph->device = prop->location.id;
+            ph->next = physs;
+            physs = ph;
+            mem_used += size;
+            *handle = (uintptr_t)ph;
+            ph = NULL;
+        }
+    }
+    pthread_mutex_unlock(&G);
+    free(ph);
+    return r;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    CHECK_INIT();
+    struct phys *ph = (struct phys *)(uintptr_t)handle;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    if (hs_type(ph) != H_PHYS) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        /* Released memory lives on until its last mapping goes. */
+        hs_del(ph);
+        ph->released = 1;
+        phys_maybe_free(ph);
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!ptr || flags || !size || size % VMM_GRANULARITY || (alignment & (alignment - 1)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (alignment < VMM_GRANULARITY)
+        alignment = VMM_GRANULARITY;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    struct region *reg = arena_take(size, alignment, addr);
+    if (!reg) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        reg->kind = SIMCUDA_ALLOC_VA_RESERVE;
+        reg->usable = reg->req = size;
+        *ptr = reg->base;
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT();
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    for (struct region *reg = regions; reg; reg = reg->next) {
+        if (reg->base != ptr || reg->kind != SIMCUDA_ALLOC_VA_RESERVE || reg->size != size)
+            continue;
+        int mapped = 0;
+        for (struct mapping *m = mappings; m; m = m->next)
+            mapped |= m->va >= reg->base && m->va < reg->base + reg->size;
+        if (!mapped) {
+            region_unlink(&regions, reg);
+            free(reg);
+            r = CUDA_SUCCESS;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+static struct region *reservation_of(uintptr_t p, size_t size)
+{
+    for (struct region *reg = regions; reg; reg = reg->next)
+        if (reg->kind == SIMCUDA_ALLOC_VA_RESERVE && p >= reg->base && p + size <= reg->base + reg->size &&
+            p + size > p)
+            return reg;
+    return NULL;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags)
+{
+    CHECK_INIT();
+    if (flags || !size || size % VMM_GRANULARITY || offset % VMM_GRANULARITY || ptr % VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct phys *ph = (struct phys *)(uintptr_t)handle;
+    struct mapping *nm = calloc(1, sizeof *nm);
+    if (!nm)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    if (hs_type(ph) == H_PHYS && offset + size <= ph->size && offset + size > offset && reservation_of(ptr, size)) {
+        struct mapping **pp = &mappings;
+        int overlap = 0;
+        for (struct mapping *m = mappings; m; m = m->next)
+            overlap |= ptr < m->va + m->size && m->va < ptr + size;
+        if (!overlap) {
+            /* Mapped but inaccessible until cuMemSetAccess, as on the GPU. */
+            if (mmap(HPTR(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, ph->fd, (off_t)offset) == MAP_FAILED) {
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                nm->va = ptr;
+                nm->size = size;
+                nm->ph = ph;
+                nm->off = offset;
+                while (*pp && (*pp)->va < ptr)
+                    pp = &(*pp)->next;
+                nm->next = *pp;
+                *pp = nm;
+                nm = NULL;
+                ph->maps++;
+                r = CUDA_SUCCESS;
+            }
+        }
+    }
+    pthread_mutex_unlock(&G);
+    free(nm);
+    return r;
+}
+
+/* The mappings that exactly tile [ptr, ptr+size), or NULL (first one returned, count in *n). */
+static struct mapping *tiling(uintptr_t ptr, size_t size, int *n)
+{
+    struct mapping *first = NULL;
+    uintptr_t cur = ptr;
+    *n = 0;
+    for (struct mapping *m = mappings; m && cur < ptr + size; m = m->next) {
+        if (m->va + m->size <= ptr)
+            continue;
+        if (m->va != cur)
+            return NULL;
+        if (!first)
+            first = m;
+        cur += m->size;
+        (*n)++;
+    }
+    return cur == ptr + size ? first : NULL;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    CHECK_INIT();
+    if (!desc || !count || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    int access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(desc[i].location.id))
+            return CUDA_ERROR_INVALID_DEVICE;
+        if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+        if ((int)desc[i].flags > access)
+            access = desc[i].flags; /* every simulated device sees the same host memory */
+    }
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    int n;
+    pthread_mutex_lock(&G);
+    struct mapping *m = tiling(ptr, size, &n);
+    if (m) {
+        int prot = access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+                   : access == CU_MEM_ACCESS_FLAGS_PROT_READ   ? PROT_READ
+                                                               : PROT_NONE;
+        if (mprotect(HPTR(ptr), size, prot) == 0) {
+            for (int i = 0; i < n; i++, m = m->next)
+                m->access = access;
+            r = CUDA_SUCCESS;
+        } else {
+            r = CUDA_ERROR_UNKNOWN;
+        }
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT();
+    if (!size)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    int n;
+    pthread_mutex_lock(&G);
+    wait_device_idle(); /* queued work may still use the range */
+    struct mapping *m = tiling(ptr, size, &n);
+    if (m) {
+        decommit(ptr, size);
+        struct mapping **pp = &mappings;
+        while (*pp != m)
+            pp = &(*pp)->next;
+        for (int i = 0; i < n; i++) {
+            struct mapping *x = *pp;
+            *pp = x->next;
+            x->ph->maps--;
+            phys_maybe_free(x->ph);
+            free(x);
+        }
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Streams and events */
+
+static CUresult stream_create(CUstream *ph, unsigned flags, int priority)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    struct stream *s = stream_new(c, flags, priority);
+    if (!s || hs_add(s, H_STREAM)) {
+        if (s)
+            stream_kill(s);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        s->next = c->streams;
+        c->streams = s;
+        *ph = (CUstream)s;
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) { return stream_create(phStream, Flags, 0); }
+
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    /* Priorities 0 (lowest) to -5 (greatest), clamped like the real driver. */
+    return stream_create(phStream, flags, priority > 0 ? 0 : priority < -5 ? -5 : priority);
+}
+
+CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    CHECK_INIT();
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    struct stream *s = (struct stream *)hStream;
+    if (hs_type(s) != H_STREAM) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        for (struct stream **pp = &s->ctx->streams; *pp; pp = &(*pp)->next)
+            if (*pp == s) {
+                *pp = s->next;
+                break;
+            }
+        hs_del(s);
+        stream_kill(s); /* its queued work still runs, as on the GPU */
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+static CUresult stream_sync(CUstream h)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    struct stream *s;
+    pthread_mutex_lock(&G);
+    if (!(r = get_stream(h, c, &s)))
+        r = stream_wait(s, s->submitted);
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuStreamSynchronize(CUstream hStream) { return stream_sync(hStream); }
+CUresult cuStreamSynchronize_ptsz(CUstream hStream) { return stream_sync(PTSZ(hStream)); }
+
+static CUresult stream_query(CUstream h)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    struct stream *s;
+    pthread_mutex_lock(&G);
+    if (!(r = get_stream(h, c, &s))) {
+        if (s->completed < s->submitted)
+            r = CUDA_ERROR_NOT_READY;
+        else if ((r = s->err))
+            s->err = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuStreamQuery(CUstream hStream) { return stream_query(hStream); }
+CUresult cuStreamQuery_ptsz(CUstream hStream) { return stream_query(PTSZ(hStream)); }
+
+static CUresult stream_is_capturing(CUstream h, CUstreamCaptureStatus *st)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!st)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct stream *s;
+    pthread_mutex_lock(&G);
+    r = get_stream(h, c, &s);
+    pthread_mutex_unlock(&G);
+    if (!r)
+        *st = CU_STREAM_CAPTURE_STATUS_NONE; /* graphs are not simulated */
+    return r;
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *s) { return stream_is_capturing(hStream, s); }
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *s) { return stream_is_capturing(PTSZ(hStream), s); }
+
+static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (flags & ~1u)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct stream *s;
+    pthread_mutex_lock(&G);
+    if (hs_type(ev) != H_EVENT) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (!(r = get_stream(h, c, &s)) && ev->recorded && ev->done_gen < ev->rec_gen) {
+        op->kind = OP_WAIT;
+        op->ev = ev;
+        op->gen = ev->rec_gen;
+        ev->refs++;
+        enqueue(s, op);
+        op = NULL;
+    }
+    pthread_mutex_unlock(&G);
+    free(op);
+    return r;
+}
+
+CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int f) { return stream_wait_event(h, e, f); }
+CUresult cuStreamWaitEvent_ptsz(CUstream h, CUevent e, unsigned int f) { return stream_wait_event(PTSZ(h), e, f); }
+
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!phEvent || (Flags & ~7u))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUevent_st *e = calloc(1, sizeof *e);
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->flags = Flags;
+    e->refs = 1;
+    pthread_mutex_lock(&G);
+    int bad = hs_add(e, H_EVENT);
+    pthread_mutex_unlock(&G);
+    if (bad) {
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *phEvent = e;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    CHECK_INIT();
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    if (hs_type(hEvent) != H_EVENT) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        hs_del(hEvent);
+        event_unref(hEvent);
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+static CUresult event_record(CUevent ev, CUstream h)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    struct op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct stream *s;
+    pthread_mutex_lock(&G);
+    if (hs_type(ev) != H_EVENT) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (!(r = get_stream(h, c, &s))) {
+        op->kind = OP_RECORD;
+        op->ev = ev;
+        op->gen = ++ev->rec_gen;
+        ev->recorded = 1;
+        ev->refs++;
+        enqueue(s, op);
+        op = NULL;
+    }
+    pthread_mutex_unlock(&G);
+    free(op);
+    return r;
+}
+
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream); }
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return event_record(hEvent, PTSZ(hStream)); }
+
+CUresult cuEventSynchronize(CUevent ev)
+{
+    CHECK_INIT();
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    if (hs_type(ev) != H_EVENT) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        uint64_t gen = ev->rec_gen;
+        ev->refs++;
+        while (ev->done_gen < gen)
+            pthread_cond_wait(&G_done, &G);
+        event_unref(ev);
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuEventQuery(CUevent ev)
+{
+    CHECK_INIT();
+    CUresult r;
+    pthread_mutex_lock(&G);
+    if (hs_type(ev) != H_EVENT)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else
+        r = ev->done_gen < ev->rec_gen ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+static CUresult elapsed(float *ms, CUevent a, CUevent b)
+{
+    CHECK_INIT();
+    if (!ms)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    if (hs_type(a) != H_EVENT || hs_type(b) != H_EVENT || !a->recorded || !b->recorded ||
+        ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (a->done_gen < a->rec_gen || b->done_gen < b->rec_gen)
+        r = CUDA_ERROR_NOT_READY;
+    else
+        *ms = (float)(((double)b->ts_ns - (double)a->ts_ns) / 1e6);
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { return elapsed(ms, a, b); }
+CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) { return elapsed(ms, a, b); }
+
+/* ------------------------------------------------------------------------------------------------
+ * Modules, libraries, kernels */
+
+static int builtin_by_name(const char *s)
+{
+    for (int i = 0; i < K_COUNT; i++)
+        if (!strcmp(builtins[i].name, s))
+            return i;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return (*s && !*end && v >= 0 && v < K_COUNT) ? (int)v : -1;
+}
+
+#define MODULE_MAGIC "SIMCUDA-MODULE\n"
+
+/* Parses the text image into a module (not yet registered).  G not held. */
+static CUresult parse_image(const char *image, struct CUmod_st **out)
+{
+    if (!image || strncmp(image, MODULE_MAGIC, strlen(MODULE_MAGIC)))
+        return CUDA_ERROR_INVALID_IMAGE;
+    char *text = strdup(image + strlen(MODULE_MAGIC));
+    struct CUmod_st *m = calloc(1, sizeof *m);
+    if (!text || !m) {
+        free(text);
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult r = CUDA_SUCCESS;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line && !r; line = strtok_r(NULL, "\n", &save)) {
+        char *words[5], *ws = NULL;
+        int nw = 0;
+        for (char *w = strtok_r(line, " \t\r", &ws); w && nw < 5; w = strtok_r(NULL, " \t\r", &ws))
+            words[nw++] = w;
+        if (nw == 0 || words[0][0] == '#')
+            continue;
+        char *end = NULL;
+        unsigned long long dur = nw == 4 ? strtoull(words[3], &end, 10) : 0;
+        int b = nw == 4 ? builtin_by_name(words[2]) : -1;
+        if (strcmp(words[0], "kernel") || nw != 4 || !end || *end || words[3][0] == '-' || b < 0) {
+            r = CUDA_ERROR_INVALID_IMAGE;
+            break;
+        }
+        struct CUfunc_st **nf = realloc(m->funcs, (m->n + 1) * sizeof *nf);
+        struct CUfunc_st *f = calloc(1, sizeof *f);
+        if (nf)
+            m->funcs = nf;
+        if (!nf || !f || !(f->name = strdup(words[1]))) {
+            free(f);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
+        }
+        f->mod = m;
+        f->builtin = b;
+        f->dur_ns = dur;
+        m->funcs[m->n++] = f;
+    }
+    free(text);
+    if (r) {
+        for (int i = 0; i < m->n; i++) {
+            free(m->funcs[i]->name);
+            free(m->funcs[i]);
+        }
+        free(m->funcs);
+        free(m);
+        return r;
+    }
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+/* Registers a parsed module and its functions (and kernels, for a library). */
+static CUresult module_register(struct CUmod_st *m, struct CUctx_st *c, int library)
+{
+    m->ctx = c;
+    m->is_library = library;
+    if (library && !(m->kernels = calloc(m->n ? m->n : 1, sizeof *m->kernels)))
+        goto oom;
+    for (int i = 0; library && i < m->n; i++) {
+        if (!(m->kernels[i] = calloc(1, sizeof **m->kernels)))
+            goto oom;
+        m->kernels[i]->fn = m->funcs[i];
+    }
+    pthread_mutex_lock(&G);
+    m->next = modules;
+    modules = m;
+    int bad = hs_add(m, library ? H_LIBRARY : H_MODULE);
+    for (int i = 0; i < m->n; i++) {
+        bad |= hs_add(m->funcs[i], H_FUNC);
+        if (library)
+            bad |= hs_add(m->kernels[i], H_KERNEL);
+    }
+    if (bad)
+        module_free(m);
+    pthread_mutex_unlock(&G);
+    return bad ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+oom:
+    pthread_mutex_lock(&G);
+    module_free(m);
+    pthread_mutex_unlock(&G);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!module || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmod_st *m;
+    if ((r = parse_image(image, &m)) || (r = module_register(m, c, 0)))
+        return r;
+    *module = m;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!module || !fname)
+        return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(fname, "rb");
+    if (!f)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    char *buf = NULL;
+    size_t len = 0, cap = 0, got;
+    do {
+        if (len + 4096 + 1 > cap) {
+            char *nb = realloc(buf, cap = 2 * cap + 8192);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            buf = nb;
+        }
+        got = fread(buf + len, 1, 4096, f);
+        len += got;
+    } while (got > 0);
+    fclose(f);
+    buf[len] = 0;
+    struct CUmod_st *m;
+    r = parse_image(buf, &m);
+    free(buf);
+    if (r || (r = module_register(m, c, 0)))
+        return r;
+    *module = m;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule hmod)
+{
+    CHECK_INIT();
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    if (hs_type(hmod) != H_MODULE)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else
+        module_free(hmod);
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+static CUresult find_func(struct CUmod_st *m, int type, const char *name, struct CUfunc_st **f, struct CUkern_st **k)
+{
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&G);
+    if (hs_type(m) != type) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        for (int i = 0; i < m->n; i++)
+            if (!strcmp(m->funcs[i]->name, name)) {
+                if (f)
+                    *f = m->funcs[i];
+                if (k)
+                    *k = m->kernels[i];
+                r = CUDA_SUCCESS;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    CHECK_INIT();
+    if (!hfunc)
+        return CUDA_ERROR_INVALID_VALUE;
+    return find_func(hmod, H_MODULE, name, hfunc, NULL);
+}
+
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues,
+                           unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                           unsigned int numLibraryOptions)
+{
+    CHECK_INIT();
+    (void)jitOptions;
+    (void)jitOptionsValues;
+    (void)libraryOptions;
+    (void)libraryOptionValues;
+    if (!library || !code || (numJitOptions && !jitOptions) || (numLibraryOptions && !libraryOptions))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmod_st *m;
+    CUresult r;
+    if ((r = parse_image(code, &m)) || (r = module_register(m, NULL, 1)))
+        return r;
+    *library = (CUlibrary)m;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLibraryUnload(CUlibrary library)
+{
+    CHECK_INIT();
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&G);
+    if (hs_type(library) != H_LIBRARY)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else
+        module_free((struct CUmod_st *)library);
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
+{
+    CHECK_INIT();
+    if (!pKernel)
+        return CUDA_ERROR_INVALID_VALUE;
+    return find_func((struct CUmod_st *)library, H_LIBRARY, name, NULL, pKernel);
+}
+
+CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!pFunc)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    if (hs_type(kernel) != H_KERNEL)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else
+        *pFunc = kernel->fn;
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+static CUresult check_func(CUfunction f)
+{
+    pthread_mutex_lock(&G);
+    int t = hs_type(f);
+    pthread_mutex_unlock(&G);
+    return t == H_FUNC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
+{
+    CHECK_INIT();
+    if (!pi || (int)attrib < 0 || attrib >= CU_FUNC_ATTRIBUTE_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_func(hfunc);
+    if (r)
+        return r;
+    switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *pi = 32; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION: *pi = 90; break;
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *pi = 90; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *pi = 49152; break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *pi = -1; break;
+    default: *pi = 0; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+static int blocks_per_sm(int block)
+{
+    int b = 2048 / block;
+    return b > 32 ? 32 : b;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                     size_t dynamicSMemSize)
+{
+    CHECK_INIT();
+    if (!numBlocks || blockSize <= 0 || blockSize > 1024 || dynamicSMemSize > 232448)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_func(func);
+    if (!r)
+        *numBlocks = blocks_per_sm(blockSize);
+    return r;
+}
+
+CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
+                                          CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize,
+                                          int blockSizeLimit)
+{
+    CHECK_INIT();
+    if (!minGridSize || !blockSize || blockSizeLimit < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_func(func);
+    if (r)
+        return r;
+    int b = blockSizeLimit && blockSizeLimit < 1024 ? blockSizeLimit : 1024;
+    if (blockSizeToDynamicSMemSize)
+        (void)blockSizeToDynamicSMemSize(b);
+    (void)dynamicSMemSize;
+    *blockSize = b;
+    *minGridSize = blocks_per_sm(b) * attr_value(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    return CUDA_SUCCESS;
+}
+
+/* Copies the arguments now (a launch captures them), from kernelParams or from an `extra` buffer. */
+static CUresult pack_params(int b, void **kp, void **extra, unsigned char *out)
+{
+    size_t need = param_bytes(b);
+    if (kp && extra)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (extra) {
+        void *buf = NULL;
+        size_t size = 0;
+        int have_size = 0;
+        for (int i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+                buf = extra[i + 1];
+            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
+                size = *(size_t *)extra[i + 1], have_size = 1;
+            else
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (need && (!buf || !have_size || size < need))
+            return CUDA_ERROR_INVALID_VALUE;
+        if (need)
+            memcpy(out, buf, need);
+        return CUDA_SUCCESS;
+    }
+    if (need && !kp)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t off = 0;
+    for (int i = 0; i < builtins[b].nparams; i++) {
+        size_t sz = builtins[b].psize[i];
+        off = round_up(off, sz);
+        if (!kp[i])
+            return CUDA_ERROR_INVALID_VALUE;
+        memcpy(out + off, kp[i], sz);
+        off += sz;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch_impl(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                            unsigned bz, unsigned shmem, CUstream h, void **kp, void **extra)
+{
+    CHECK_INIT();
+    if (cfg.launch_ns)
+        spin_ns(cfg.launch_ns); /* the host-side cost of a launch, on the caller's CPU */
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!gx || !gy || !gz || !bx || !by || !bz || bz > 64 || (uint64_t)bx * by * bz > 1024 || gy > 65535 ||
+        gz > 65535 || shmem > 232448)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    op->kind = OP_KERNEL;
+    struct stream *s;
+    pthread_mutex_lock(&G);
+    if (hs_type(f) != H_FUNC) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (!(r = pack_params(f->builtin, kp, extra, op->params))) {
+        if (!kernel_args_ok(f->builtin, op->params, 0)) {
+            r = CUDA_ERROR_INVALID_VALUE;
+        } else if (!(r = get_stream(h, c, &s))) {
+            op->builtin = f->builtin;
+            op->dur_ns = cfg.kernel_ns_set ? cfg.kernel_ns : f->dur_ns;
+            enqueue(s, op);
+            op = NULL;
+        }
+    }
+    pthread_mutex_unlock(&G);
+    free(op);
+    return r;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                        unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                        unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+    return launch_impl(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                       kernelParams, extra);
+}
+
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+    return launch_impl(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                       PTSZ(hStream), kernelParams, extra);
+}
+
+static CUresult launch_ex(const CUlaunchConfig *cfgp, CUfunction f, void **kp, void **extra, int ptsz)
+{
+    if (!cfgp || (cfgp->numAttrs && !cfgp->attrs)) {
+        CHECK_INIT();
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return launch_impl(f, cfgp->gridDimX, cfgp->gridDimY, cfgp->gridDimZ, cfgp->blockDimX, cfgp->blockDimY,
+                       cfgp->blockDimZ, cfgp->sharedMemBytes, ptsz ? PTSZ(cfgp->hStream) : cfgp->hStream, kp, extra);
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+    return launch_ex(config, f, kernelParams, extra, 0);
+}
+
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+    return launch_ex(config, f, kernelParams, extra, 1);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * cuGetProcAddress: base names, each with the versions that exist and the CUDA version that
+ * introduced each; the newest one not newer than the caller's version wins, and the per-thread
+ * default stream flag picks the _ptsz/_ptds variant where there is one. */
+
+static const struct procent {
+    const char *name;
+    int since;
+    void *fn;
+    void *ptsz;
+} proctab[] = {
+#define P(base, since, sym) {#base, since, (void *)&sym, NULL}
+#define PT(base, since, sym, psym) {#base, since, (void *)&sym, (void *)&psym}
+    P(cuInit, 2000, cuInit),
+    P(cuDriverGetVersion, 2020, cuDriverGetVersion),
+    P(cuGetErrorName, 6000, cuGetErrorName),
+    P(cuGetErrorString, 6000, cuGetErrorString),
+    P(cuGetProcAddress, 11030, cuGetProcAddress),
+    P(cuGetProcAddress, 12000, cuGetProcAddress_v2),
+    P(cuGetExportTable, 3000, cuGetExportTable),
+    P(cuDeviceGet, 2000, cuDeviceGet),
+    P(cuDeviceGetCount, 2000, cuDeviceGetCount),
+    P(cuDeviceGetName, 2000, cuDeviceGetName),
+    P(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute),
+    P(cuDeviceTotalMem, 3020, cuDeviceTotalMem_v2),
+    P(cuDeviceGetUuid, 9020, cuDeviceGetUuid),
+    P(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2),
+    P(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain),
+    P(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2),
+    P(cuDevicePrimaryCtxGetState, 7000, cuDevicePrimaryCtxGetState),
+    P(cuDevicePrimaryCtxSetFlags, 11000, cuDevicePrimaryCtxSetFlags_v2),
+    P(cuDevicePrimaryCtxReset, 11000, cuDevicePrimaryCtxReset_v2),
+    P(cuCtxCreate, 3020, cuCtxCreate_v2),
+    P(cuCtxDestroy, 4000, cuCtxDestroy_v2),
+    P(cuCtxGetCurrent, 4000, cuCtxGetCurrent),
+    P(cuCtxSetCurrent, 4000, cuCtxSetCurrent),
+    P(cuCtxGetDevice, 2000, cuCtxGetDevice),
+    P(cuCtxGetDevice, 13000, cuCtxGetDevice_v2),
+    P(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2),
+    P(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2),
+    P(cuCtxSynchronize, 2000, cuCtxSynchronize),
+    P(cuCtxSynchronize, 13000, cuCtxSynchronize_v2),
+    P(cuMemAlloc, 3020, cuMemAlloc_v2),
+    P(cuMemFree, 3020, cuMemFree_v2),
+    P(cuMemAllocPitch, 3020, cuMemAllocPitch_v2),
+    P(cuMemAllocHost, 3020, cuMemAllocHost_v2),
+    P(cuMemHostAlloc, 2020, cuMemHostAlloc),
+    P(cuMemFreeHost, 2000, cuMemFreeHost),
+    PT(cuMemAllocAsync, 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),
+    PT(cuMemFreeAsync, 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz),
+    P(cuMemGetInfo, 3020, cuMemGetInfo_v2),
+    PT(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds),
+    PT(cuMemcpyDtoH, 3020, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds),
+    PT(cuMemcpyDtoD, 3020, cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds),
+    PT(cuMemcpyHtoDAsync, 3020, cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz),
+    PT(cuMemcpyDtoHAsync, 3020, cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz),
+    PT(cuMemcpyDtoDAsync, 3020, cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz),
+    PT(cuMemsetD8, 3020, cuMemsetD8_v2, cuMemsetD8_v2_ptds),
+    PT(cuMemsetD32, 3020, cuMemsetD32_v2, cuMemsetD32_v2_ptds),
+    PT(cuMemsetD8Async, 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz),
+    PT(cuMemsetD32Async, 3020, cuMemsetD32Async, cuMemsetD32Async_ptsz),
+    P(cuMemAddressReserve, 10020, cuMemAddressReserve),
+    P(cuMemAddressFree, 10020, cuMemAddressFree),
+    P(cuMemCreate, 10020, cuMemCreate),
+    P(cuMemRelease, 10020, cuMemRelease),
+    P(cuMemMap, 10020, cuMemMap),
+    P(cuMemUnmap, 10020, cuMemUnmap),
+    P(cuMemSetAccess, 10020, cuMemSetAccess),
+    P(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity),
+    P(cuStreamCreate, 2000, cuStreamCreate),
+    P(cuStreamCreateWithPriority, 5050, cuStreamCreateWithPriority),
+    P(cuStreamDestroy, 4000, cuStreamDestroy_v2),
+    PT(cuStreamSynchronize, 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz),
+    PT(cuStreamQuery, 2000, cuStreamQuery, cuStreamQuery_ptsz),
+    PT(cuStreamIsCapturing, 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz),
+    PT(cuStreamWaitEvent, 3020, cuStreamWaitEvent, cuStreamWaitEvent_ptsz),
+    P(cuEventCreate, 2000, cuEventCreate),
+    P(cuEventDestroy, 4000, cuEventDestroy_v2),
+    PT(cuEventRecord, 2000, cuEventRecord, cuEventRecord_ptsz),
+    P(cuEventSynchronize, 2000, cuEventSynchronize),
+    P(cuEventQuery, 2000, cuEventQuery),
+    P(cuEventElapsedTime, 2000, cuEventElapsedTime),
+    P(cuEventElapsedTime, 12080, cuEventElapsedTime_v2),
+    P(cuModuleLoadData, 2000, cuModuleLoadData),
+    P(cuModuleLoad, 2000, cuModuleLoad),
+    P(cuModuleUnload, 2000, cuModuleUnload),
+    P(cuModuleGetFunction, 2000, cuModuleGetFunction),
+    P(cuLibraryLoadData, 12000, cuLibraryLoadData),
+    P(cuLibraryUnload, 12000, cuLibraryUnload),
+    P(cuLibraryGetKernel, 12000, cuLibraryGetKernel),
+    P(cuKernelGetFunction, 12000, cuKernelGetFunction),
+    P(cuFuncGetAttribute, 2020, cuFuncGetAttribute),
+    P(cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, cuOccupancyMaxActiveBlocksPerMultiprocessor),
+    P(cuOccupancyMaxPotentialBlockSize, 6050, cuOccupancyMaxPotentialBlockSize),
+    PT(cuLaunchKernel, 4000, cuLaunchKernel, cuLaunchKernel_ptsz),
+    PT(cuLaunchKernelEx, 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz),
+#undef P
+#undef PT
+};
+
+static CUresult proc_address(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status)
+{
+    if (!symbol || !pfn || (flags & ~(cuuint64_t)3))
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct procent *best = NULL;
+    int known = 0;
+    for (size_t i = 0; i < sizeof proctab / sizeof proctab[0]; i++) {
+        if (strcmp(proctab[i].name, symbol))
+            continue;
+        known = 1;
+        if (proctab[i].since <= cudaVersion && (!best || proctab[i].since > best->since))
+            best = &proctab[i];
+    }
+    *pfn = NULL;
+    if (!best) {
+        if (status)
+            *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
+    if (status)
+        *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return proc_address(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus)
+{
+    return proc_address(symbol, pfn, cudaVersion, flags, symbolStatus);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * simcuda's own exports */
+
+void simcudaBusyWait(unsigned long long ns)
+{
+    spin_ns(ns);
+}
+
+void simcudaArena(unsigned long long *base, unsigned long long *size)
+{
+    pthread_mutex_lock(&G);
+    if (base)
+        *base = arena_base;
+    if (size)
+        *size = arena_size;
+    pthread_mutex_unlock(&G);
+}
+
+int simcudaListAllocations(simcudaAllocation *out, int max)
+{
+    int n = 0;
+    pthread_mutex_lock(&G);
+#define EMIT(...)                                                  \
+    do {                                                           \
+        if (out && n < max)                                        \
+            out[n] = (simcudaAllocation){__VA_ARGS__};             \
+        n++;                                                       \
+    } while (0)
+    for (struct region *r = regions; r; r = r->next)
+        if (!r->pending_free)
+            EMIT(.base = r->base, .size = r->req, .kind = r->kind, .device = r->ctx ? r->ctx->device : 0,
+                 .ctx = r->ctx);
+    for (struct region *r = host_regions; r; r = r->next)
+        EMIT(.base = r->base, .size = r->req, .kind = SIMCUDA_ALLOC_HOST, .ctx = r->ctx);
+    for (struct phys *p = physs; p; p = p->next)
+        EMIT(.base = 0, .size = p->size, .kind = SIMCUDA_ALLOC_VMM_PHYS, .device = p->device,
+             .handle = (uintptr_t)p);
+    for (struct mapping *m = mappings; m; m = m->next)
+        EMIT(.base = m->va, .size = m->size, .kind = SIMCUDA_ALLOC_VMM_MAP, .device = m->ph->device,
+             .handle = (uintptr_t)m->ph, .offset = m->off, .access = m->access);
+#undef EMIT
+    pthread_mutex_unlock(&G);
+    return n;
+}
