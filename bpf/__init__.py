@@ -1,1 +1,1 @@
-"""gputrace.bpf."""
+"""BPF programs (C, compiled by bcc) shipped as package data."""

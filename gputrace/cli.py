@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import __version__
-from .errors import GputraceError, NotYetAvailable, UsageError
+from .errors import GputraceError, NotYetAvailable
 
 
 @dataclass(frozen=True)

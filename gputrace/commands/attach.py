@@ -1,1 +1,296 @@
-"""`gputrace attach` (being written)."""
+"""`gputrace attach`: trace one job's driver calls and print the overhead audit; `gputrace demo`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import sys
+
+from ..cli import add_json, command
+from ..errors import GputraceError, UsageError
+from ..procs import require_process, require_root
+from .. import report as rep
+
+EXAMPLES = """examples:
+  gputrace attach -p 1234                      until Ctrl-C, at the default 1% overhead budget
+  gputrace attach -p 1234 -d 30 --json -o audit.json
+  gputrace attach --exact -- python train.py   every call from the command's first driver call on
+  gputrace attach -p 1234 --functions 'cuLaunch*,cuMemcpy*'
+  gputrace attach -p 1234 --preset proxy --cost-ns 5000
+
+The audit: a layer adding C ns to each call of the classes it intercepts adds A = rate x C CPU
+seconds per second; the predicted slowdown lies between max(0, A - wait) and A. See README.md.
+"""
+
+
+def parse_budget(text: str) -> float:
+    t = text.strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise UsageError(f"invalid budget {text!r}", "give a share of the target's CPU time, e.g. 1% or 0.005") from None
+    if not 0 < value <= 1:
+        raise UsageError(f"budget {text} is out of range", "use a value above 0% and at most 100% (100% traces every call)")
+    return value
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-p", "--pid", type=int, help="process to trace (or give `-- command args` to start one)")
+    p.add_argument("-d", "--duration", type=float, help="seconds to trace (default: until Ctrl-C or the process exits)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds per report interval (default 1)")
+    p.add_argument("--budget", default="1%", help="the tracer's cost cap, as a share of the target's CPU time (default 1%%)")
+    p.add_argument("--exact", action="store_true", help="trace every call continuously (same as --budget 100%%)")
+    p.add_argument("--functions", action="append", default=[], metavar="PATTERN",
+                   help="only these driver functions (shell globs, comma-separated or repeated)")
+    p.add_argument("--preset", choices=["all", "shim", "proxy"], default="all",
+                   help="interception layer to audit: shim (submission+state), proxy (every call), all (default)")
+    p.add_argument("--cost-ns", type=float, help="ns a layer adds per intercepted call (overrides the preset's)")
+    p.add_argument("--attach-mode", choices=["auto", "multi", "perf"], default="auto",
+                   help="uprobe-multi links, per-probe perf links, or the first that works (default)")
+    p.add_argument("-o", "--output", help="write the final report here instead of stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-interval lines on stderr")
+    add_json(p)
+
+
+def _presets(args: argparse.Namespace):
+    from ..tracer.audit import PRESETS, make_preset
+
+    names = list(PRESETS) if args.preset == "all" else [args.preset]
+    return [make_preset(n, args.cost_ns) for n in names]
+
+
+class _Child:
+    """The command to trace, forked and held before exec until the probes are in place.
+
+    Forked by hand: subprocess.Popen waits for the exec, which is exactly what must not happen yet.
+    """
+
+    def __init__(self, argv: list[str]) -> None:
+        path = shutil.which(argv[0]) if "/" not in argv[0] else argv[0]
+        if not path or not os.path.isfile(path):
+            raise UsageError(f"command not found: {argv[0]}", "give the command as you would run it, after `--`")
+        if not os.access(path, os.X_OK):
+            raise UsageError(f"cannot execute {argv[0]}", "check that it is an executable file")
+        hold_r, hold_w = os.pipe()
+        err_r, err_w = os.pipe()  # close-on-exec: EOF tells the parent the exec happened
+        pid = os.fork()
+        if pid == 0:  # child
+            try:
+                os.close(hold_w)
+                os.close(err_r)
+                if os.read(hold_r, 1) != b"g":  # gputrace died before releasing us: do not run untraced
+                    os._exit(127)
+                os.execv(path, argv)
+            except BaseException as exc:
+                try:
+                    os.write(err_w, str(exc).encode()[:500])
+                finally:
+                    os._exit(127)
+        os.close(hold_r)
+        os.close(err_w)
+        self.pid = pid
+        self.path = path
+        self._hold: int | None = hold_w
+        self._err = err_r
+        self.status: int | None = None
+
+    def release(self) -> None:
+        os.write(self._hold, b"g")
+        os.close(self._hold)
+        self._hold = None
+        msg = os.read(self._err, 600)
+        os.close(self._err)
+        if msg:
+            self.wait()
+            raise UsageError(f"cannot run {self.path}: {msg.decode(errors='replace')}", "check the command after `--`")
+
+    def abandon(self) -> None:
+        if self._hold is not None:
+            os.close(self._hold)  # the held child reads EOF and exits without running the command
+            self._hold = None
+            os.close(self._err)
+            self.wait()
+
+    def poll(self) -> int | None:
+        if self.status is None:
+            pid, st = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(st)
+        return self.status
+
+    def wait(self) -> int:
+        if self.status is None:
+            _, st = os.waitpid(self.pid, 0)
+            self.status = os.waitstatus_to_exitcode(st)
+        return self.status
+
+
+def trace(args: argparse.Namespace) -> int:
+    from ..tracer.audit import audit
+    from ..tracer.session import Options, Session
+    from ..tracer.targets import libcuda_of, resolve_for_command
+
+    budget = 1.0 if args.exact else parse_budget(args.budget)
+    if args.interval <= 0 or (args.duration is not None and args.duration <= 0):
+        raise UsageError("--interval and --duration must be positive", "e.g. --interval 1 -d 30")
+    argv = args.command_argv
+    if argv and args.pid:
+        raise UsageError("give either -p PID or `-- command`, not both", "gputrace attach -p 1234  or  gputrace attach -- ./job")
+    if not argv and not args.pid:
+        raise UsageError("nothing to trace", "give -p PID, or a command after `--`: gputrace attach -- python train.py")
+    patterns = tuple(p.strip() for arg in args.functions for p in arg.split(",") if p.strip())
+    renderer = rep.get("json" if args.json else "text")
+    live = rep.get("text")
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"gputrace: {msg}", file=sys.stderr, flush=True))
+
+    child = None
+    if argv:
+        require_root("tracing")
+        library = resolve_for_command(argv, os.environ)
+        child = _Child(argv)
+        pid = child.pid
+    else:
+        pid = args.pid
+        require_process(pid)
+        library = libcuda_of(pid).path
+        require_root("tracing")
+
+    intervals = []
+    try:
+        say("compiling the BPF program and calibrating the probe cost ...")
+        session = Session(pid, library, Options(args.interval, budget, patterns, args.attach_mode), warn=say)
+        cal = session.calibration
+        say(f"probing {len(session.functions)} functions of {library} in pid {pid} ({session.program.mode} links; "
+            f"a hit costs {rep.fmt_ns(cal.emulated.entry_ns)}-{rep.fmt_ns(cal.stepped.entry_ns)}, "
+            f"a timed call {rep.fmt_ns(cal.emulated.entry_return_ns)}-{rep.fmt_ns(cal.stepped.entry_return_ns)})")
+        if child:
+            session.prime()
+            child.release()
+
+        def on_interval(iv):
+            intervals.append(iv)
+            if not args.quiet:
+                live.interval(iv, sys.stderr)
+
+        try:
+            summary = session.run(args.duration, on_interval)
+        except KeyboardInterrupt:
+            session.close()
+            summary = session.summary()
+        finally:
+            session.close()
+    except BaseException:
+        if child:
+            child.abandon()
+        raise
+
+    exit_status = None
+    if child:
+        if child.poll() is None and args.duration is not None:
+            say(f"the command goes on running as pid {pid}; it is no longer traced")
+        else:
+            try:
+                exit_status = child.wait()
+            except KeyboardInterrupt:
+                os.kill(pid, signal.SIGINT)
+                exit_status = child.wait()
+    report = rep.Report(
+        pid=pid,
+        comm=session.comm,
+        library=library,
+        command=tuple(argv),
+        exit_status=exit_status,
+        options={"interval_s": args.interval, "budget": budget, "exact": budget >= 1.0,
+                 "functions": list(patterns), "attach_mode": session.program.mode},
+        calibration=session.calibration,
+        attach={
+            "mode": session.program.mode,
+            "functions": len(session.functions),
+            "windows": len(session.attach_s),
+            "attach_s_median": statistics.median(session.attach_s) if session.attach_s else None,
+            "detach_s_median": statistics.median(session.detach_s) if session.detach_s else None,
+            "stepped_functions": sum(k == "stepped" for k in session.kinds.values()),
+        },
+        summary=summary,
+        audits=tuple(audit(summary, p) for p in _presets(args)),
+        intervals=tuple(intervals),
+        errors=session.program.read_errors(),
+    )
+    session.program.close()
+    if args.output:
+        try:
+            with open(args.output, "w") as out:
+                renderer.final(report, out)
+        except OSError as exc:
+            raise GputraceError(f"cannot write {args.output}: {exc.strerror}", "choose a writable path for -o") from None
+        say(f"report written to {args.output}")
+    else:
+        renderer.final(report, sys.stdout)
+    return 0
+
+
+command("attach", "trace a CUDA job's driver calls and audit what interception would cost it", EXAMPLES)(configure)(trace)
+
+
+DEMO_EPILOG = """examples:
+  gputrace demo                     the launch-bound demo workload, 5 s, on simcuda unless a GPU is present
+  gputrace demo --workload gpu_bound --exact
+"""
+
+
+def configure_demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=["launch_bound", "gpu_bound", "alloc_free", "launch_bound_py"],
+                   default="launch_bound", help="which bundled workload (default launch_bound)")
+    p.add_argument("--driver", choices=["auto", "simcuda", "system"], default="auto",
+                   help="simcuda (the simulated driver), the system's libcuda, or auto: system when one exists")
+    p.add_argument("-d", "--duration", type=float, default=5.0, help="seconds the workload runs (default 5)")
+    p.add_argument("--exact", action="store_true", help="trace every call")
+    p.add_argument("--budget", default="1%", help="tracer cost cap (default 1%%)")
+    add_json(p)
+
+
+def demo(args: argparse.Namespace) -> int:
+    from .. import simcuda
+    from ..tracer.targets import resolve_for_command
+
+    require_root("tracing")
+    driver = args.driver
+    if driver == "auto":
+        try:
+            resolve_for_command(["true"], {})
+            driver = "system"
+        except GputraceError:
+            driver = "simcuda"
+    if driver == "simcuda":
+        os.environ.update(simcuda.env())
+        argv = simcuda.workload(args.workload) + ["--seconds", str(args.duration)]
+    else:
+        # The simcuda workloads load a fake module image; on a real driver the demo is a PyTorch loop.
+        argv = torch_workload(args.workload, args.duration)
+    print(f"gputrace: demo workload {args.workload} on the {'simulated' if driver == 'simcuda' else 'system'} driver",
+          file=sys.stderr)
+    ns = argparse.Namespace(
+        pid=None, duration=None, interval=1.0, budget=args.budget, exact=args.exact, functions=[], preset="all",
+        cost_ns=None, attach_mode="auto", output=None, quiet=False, json=args.json, command_argv=argv,
+    )
+    return trace(ns)
+
+
+def torch_workload(kind: str, seconds: float) -> list[str]:
+    from importlib import resources
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise GputraceError(
+            "the demo on a real GPU runs a PyTorch loop, and PyTorch is not importable here",
+            "install torch, or run the demo on the simulated driver: gputrace demo --driver simcuda",
+        )
+    script = str(resources.files("gputrace.simcuda") / "workloads" / "torch_step.py")
+    mode = "gpu" if kind == "gpu_bound" else "launch"
+    return [sys.executable, script, "--mode", mode, "--seconds", str(seconds)]
+
+
+command("demo", "audit a bundled demo workload (simulated driver where no GPU is present)", DEMO_EPILOG)(configure_demo)(demo)

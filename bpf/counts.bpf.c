@@ -1,0 +1,137 @@
+/* Per (process, driver function): calls, paired call time and a log2 latency histogram, all kept in
+ * the kernel. Attached through uprobe-multi links (or per-probe perf links) whose cookie carries the
+ * function id and, in bit 32, whether this function is timed (its return probe is attached too).
+ *
+ * Compiled by bcc; options come in as -D flags (GT_MAX_STATS, GT_MAX_THREADS). */
+#include <uapi/linux/ptrace.h>
+#include <linux/sched.h>
+#include "gputrace.h"
+
+BPF_HASH(stats, struct gt_key, struct gt_stats, GT_MAX_STATS);
+BPF_TABLE("lru_hash", u32, struct gt_thread, threads, GT_MAX_THREADS);
+BPF_ARRAY(errors, u64, GT_ERR_COUNT);
+BPF_ARRAY(config, struct gt_config, 1);
+
+static __always_inline void gt_error(u32 which)
+{
+    u64 *v = errors.lookup(&which);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+}
+
+static __always_inline struct gt_stats *gt_stats_of(u32 tgid, u32 func)
+{
+    struct gt_key key = {.tgid = tgid, .func = func};
+    struct gt_stats *s = stats.lookup(&key);
+    if (s)
+        return s;
+    struct gt_stats zero = {};
+    stats.insert(&key, &zero);
+    s = stats.lookup(&key);
+    if (!s)
+        gt_error(GT_ERR_STATS_FULL);
+    return s;
+}
+
+static __always_inline u32 gt_generation(void)
+{
+    u32 zero = 0;
+    struct gt_config *c = config.lookup(&zero);
+    return c ? c->gen : 0;
+}
+
+int gt_entry(struct pt_regs *ctx)
+{
+    u64 cookie = bpf_get_attach_cookie(ctx);
+    u32 func = cookie & GT_COOKIE_FUNC_MASK;
+    u64 id = bpf_get_current_pid_tgid();
+    struct gt_stats *s = gt_stats_of(id >> 32, func);
+    if (s)
+        __sync_fetch_and_add(&s->calls, 1);
+    if (!(cookie & GT_COOKIE_TIMED))
+        return 0;
+
+    u32 tid = (u32)id;
+    u32 gen = gt_generation();
+    struct gt_thread *t = threads.lookup(&tid);
+    if (!t) {
+        struct gt_thread fresh = {.gen = gen};
+        threads.insert(&tid, &fresh);
+        t = threads.lookup(&tid);
+        if (!t) {
+            gt_error(GT_ERR_THREADS_FULL);
+            return 0;
+        }
+    }
+    if (t->gen != gen) {  /* frames from an earlier window can never be paired now */
+        if (t->depth)
+            gt_error(GT_ERR_STALE);
+        t->depth = 0;
+        t->gen = gen;
+    }
+    u32 d = t->depth;
+    if (d >= GT_MAX_DEPTH) {
+        gt_error(GT_ERR_DEPTH);
+        return 0;
+    }
+    d &= GT_MAX_DEPTH - 1;
+    t->frames[d].func = func;
+    t->frames[d].ts = bpf_ktime_get_ns();
+    t->depth = d + 1;
+    return 0;
+}
+
+int gt_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 func = bpf_get_attach_cookie(ctx) & GT_COOKIE_FUNC_MASK;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct gt_thread *t = threads.lookup(&tid);
+    if (!t || t->depth == 0 || t->gen != gt_generation()) {
+        gt_error(GT_ERR_UNPAIRED);
+        return 0;
+    }
+    /* The return belongs to the innermost frame of this function: frames above it lost their
+     * returns (a longjmp out of a callback, say) and are dropped rather than paired wrongly. */
+    u32 d = t->depth;
+    int found = -1;
+#pragma unroll
+    for (int i = GT_MAX_DEPTH - 1; i >= 0; i--) {
+        if (found < 0 && (u32)i < d && t->frames[i].func == func)
+            found = i;
+    }
+    if (found < 0) {
+        gt_error(GT_ERR_UNPAIRED);
+        return 0;
+    }
+    if ((u32)found + 1 != d)
+        gt_error(GT_ERR_STALE);
+    u32 f = (u32)found & (GT_MAX_DEPTH - 1);
+    u64 delta = now - t->frames[f].ts;
+    t->depth = f;
+
+    struct gt_stats *s = gt_stats_of(id >> 32, func);
+    if (!s)
+        return 0;
+    __sync_fetch_and_add(&s->timed, 1);
+    __sync_fetch_and_add(&s->total_ns, delta);
+    if (f == 0)
+        __sync_fetch_and_add(&s->outer_ns, delta);
+    else
+        __sync_fetch_and_add(&s->nested, 1);
+    u32 slot = bpf_log2l(delta);
+    if (slot >= GT_HIST_SLOTS)
+        slot = GT_HIST_SLOTS - 1;
+    __sync_fetch_and_add(&s->hist[slot], 1);
+    return 0;
+}
+
+/* A thread that dies inside a timed call leaves its frames behind; a new thread that reuses the id
+ * must not inherit them. Raw tracepoint: needs no tracefs. */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    threads.delete(&tid);
+    return 0;
+}

@@ -1,0 +1,60 @@
+/* Keys and values shared by the BPF programs (counts.bpf.c) and user space (tracer/bpfprog.py).
+ * Keep the two in step: user space mirrors these layouts with ctypes, checked by a test. */
+#ifndef GPUTRACE_H
+#define GPUTRACE_H
+
+#define GT_HIST_SLOTS 40          /* slot 0: 0 ns; slot k: [2^(k-1), 2^k) ns (bcc bpf_log2l); the last is open */
+#define GT_MAX_DEPTH 8            /* nested driver calls tracked per thread (a power of two) */
+#define GT_COOKIE_FUNC_MASK 0xffffffffULL
+#define GT_COOKIE_TIMED (1ULL << 32) /* entry probe pushes a timestamp; a return probe will pop it */
+
+#ifndef GT_MAX_STATS
+#define GT_MAX_STATS 16384        /* (process, function) pairs */
+#endif
+#ifndef GT_MAX_THREADS
+#define GT_MAX_THREADS 16384      /* threads inside a timed call at once */
+#endif
+
+struct gt_key {
+    u32 tgid;
+    u32 func;                     /* the cookie's low 32 bits: a function id chosen by user space */
+};
+
+struct gt_stats {
+    u64 calls;                    /* entry hits */
+    u64 timed;                    /* returns paired with their entry */
+    u64 total_ns;                 /* inclusive time of the paired calls */
+    u64 outer_ns;                 /* the part spent in calls made outside any other traced call */
+    u64 nested;                   /* paired calls made from inside another traced call */
+    u64 hist[GT_HIST_SLOTS];
+};
+
+struct gt_frame {
+    u64 ts;
+    u32 func;
+    u32 pad;
+};
+
+struct gt_thread {
+    u32 depth;
+    u32 gen;                      /* attach generation the frames belong to */
+    struct gt_frame frames[GT_MAX_DEPTH];
+};
+
+/* Indexes into the `errors` array: things that went wrong, counted instead of corrupting stats. */
+enum gt_error {
+    GT_ERR_STATS_FULL = 0,        /* no room for a new (process, function) pair */
+    GT_ERR_THREADS_FULL,          /* no room for a new thread's frame stack */
+    GT_ERR_DEPTH,                 /* nesting deeper than GT_MAX_DEPTH: that call goes untimed */
+    GT_ERR_UNPAIRED,              /* a return with no matching entry (attached mid-call, lost frame) */
+    GT_ERR_STALE,                 /* frames dropped: left by a previous window or a dead thread */
+    GT_ERR_COUNT,
+};
+
+/* Index 0 of the `config` array: the current attach generation. */
+struct gt_config {
+    u32 gen;
+    u32 pad;
+};
+
+#endif

@@ -1,0 +1,5 @@
+import sys
+
+from gputrace.cli import main
+
+sys.exit(main())

@@ -1,0 +1,188 @@
+"""Renderers for tracer results, chosen by name from a registry: text for people, JSON for scripts.
+
+JSON goes through orjson; its layout is versioned by SCHEMA and documented in docs/json-schema.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import IO, Callable, Protocol
+
+import orjson
+
+from .tracer.audit import Audit
+from .tracer.calibrate import Calibration
+from .tracer.model import Interval, ProcessSnapshot
+
+SCHEMA = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """Everything a finished `attach` session has to say."""
+
+    pid: int
+    comm: str
+    library: str
+    command: tuple[str, ...]
+    exit_status: int | None
+    options: dict
+    calibration: Calibration
+    attach: dict
+    summary: ProcessSnapshot
+    audits: tuple[Audit, ...]
+    intervals: tuple[Interval, ...]
+    errors: dict[str, int]
+
+
+class Renderer(Protocol):
+    def interval(self, iv: Interval, out: IO[str]) -> None: ...
+    def final(self, report: Report, out: IO[str]) -> None: ...
+
+
+RENDERERS: dict[str, Callable[[], Renderer]] = {}
+
+
+def renderer(name: str) -> Callable:
+    def register(cls: Callable[[], Renderer]) -> Callable[[], Renderer]:
+        RENDERERS[name] = cls
+        return cls
+
+    return register
+
+
+# --- formatting helpers -------------------------------------------------------------------------
+def fmt_rate(hz: float) -> str:
+    if hz >= 1e6:
+        return f"{hz / 1e6:.2f}M"
+    if hz >= 1e4:
+        return f"{hz / 1e3:.1f}k"
+    if hz >= 100:
+        return f"{hz:,.0f}"
+    return f"{hz:.1f}"
+
+
+def fmt_ns(ns: float | None) -> str:
+    if ns is None:
+        return "-"
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.2f} µs"
+    return f"{ns:.0f} ns"
+
+
+def fmt_pct(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def fmt_s_per_s(x: float) -> str:
+    return f"{fmt_pct(x, 1)} ({fmt_ns(x * 1e9)}/s)"
+
+
+# --- text ---------------------------------------------------------------------------------------
+@renderer("text")
+class TextRenderer:
+    top_functions = 25
+
+    def interval(self, iv: Interval, out: IO[str]) -> None:
+        for p in iv.processes:
+            share = iv.window_s / iv.interval_s if iv.interval_s else 0.0
+            out.write(
+                f"[{iv.t_start:7.1f}s] pid {p.pid} {p.comm}: {fmt_rate(p.calls_hz)} calls/s  "
+                f"driver CPU {fmt_pct(p.driver_cpu_s_per_s, 1)}  wait {fmt_pct(p.wait_s_per_s, 1)}  "
+                f"probed {fmt_pct(share, 0)} of the interval  tracer {fmt_pct(p.tracer_overhead)} of its CPU\n"
+            )
+        out.flush()
+
+    def final(self, r: Report, out: IO[str]) -> None:
+        s = r.summary
+        w = out.write
+        cmd = f" `{' '.join(r.command)}`" if r.command else ""
+        w(f"gputrace audit of pid {r.pid} ({r.comm}){cmd}\n")
+        w(f"  libcuda            {r.library}\n")
+        mode = "every call (exact)" if r.options["exact"] else f"sampled windows, budget {fmt_pct(r.options['budget'], 1)} of its CPU"
+        w(f"  traced             {s.interval_s:.1f} s; probes attached {fmt_pct(s.window_s / s.interval_s if s.interval_s else 0, 1)} of it ({mode})\n")
+        for kind in ("emulated", "stepped"):
+            c = r.calibration.of(kind)
+            w(f"  probe cost         {fmt_ns(c.entry_ns)} a counted call, {fmt_ns(c.entry_return_ns)} a timed call, "
+              f"{fmt_ns(c.bias_ns)} subtracted from each timed call ({kind} first instruction)\n")
+        w(f"  tracer's own cost  {fmt_pct(s.tracer_overhead)} of the process's CPU time "
+          f"({fmt_ns(s.tracer_cost_s * 1e9)} over {s.target_cpu_s or 0:.2f} CPU-s)\n")
+        if r.exit_status is not None:
+            w(f"  command exited     with status {r.exit_status}\n")
+        w("\n")
+        w(f"  driver calls       {fmt_rate(s.calls_hz)}/s\n")
+        w(f"  driver CPU time    {fmt_s_per_s(s.driver_cpu_s_per_s)} in non-synchronizing calls\n")
+        w(f"  wait time          {fmt_s_per_s(s.wait_s_per_s)} blocked in synchronization calls\n\n")
+        w(f"  {'class':<16}{'calls/s':>12}{'time/s':>14}\n")
+        for t in s.classes:
+            w(f"  {t.cls.value:<16}{fmt_rate(t.rate_hz):>12}{fmt_ns(t.time_s_per_s * 1e9):>14}\n")
+        w("\n")
+        w(f"  {'function':<36}{'class':<17}{'calls/s':>10}{'±95%':>9}{'mean':>11}{'p99 <':>11}\n")
+        for f in s.functions[: self.top_functions]:
+            err = f"{100 * f.rate_err_hz / f.rate_hz:.1f}%" if f.rate_hz else "-"
+            w(f"  {f.name:<36}{f.cls.value:<17}{fmt_rate(f.rate_hz):>10}{err:>9}{fmt_ns(f.mean_ns):>11}{fmt_ns(f.p99_ns):>11}\n")
+        if len(s.functions) > self.top_functions:
+            w(f"  ... and {len(s.functions) - self.top_functions} more (all of them with --json)\n")
+        w("\n  what an interception layer would cost this job:\n")
+        for a in r.audits:
+            w(f"  - {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")
+            w(f"      {fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second\n")
+            w(f"      predicted slowdown between {fmt_pct(a.slowdown_lower)} (hidden in the wait) "
+              f"and {fmt_pct(a.slowdown_upper)} (fully exposed)\n")
+        bad = {k: v for k, v in r.errors.items() if v}
+        if bad:
+            w("\n  tracer notes: " + ", ".join(f"{k} {v}" for k, v in bad.items()) + "\n")
+        out.flush()
+
+
+# --- JSON ---------------------------------------------------------------------------------------
+def _snapshot_dict(s: ProcessSnapshot) -> dict:
+    d = dataclasses.asdict(s)
+    d["calls_hz"] = s.calls_hz
+    d["tracer_overhead"] = s.tracer_overhead
+    return d
+
+
+def report_dict(r: Report, with_intervals: bool = True) -> dict:
+    return {
+        "schema": SCHEMA,
+        "kind": "gputrace.attach",
+        "pid": r.pid,
+        "comm": r.comm,
+        "library": r.library,
+        "command": list(r.command),
+        "exit_status": r.exit_status,
+        "options": r.options,
+        "calibration": dataclasses.asdict(r.calibration),
+        "attach": r.attach,
+        "summary": _snapshot_dict(r.summary),
+        "audits": [dataclasses.asdict(a) for a in r.audits],
+        "errors": r.errors,
+        "intervals": [
+            {**dataclasses.asdict(iv), "processes": [_snapshot_dict(p) for p in iv.processes]}
+            for iv in r.intervals
+        ] if with_intervals else [],
+    }
+
+
+def dumps(obj: object) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+
+
+@renderer("json")
+class JsonRenderer:
+    def interval(self, iv: Interval, out: IO[str]) -> None:
+        pass  # the document comes once, at the end
+
+    def final(self, r: Report, out: IO[str]) -> None:
+        out.write(dumps(report_dict(r)).decode() + "\n")
+        out.flush()
+
+
+def get(name: str) -> Renderer:
+    return RENDERERS[name]()
+

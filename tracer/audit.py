@@ -1,0 +1,92 @@
+"""The overhead audit: what an interception layer would cost a process, as bounds (DESIGN.md).
+
+A layer that adds `c` ns to each call of the classes it intercepts adds A = sum(rate x c) CPU seconds
+per second to the threads that issue those calls. Nothing can hide more than all of it, so the
+slowdown is at most A; it can hide in the time those threads wait for the GPU anyway, so it is at
+least max(0, A - wait). Both bounds are reported with every input behind them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .classify import CLASS_ORDER, FunctionClass
+from .model import ProcessSnapshot
+
+_ALL = frozenset(CLASS_ORDER)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    cost_ns: float
+    classes: frozenset[FunctionClass]
+    cost_source: str  # where cost_ns comes from, shown beside every figure built on it
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "proxy", 2000.0, _ALL,
+            "assumed: a device-proxy layer forwards every call to another process (an IPC round trip, "
+            "order of microseconds); pass --cost-ns with your layer's figure",
+        ),
+        Preset(
+            "shim", 100.0, frozenset({FunctionClass.SUBMISSION, FunctionClass.STATE}),
+            "assumed until the gputrace shim's own cost is measured (bench/shim); pass --cost-ns to override",
+        ),
+    )
+}
+DEFAULT_PRESET = "shim"
+
+
+@dataclass(frozen=True)
+class Audit:
+    pid: int
+    comm: str
+    preset: str
+    cost_ns: float
+    cost_source: str
+    classes: tuple[str, ...]
+    intercepted_hz: float          # calls/s the layer would intercept
+    calls_hz: float                # all driver calls/s
+    driver_cpu_s_per_s: float      # input: time/s in non-synchronizing driver calls
+    wait_s_per_s: float            # input: time/s blocked in synchronization calls
+    added_cpu_s_per_s: float       # A
+    slowdown_upper: float          # A: nothing hides it
+    slowdown_lower: float          # max(0, A - wait): it hides in the wait
+    tracer_overhead: float | None  # the tracer's own cost over the same span, fraction of the target's CPU
+
+
+def make_preset(name: str, cost_ns: float | None = None, classes: frozenset[FunctionClass] | None = None) -> Preset:
+    base = PRESETS[name]
+    if cost_ns is None and classes is None:
+        return base
+    return Preset(
+        base.name,
+        base.cost_ns if cost_ns is None else cost_ns,
+        base.classes if classes is None else classes,
+        base.cost_source if cost_ns is None else "given with --cost-ns",
+    )
+
+
+def audit(snap: ProcessSnapshot, preset: Preset) -> Audit:
+    rate = sum(f.rate_hz for f in snap.functions if f.cls in preset.classes)
+    added = rate * preset.cost_ns * 1e-9
+    return Audit(
+        pid=snap.pid,
+        comm=snap.comm,
+        preset=preset.name,
+        cost_ns=preset.cost_ns,
+        cost_source=preset.cost_source,
+        classes=tuple(c.value for c in CLASS_ORDER if c in preset.classes),
+        intercepted_hz=rate,
+        calls_hz=snap.calls_hz,
+        driver_cpu_s_per_s=snap.driver_cpu_s_per_s,
+        wait_s_per_s=snap.wait_s_per_s,
+        added_cpu_s_per_s=added,
+        slowdown_upper=added,
+        slowdown_lower=max(0.0, added - snap.wait_s_per_s),
+        tracer_overhead=snap.tracer_overhead,
+    )

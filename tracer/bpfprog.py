@@ -1,0 +1,113 @@
+"""The compiled BPF program (bpf/counts.bpf.c) and typed access to its maps.
+
+`mode` fixes how the programs attach: "multi" loads them for uprobe-multi links (expected attach type
+BPF_TRACE_UPROBE_MULTI), "perf" for per-probe perf links; the kernel refuses to mix the two, so a
+fallback means loading again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+from gputrace.bccload import import_bcc
+from gputrace.errors import BpfUnavailable
+
+from . import links
+
+HIST_SLOTS = 40  # GT_HIST_SLOTS in bpf/gputrace.h
+MAX_DEPTH = 8
+COOKIE_TIMED = 1 << 32
+ERROR_NAMES = ("stats_full", "threads_full", "depth", "unpaired", "stale")
+
+
+@dataclass(frozen=True)
+class RawStats:
+    """One (process, function) row of the `stats` map: cumulative since the program loaded."""
+
+    calls: int
+    timed: int
+    total_ns: int
+    outer_ns: int
+    nested: int
+    hist: tuple[int, ...]
+
+    def _zip(self, other: "RawStats", op) -> "RawStats":
+        return RawStats(
+            op(self.calls, other.calls), op(self.timed, other.timed), op(self.total_ns, other.total_ns),
+            op(self.outer_ns, other.outer_ns), op(self.nested, other.nested),
+            tuple(op(a, b) for a, b in zip(self.hist, other.hist)),
+        )
+
+    def __sub__(self, other: "RawStats") -> "RawStats":
+        return self._zip(other, int.__sub__)
+
+    def __add__(self, other: "RawStats") -> "RawStats":
+        return self._zip(other, int.__add__)
+
+
+ZERO = RawStats(0, 0, 0, 0, 0, (0,) * HIST_SLOTS)
+
+
+def source_dir() -> Path:
+    return Path(str(resources.files("gputrace.bpf")))
+
+
+class Program:
+    def __init__(self, mode: str = "multi", *, max_stats: int = 16384, max_threads: int = 16384) -> None:
+        if mode not in ("multi", "perf"):
+            raise ValueError(mode)
+        self.mode = mode
+        bcc = import_bcc()
+        src = source_dir() / "counts.bpf.c"
+        cflags = [f"-I{source_dir()}", f"-DGT_MAX_STATS={max_stats}", f"-DGT_MAX_THREADS={max_threads}"]
+        try:
+            self.bpf = bcc.BPF(src_file=str(src).encode(), cflags=cflags)
+            attach_type = links.BPF_TRACE_UPROBE_MULTI if mode == "multi" else -1
+            self.entry_fd = self.bpf.load_func(b"gt_entry", bcc.BPF.KPROBE, attach_type=attach_type).fd
+            self.return_fd = self.bpf.load_func(b"gt_return", bcc.BPF.KPROBE, attach_type=attach_type).fd
+        except Exception as exc:  # bcc raises bare Exception for compile and load failures
+            raise BpfUnavailable(
+                f"the BPF program did not compile or load: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}",
+                "run `gputrace doctor`: kernel headers, bcc and BPF support are checked there",
+            ) from None
+        self._stats = self.bpf[b"stats"]
+        self._errors = self.bpf[b"errors"]
+        self._config = self.bpf[b"config"]
+        self.generation = 0
+
+    def attach(self, path: str, offsets: Sequence[int], cookies: Sequence[int], *, retprobe: bool, pid: int = 0) -> links.Link:
+        fd = self.return_fd if retprobe else self.entry_fd
+        if self.mode == "multi":
+            return links.attach_multi(fd, path, offsets, cookies, retprobe=retprobe, pid=pid)
+        return links.attach_perf(fd, path, offsets, cookies, retprobe=retprobe, pid=pid if pid > 0 else -1)
+
+    def next_generation(self) -> None:
+        """Frames pushed before now can no longer be paired: threads drop them lazily."""
+        self.generation += 1
+        leaf = self._config[ctypes.c_int(0)]
+        leaf.gen = self.generation
+        self._config[ctypes.c_int(0)] = leaf
+
+    def read_stats(self) -> dict[tuple[int, int], RawStats]:
+        out = {}
+        for k, v in self._stats.items():
+            out[(k.tgid, k.func)] = RawStats(v.calls, v.timed, v.total_ns, v.outer_ns, v.nested, tuple(v.hist))
+        return out
+
+    def forget(self, keys: Sequence[tuple[int, int]]) -> None:
+        for tgid, func in keys:
+            key = self._stats.Key(tgid, func)
+            try:
+                del self._stats[key]
+            except KeyError:
+                pass
+
+    def read_errors(self) -> dict[str, int]:
+        return {name: int(self._errors[ctypes.c_int(i)].value) for i, name in enumerate(ERROR_NAMES)}
+
+    def close(self) -> None:
+        self.bpf.cleanup()

@@ -1,0 +1,103 @@
+"""How long to keep probes attached each interval, and which functions to time, within a budget.
+
+The tracer's cost lands on the traced threads: each hit of an entry-only probe costs `entry_ns`, each
+timed call `entry_return_ns` (both calibrated, per function by the kind of its first instruction). Given the rates seen so far, the policy sizes the next
+attach window so that the expected cost stays under `budget` x the target's CPU time per interval.
+
+- The first window is a scout of `budget x interval`: even a process that did nothing but hit probes
+  could not spend more than the budget in it.
+- Hot functions (above `hot_hz`, not synchronizing) are counted with entry probes only; every
+  `retime_every`-th window times everything, so their per-call time is still measured.
+- When even `min_window_s` would cost too much, windows are spread out: one every k intervals.
+- Windows start at a random offset in the interval, so a periodic workload is not sampled in phase.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Mapping
+
+from .calibrate import ProbeCost
+from .classify import FunctionClass
+
+
+@dataclass(frozen=True)
+class Plan:
+    attach: bool
+    offset_s: float
+    window_s: float
+    timed: frozenset[int]
+
+
+class Policy:
+    def __init__(
+        self,
+        classes: Mapping[int, FunctionClass],
+        costs: Mapping[int, ProbeCost],
+        *,
+        budget: float,
+        interval_s: float,
+        min_window_s: float = 0.002,
+        hot_hz: float = 5000.0,
+        retime_every: int = 4,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.classes = dict(classes)
+        self.costs = dict(costs)
+        self.budget = budget
+        self.interval_s = interval_s
+        self.min_window_s = min(min_window_s, interval_s)
+        self.hot_hz = hot_hz
+        self.retime_every = retime_every
+        self.rng = rng or random.Random()
+        self.exact = budget >= 1.0
+        self.rates: dict[int, float] = {}
+        self.cpu_s_per_s: float | None = None
+        self.windows = 0
+        self.skip = 0
+
+    def _timed(self) -> frozenset[int]:
+        if self.exact or self.windows % self.retime_every == 0:
+            return frozenset(self.classes)
+        return frozenset(
+            f for f in self.classes
+            if self.rates.get(f, 0.0) < self.hot_hz or self.classes[f] is FunctionClass.SYNC
+        )
+
+    def cost_per_s(self, timed: frozenset[int]) -> float:
+        """Expected probe seconds per attached second, at the rates seen so far."""
+        return sum(r * self.costs[f].cost_ns(f in timed) * 1e-9 for f, r in self.rates.items() if f in self.costs)
+
+    def plan(self) -> Plan:
+        timed = self._timed()
+        if self.exact:
+            return Plan(True, 0.0, self.interval_s, timed)
+        if self.skip > 0:
+            self.skip -= 1
+            return Plan(False, 0.0, 0.0, timed)
+        if self.windows == 0:
+            window = max(self.min_window_s, self.budget * self.interval_s)
+        else:
+            cpu = self.cpu_s_per_s if self.cpu_s_per_s is not None else 1.0
+            allowed = self.budget * cpu * self.interval_s
+            cost = self.cost_per_s(timed)
+            window = self.interval_s if cost <= 0 else allowed / cost
+            if window < self.min_window_s:
+                self.skip = max(0, math.ceil(self.min_window_s / max(window, 1e-9)) - 1)
+                window = self.min_window_s
+        window = min(window, self.interval_s)
+        offset = self.rng.uniform(0.0, self.interval_s - window)
+        return Plan(True, offset, window, timed)
+
+    def observe(self, window_s: float, calls: Mapping[int, int], cpu_s_per_s: float | None) -> None:
+        if cpu_s_per_s is not None:
+            self.cpu_s_per_s = cpu_s_per_s
+        if window_s <= 0:
+            return
+        first = self.windows == 0
+        self.windows += 1
+        for f in set(self.rates) | set(calls):
+            seen = calls.get(f, 0) / window_s
+            self.rates[f] = seen if first or f not in self.rates else 0.5 * (self.rates[f] + seen)

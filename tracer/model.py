@@ -1,0 +1,74 @@
+"""Frozen snapshots the tracer hands to renderers; units are in the field names.
+
+`None` in a float field means exactly one thing: not measured in this interval (for example the
+per-call time of a function that was only counted, never timed). JSON shows it as null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .classify import FunctionClass
+
+
+@dataclass(frozen=True)
+class FunctionStats:
+    name: str
+    cls: FunctionClass
+    calls_observed: int            # entry hits while probes were attached
+    calls_estimated: float         # over the whole interval, from the observed rate
+    rate_hz: float
+    rate_err_hz: float             # 95% half-width of rate_hz (0 when traced continuously)
+    timed_calls: int               # calls whose duration was measured
+    mean_ns: float | None          # per-call time, probe bias subtracted
+    outer_mean_ns: float | None    # the same for calls not made from inside another traced call
+    p50_ns: float | None
+    p99_ns: float | None
+    hist: tuple[int, ...] = ()     # log2 buckets of observed durations (slot k: [2^(k-1), 2^k) ns)
+
+    @property
+    def cpu_s_per_s(self) -> float:
+        """Time per second inside this function's outermost calls (0 when never timed)."""
+        return self.rate_hz * (self.outer_mean_ns or 0.0) * 1e-9
+
+
+@dataclass(frozen=True)
+class ClassTotals:
+    cls: FunctionClass
+    rate_hz: float
+    time_s_per_s: float
+
+
+@dataclass(frozen=True)
+class ProcessSnapshot:
+    pid: int
+    comm: str
+    interval_s: float
+    window_s: float                # time probes were attached in the interval
+    target_cpu_s: float | None     # the process's CPU time over the interval (/proc)
+    functions: tuple[FunctionStats, ...]
+    tracer_cost_s: float           # probe time the tracer added to the process (calibrated hit cost x hits)
+    driver_cpu_s_per_s: float      # time/s in non-synchronizing driver calls
+    wait_s_per_s: float            # time/s blocked in synchronization calls
+    classes: tuple[ClassTotals, ...] = ()
+
+    @property
+    def tracer_overhead(self) -> float | None:
+        """The tracer's cost as a fraction of the process's CPU time."""
+        if not self.target_cpu_s:
+            return None
+        return self.tracer_cost_s / self.target_cpu_s
+
+    @property
+    def calls_hz(self) -> float:
+        return sum(f.rate_hz for f in self.functions)
+
+
+@dataclass(frozen=True)
+class Interval:
+    index: int
+    t_start: float                 # seconds since the session started
+    interval_s: float
+    window_s: float
+    processes: tuple[ProcessSnapshot, ...]
+    errors: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,361 @@
+"""A tracing session on one process: attach windows, read the maps, build snapshots.
+
+The loop, per interval: plan a window (budget.Policy), attach the return link then the entry link
+(so every entry seen has its return seen), wait, detach in the reverse order, read the in-kernel
+stats, diff them against the last read, and turn the counts into a ProcessSnapshot with the probe
+bias subtracted and the tracer's own cost attached. With `exact` the links stay attached throughout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+import os
+import select
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from gputrace.errors import BpfUnavailable, NoLibcuda
+
+from . import links
+from .bpfprog import COOKIE_TIMED, ZERO, Program, RawStats
+from .budget import Policy
+from .calibrate import Calibration, calibrate, probe_kind
+from .classify import CLASS_ORDER, FunctionClass
+from .model import ClassTotals, FunctionStats, Interval, ProcessSnapshot
+from .symbols import Function, read_functions
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Options:
+    interval_s: float = 1.0
+    budget: float = 0.01                   # fraction of the target's CPU time; >= 1 traces everything
+    patterns: tuple[str, ...] = ()         # fnmatch patterns over function names; empty: every cu*
+    attach_mode: str = "auto"              # "auto", "multi" or "perf"
+
+    @property
+    def exact(self) -> bool:
+        return self.budget >= 1.0
+
+
+def select_functions(funcs: Sequence[Function], patterns: Iterable[str]) -> tuple[Function, ...]:
+    pats = [p for p in patterns if p]
+    if not pats:
+        return tuple(funcs)
+    chosen = tuple(f for f in funcs if any(fnmatch.fnmatchcase(n, p) for p in pats for n in (f.name, *f.aliases)))
+    if not chosen:
+        raise NoLibcuda(
+            f"no driver function matches {', '.join(pats)}",
+            "patterns are shell globs over names such as cuLaunchKernel or cuMemcpy*Async*",
+        )
+    return chosen
+
+
+def process_cpu_s(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def percentile_ns(hist: Sequence[int], q: float) -> float | None:
+    total = sum(hist)
+    if not total:
+        return None
+    need = q * total
+    run = 0
+    for slot, n in enumerate(hist):
+        run += n
+        if run >= need:
+            return float(2**slot) if slot else 0.0  # upper edge of the bucket: a bound, not a guess
+    return float(2 ** (len(hist) - 1))
+
+
+def open_program(mode: str, warn: Callable[[str], None]) -> tuple[Program, Calibration]:
+    """Loads the program and calibrates with it; in auto mode falls back to per-probe links."""
+    if mode in ("auto", "multi"):
+        prog = Program("multi")
+        try:
+            return prog, calibrate(prog)
+        except BpfUnavailable as exc:
+            prog.close()
+            if mode == "multi":
+                raise
+            warn(f"uprobe-multi links unavailable ({exc.msg}); attaching one probe per function, "
+                 "detach will take about 0.1 s per function")
+    prog = Program("perf")
+    return prog, calibrate(prog)
+
+
+class Session:
+    def __init__(
+        self,
+        pid: int,
+        library: str,
+        options: Options,
+        *,
+        warn: Callable[[str], None] = lambda msg: None,
+        program: tuple[Program, Calibration] | None = None,
+    ) -> None:
+        self.pid = pid
+        self.library = library
+        self.options = options
+        self.functions = select_functions(read_functions(library), options.patterns)
+        self.ids = {i: f for i, f in enumerate(self.functions)}
+        self.classes = {i: f.cls for i, f in self.ids.items()}
+        self.program, self.calibration = program or open_program(options.attach_mode, warn)
+        self.kinds = {i: probe_kind(library, f.offset) for i, f in self.ids.items()}
+        self.costs = {i: self.calibration.of(k) for i, k in self.kinds.items()}
+        self.policy = Policy(self.classes, self.costs, budget=options.budget, interval_s=options.interval_s)
+        self.comm = process_comm(pid)
+        # The program may have traced this pid before (a reused Program): start from what it holds.
+        self._prev: dict[int, RawStats] = {
+            func: st for (tgid, func), st in self.program.read_stats().items() if tgid == pid
+        }
+        self._total: dict[int, RawStats] = {}     # per function, over every window
+        self._sum_rate: dict[int, float] = {}      # per-window rates, for their spread
+        self._sum_rate2: dict[int, float] = {}
+        self._windows = 0
+        self._window_s = 0.0
+        self._effective_s = 0.0
+        self._links: list[links.Link] = []
+        self._pidfd: int | None = None
+        self.attach_s: list[float] = []
+        self.detach_s: list[float] = []
+        self.started = time.monotonic()
+        self.elapsed_s = 0.0
+        self.target_cpu_s = 0.0
+        self.exited = False
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except OSError:
+            self._pidfd = None
+
+    # --- attach and detach -------------------------------------------------------------------
+    def _attach(self, timed: frozenset[int]) -> None:
+        self.program.next_generation()
+        t0 = time.perf_counter()
+        ids = sorted(self.ids)
+        timed_ids = [i for i in ids if i in timed]
+        try:
+            if timed_ids:
+                self._links.append(self.program.attach(
+                    self.library, [self.ids[i].offset for i in timed_ids],
+                    [i | COOKIE_TIMED for i in timed_ids], retprobe=True, pid=self.pid))
+            self._links.append(self.program.attach(
+                self.library, [self.ids[i].offset for i in ids],
+                [i | (COOKIE_TIMED if i in timed else 0) for i in ids], retprobe=False, pid=self.pid))
+        except BaseException:
+            self._detach()
+            raise
+        self.attach_s.append(time.perf_counter() - t0)
+
+    def _detach(self) -> None:
+        t0 = time.perf_counter()
+        for link in reversed(self._links):  # entries first, so calls in flight still see their returns
+            link.close()
+        had = bool(self._links)
+        self._links.clear()
+        if had:
+            self.detach_s.append(time.perf_counter() - t0)
+
+    def prime(self) -> None:
+        """In exact mode, attaches now (before a held command is released) rather than at the first step."""
+        if self.options.exact and not self._links:
+            self._attach(self.policy.plan().timed)
+
+    def close(self) -> None:
+        self._detach()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    # --- waiting -----------------------------------------------------------------------------
+    def _wait(self, seconds: float) -> bool:
+        """Waits up to `seconds`; returns False as soon as the target exits."""
+        if self.exited:
+            return False
+        if seconds <= 0:
+            return True
+        if self._pidfd is None:
+            time.sleep(seconds)
+            self.exited = not os.path.exists(f"/proc/{self.pid}")
+            return not self.exited
+        p = select.poll()
+        p.register(self._pidfd, select.POLLIN)
+        if p.poll(seconds * 1000):
+            self.exited = True
+            return False
+        return True
+
+    # --- one interval ------------------------------------------------------------------------
+    def step(self, index: int, interval_s: float | None = None) -> Interval:
+        interval_s = interval_s or self.options.interval_s
+        plan = self.policy.plan()
+        t_start = time.monotonic()
+        cpu0 = process_cpu_s(self.pid)
+        window = 0.0
+        if plan.attach and not self.exited:
+            if self.options.exact:
+                if not self._links:
+                    self._attach(plan.timed)
+                w0 = time.monotonic()
+                self._wait(interval_s)
+                window = time.monotonic() - w0
+            else:
+                self._wait(min(plan.offset_s, interval_s))
+                if not self.exited:
+                    self._attach(plan.timed)
+                    w0 = time.monotonic()
+                    self._wait(min(plan.window_s, interval_s))
+                    window = time.monotonic() - w0
+                    self._detach()
+                self._wait(t_start + interval_s - time.monotonic())
+        else:
+            self._wait(interval_s)
+        span = time.monotonic() - t_start
+        if not self.exited:  # a held command has exec'd since: show its name, not ours
+            self.comm = process_comm(self.pid)
+        if self.exited and self.options.exact:
+            self._detach()
+        cpu1 = process_cpu_s(self.pid)
+        cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+        if cpu is not None:
+            self.target_cpu_s += cpu
+        self.elapsed_s += span
+
+        now = {func: st for (tgid, func), st in self.program.read_stats().items() if tgid == self.pid}
+        deltas = {f: now[f] - self._prev.get(f, ZERO) for f in now}
+        self._prev = now
+        deltas = {f: d for f, d in deltas.items() if (d.calls or d.timed) and f in self.ids}
+        effective = self._effective(window, deltas)
+        self.policy.observe(effective, {f: d.calls for f, d in deltas.items()},
+                            cpu / span if cpu is not None and span > 0 else None)
+        if window > 0:
+            self._windows += 1
+            self._window_s += window
+            self._effective_s += effective
+            for f, d in deltas.items():
+                self._total[f] = self._total.get(f, ZERO) + d
+            for f in self._total:
+                r = deltas.get(f, ZERO).calls / effective
+                self._sum_rate[f] = self._sum_rate.get(f, 0.0) + r
+                self._sum_rate2[f] = self._sum_rate2.get(f, 0.0) + r * r
+        continuous = window >= span * 0.999
+        errs = {f: 0.0 if continuous else 1.96 * math.sqrt(d.calls) / effective for f, d in deltas.items()} if effective else {}
+        snap = self._snapshot(span, window, effective, cpu, deltas, errs)
+        return Interval(index, t_start - self.started, span, window, (snap,), self.program.read_errors())
+
+    # --- snapshots ---------------------------------------------------------------------------
+    def _cost_s(self, stats: dict[int, RawStats]) -> float:
+        """Probe time the tracer added to the target for these hits (calibrated, per function)."""
+        ns = 0.0
+        for f, d in stats.items():
+            c = self.costs[f]
+            ns += d.calls * c.entry_ns + d.timed * (c.entry_return_ns - c.entry_ns)
+        return ns * 1e-9
+
+    def _effective(self, window_s: float, stats: dict[int, RawStats]) -> float:
+        """The window less the probe time spent in it: the time the target would have needed untraced.
+
+        Probes slow the traced thread while attached, so calls/window understates the untraced rate by
+        the probes' share of the window (17% for a launch-bound loop on a fast host, at full rate). This
+        assumes that time is not hidden in waits, which is so where it matters: where calls are dense
+        enough for the probe share to be large, the thread is busy issuing them.
+        """
+        if window_s <= 0:
+            return 0.0
+        return max(window_s - self._cost_s(stats), 0.1 * window_s)
+
+    def _function_stats(self, f: int, d: RawStats, effective_s: float, span_s: float, err: float) -> FunctionStats:
+        fn = self.ids[f]
+        bias = self.costs[f].bias_ns
+        rate = d.calls / effective_s if effective_s > 0 else 0.0
+        outer = d.timed - d.nested
+        return FunctionStats(
+            name=fn.name,
+            cls=fn.cls,
+            calls_observed=d.calls,
+            calls_estimated=rate * span_s,
+            rate_hz=rate,
+            rate_err_hz=err,
+            timed_calls=d.timed,
+            mean_ns=max(0.0, d.total_ns / d.timed - bias) if d.timed else None,
+            outer_mean_ns=max(0.0, d.outer_ns / outer - bias) if outer > 0 else None,
+            p50_ns=percentile_ns(d.hist, 0.5),
+            p99_ns=percentile_ns(d.hist, 0.99),
+            hist=d.hist,
+        )
+
+    def _snapshot(self, span_s: float, window_s: float, effective_s: float, cpu_s: float | None,
+                  stats: dict[int, RawStats], errs: dict[int, float]) -> ProcessSnapshot:
+        funcs = []
+        for f, d in stats.items():
+            fs = self._function_stats(f, d, effective_s, span_s, errs.get(f, 0.0))
+            total = self._total.get(f)
+            if fs.outer_mean_ns is None and total and total.timed:
+                # Counted but not timed in this window: per-call time from the session so far.
+                whole = self._function_stats(f, total, self._effective_s, span_s, 0.0)
+                fs = dataclasses.replace(fs, mean_ns=whole.mean_ns, outer_mean_ns=whole.outer_mean_ns)
+            funcs.append(fs)
+        funcs.sort(key=lambda s: (-s.rate_hz, s.name))
+        totals = []
+        for cls in CLASS_ORDER:
+            members = [s for s in funcs if s.cls is cls]
+            totals.append(ClassTotals(cls, sum(s.rate_hz for s in members), sum(s.cpu_s_per_s for s in members)))
+        wait = sum(t.time_s_per_s for t in totals if t.cls is FunctionClass.SYNC)
+        driver = sum(t.time_s_per_s for t in totals if t.cls is not FunctionClass.SYNC)
+        return ProcessSnapshot(
+            pid=self.pid, comm=self.comm, interval_s=span_s, window_s=window_s, target_cpu_s=cpu_s,
+            functions=tuple(funcs), tracer_cost_s=self._cost_s(stats),
+            driver_cpu_s_per_s=driver, wait_s_per_s=wait, classes=tuple(totals),
+        )
+
+    def summary(self) -> ProcessSnapshot:
+        """The whole session as one snapshot: rates over all windows, with their uncertainty.
+
+        The uncertainty of a sampled rate is the larger of the count's Poisson half-width and the
+        spread of the per-window rates (a bursty job varies more between windows than counts do)."""
+        errs = {}
+        k = self._windows
+        for f, d in self._total.items():
+            if self.options.exact or not self._effective_s:
+                errs[f] = 0.0
+                continue
+            poisson = 1.96 * math.sqrt(d.calls) / self._effective_s
+            spread = 0.0
+            if k >= 3:
+                mean = self._sum_rate[f] / k
+                var = max(0.0, self._sum_rate2[f] / k - mean * mean) * k / (k - 1)
+                spread = 1.96 * math.sqrt(var / k)
+            errs[f] = max(poisson, spread)
+        return self._snapshot(self.elapsed_s, self._window_s, self._effective_s, self.target_cpu_s or None,
+                              dict(self._total), errs)
+
+    def run(self, duration_s: float | None, on_interval: Callable[[Interval], None] = lambda iv: None) -> ProcessSnapshot:
+        index = 0
+        try:
+            while not self.exited:
+                left = None if duration_s is None else duration_s - self.elapsed_s
+                if left is not None and left <= 1e-3:
+                    break
+                iv = self.step(index, min(self.options.interval_s, left) if left is not None else None)
+                on_interval(iv)
+                index += 1
+        finally:
+            self._detach()
+        return self.summary()
