@@ -33,11 +33,12 @@ static __always_inline struct gt_stats *gt_stats_of(u32 tgid, u32 func)
     return s;
 }
 
-static __always_inline u32 gt_generation(void)
+static __always_inline struct gt_config gt_config_now(void)
 {
     u32 zero = 0;
     struct gt_config *c = config.lookup(&zero);
-    return c ? c->gen : 0;
+    struct gt_config none = {};
+    return c ? *c : none;
 }
 
 int gt_entry(struct pt_regs *ctx)
@@ -45,14 +46,20 @@ int gt_entry(struct pt_regs *ctx)
     u64 cookie = bpf_get_attach_cookie(ctx);
     u32 func = cookie & GT_COOKIE_FUNC_MASK;
     u64 id = bpf_get_current_pid_tgid();
+    struct gt_config cfg = gt_config_now();
     struct gt_stats *s = gt_stats_of(id >> 32, func);
+    if (!cfg.open) {
+        if (s)
+            __sync_fetch_and_add(&s->closed, 1);
+        return 0;
+    }
     if (s)
         __sync_fetch_and_add(&s->calls, 1);
     if (!(cookie & GT_COOKIE_TIMED))
         return 0;
 
     u32 tid = (u32)id;
-    u32 gen = gt_generation();
+    u32 gen = cfg.gen;
     struct gt_thread *t = threads.lookup(&tid);
     if (!t) {
         struct gt_thread fresh = {.gen = gen};
@@ -88,7 +95,7 @@ int gt_return(struct pt_regs *ctx)
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
     struct gt_thread *t = threads.lookup(&tid);
-    if (!t || t->depth == 0 || t->gen != gt_generation()) {
+    if (!t || t->depth == 0 || t->gen != gt_config_now().gen) {
         gt_error(GT_ERR_UNPAIRED);
         return 0;
     }

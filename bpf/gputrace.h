@@ -26,6 +26,7 @@ struct gt_stats {
     u64 total_ns;                 /* inclusive time of the paired calls */
     u64 outer_ns;                 /* the part spent in calls made outside any other traced call */
     u64 nested;                   /* paired calls made from inside another traced call */
+    u64 closed;                   /* entry hits while counting was closed (attach and detach edges) */
     u64 hist[GT_HIST_SLOTS];
 };
 
@@ -51,10 +52,12 @@ enum gt_error {
     GT_ERR_COUNT,
 };
 
-/* Index 0 of the `config` array: the current attach generation. */
+/* Index 0 of the `config` array. Links take milliseconds to attach and tens to detach, with
+ * probes live for an unknown part of it; user space opens counting once the links are in place and
+ * closes it before detaching, so the counted span is known to the microsecond. */
 struct gt_config {
-    u32 gen;
-    u32 pad;
+    u32 gen;                      /* attach generation: frames of older ones are dropped */
+    u32 open;                     /* count hits only while 1 */
 };
 
 #endif

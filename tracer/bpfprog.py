@@ -33,12 +33,13 @@ class RawStats:
     total_ns: int
     outer_ns: int
     nested: int
+    closed: int
     hist: tuple[int, ...]
 
     def _zip(self, other: "RawStats", op) -> "RawStats":
         return RawStats(
             op(self.calls, other.calls), op(self.timed, other.timed), op(self.total_ns, other.total_ns),
-            op(self.outer_ns, other.outer_ns), op(self.nested, other.nested),
+            op(self.outer_ns, other.outer_ns), op(self.nested, other.nested), op(self.closed, other.closed),
             tuple(op(a, b) for a, b in zip(self.hist, other.hist)),
         )
 
@@ -49,7 +50,7 @@ class RawStats:
         return self._zip(other, int.__add__)
 
 
-ZERO = RawStats(0, 0, 0, 0, 0, (0,) * HIST_SLOTS)
+ZERO = RawStats(0, 0, 0, 0, 0, 0, (0,) * HIST_SLOTS)
 
 
 def source_dir() -> Path:
@@ -85,17 +86,28 @@ class Program:
             return links.attach_multi(fd, path, offsets, cookies, retprobe=retprobe, pid=pid)
         return links.attach_perf(fd, path, offsets, cookies, retprobe=retprobe, pid=pid if pid > 0 else -1)
 
-    def next_generation(self) -> None:
-        """Frames pushed before now can no longer be paired: threads drop them lazily."""
-        self.generation += 1
+    def _set_config(self, open_: bool) -> None:
         leaf = self._config[ctypes.c_int(0)]
         leaf.gen = self.generation
+        leaf.open = 1 if open_ else 0
         self._config[ctypes.c_int(0)] = leaf
+
+    def next_generation(self) -> None:
+        """Frames pushed before now can no longer be paired (threads drop them lazily); counting
+        stays closed until open()."""
+        self.generation += 1
+        self._set_config(False)
+
+    def open(self) -> None:
+        self._set_config(True)
+
+    def close_counting(self) -> None:
+        self._set_config(False)
 
     def read_stats(self) -> dict[tuple[int, int], RawStats]:
         out = {}
         for k, v in self._stats.items():
-            out[(k.tgid, k.func)] = RawStats(v.calls, v.timed, v.total_ns, v.outer_ns, v.nested, tuple(v.hist))
+            out[(k.tgid, k.func)] = RawStats(v.calls, v.timed, v.total_ns, v.outer_ns, v.nested, v.closed, tuple(v.hist))
         return out
 
     def forget(self, keys: Sequence[tuple[int, int]]) -> None:

@@ -82,7 +82,9 @@ class Policy:
         else:
             cpu = self.cpu_s_per_s if self.cpu_s_per_s is not None else 1.0
             allowed = self.budget * cpu * self.interval_s
-            cost = self.cost_per_s(timed)
+            # Probes cannot take more of an attached second than the target's threads have: a dense
+            # caller is slowed until its probe time saturates its CPU, not beyond.
+            cost = min(self.cost_per_s(timed), max(cpu, 1e-3))
             window = self.interval_s if cost <= 0 else allowed / cost
             if window < self.min_window_s:
                 self.skip = max(0, math.ceil(self.min_window_s / max(window, 1e-9)) - 1)

@@ -32,6 +32,7 @@ class ProbeCost:
     entry_ns: float         # cost a hit of an entry-only probe adds to the traced thread
     entry_return_ns: float  # cost of a timed call (entry and return probes)
     bias_ns: float          # what a timed call's measured duration overstates
+    rel_spread: float = 0.0 # half the range of the rounds' entry costs, relative: how far to trust them
 
     def cost_ns(self, timed: bool) -> float:
         return self.entry_return_ns if timed else self.entry_ns
@@ -85,9 +86,11 @@ def calibrate(program: Program, *, rounds: int = 5, round_s: float = 0.02) -> Ca
         cookie = CALIB_FUNC_ID | (COOKIE_TIMED if timed else 0)
         ret = program.attach(str(path), [fn.offset], [cookie], retprobe=True, pid=pid) if timed else None
         ent = program.attach(str(path), [fn.offset], [cookie], retprobe=False, pid=pid)
+        program.open()
         try:
             per_call = loop(which, n)
         finally:
+            program.close_counting()
             ent.close()
             if ret:
                 ret.close()
@@ -111,9 +114,11 @@ def calibrate(program: Program, *, rounds: int = 5, round_s: float = 0.02) -> Ca
             inside.append(m)
         b = statistics.median(base)
         bases.append(b)
+        e = max(1e-9, statistics.median(entry) - b)
         costs[kind] = ProbeCost(
-            entry_ns=max(0.0, statistics.median(entry) - b),
+            entry_ns=e,
             entry_return_ns=max(0.0, statistics.median(both) - b),
             bias_ns=max(0.0, statistics.median(inside) - b),
+            rel_spread=(max(entry) - min(entry)) / 2 / e,
         )
     return Calibration(costs["emulated"], costs["stepped"], statistics.median(bases), rounds, n)

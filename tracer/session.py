@@ -133,6 +133,7 @@ class Session:
         self._window_s = 0.0
         self._effective_s = 0.0
         self._links: list[links.Link] = []
+        self._opened_at: float | None = None
         self._pidfd: int | None = None
         self.attach_s: list[float] = []
         self.detach_s: list[float] = []
@@ -147,6 +148,7 @@ class Session:
 
     # --- attach and detach -------------------------------------------------------------------
     def _attach(self, timed: frozenset[int]) -> None:
+        """Attaches the return link, then the entry link, then opens counting."""
         self.program.next_generation()
         t0 = time.perf_counter()
         ids = sorted(self.ids)
@@ -163,8 +165,20 @@ class Session:
             self._detach()
             raise
         self.attach_s.append(time.perf_counter() - t0)
+        self.program.open()
+        self._opened_at = time.monotonic()
 
-    def _detach(self) -> None:
+    def _close_counting(self) -> float:
+        """Closes counting; returns the span it was open since the last call."""
+        if self._opened_at is None:
+            return 0.0
+        self.program.close_counting()
+        now = time.monotonic()
+        span, self._opened_at = now - self._opened_at, None
+        return span
+
+    def _detach(self) -> float:
+        counted = self._close_counting()
         t0 = time.perf_counter()
         for link in reversed(self._links):  # entries first, so calls in flight still see their returns
             link.close()
@@ -172,6 +186,7 @@ class Session:
         self._links.clear()
         if had:
             self.detach_s.append(time.perf_counter() - t0)
+        return counted
 
     def prime(self) -> None:
         """In exact mode, attaches now (before a held command is released) rather than at the first step."""
@@ -213,17 +228,17 @@ class Session:
             if self.options.exact:
                 if not self._links:
                     self._attach(plan.timed)
-                w0 = time.monotonic()
                 self._wait(interval_s)
-                window = time.monotonic() - w0
+                window = self._close_counting()
+                if not self.exited:
+                    self.program.open()
+                    self._opened_at = time.monotonic()
             else:
                 self._wait(min(plan.offset_s, interval_s))
                 if not self.exited:
                     self._attach(plan.timed)
-                    w0 = time.monotonic()
                     self._wait(min(plan.window_s, interval_s))
-                    window = time.monotonic() - w0
-                    self._detach()
+                    window = self._detach()
                 self._wait(t_start + interval_s - time.monotonic())
         else:
             self._wait(interval_s)
@@ -241,7 +256,7 @@ class Session:
         now = {func: st for (tgid, func), st in self.program.read_stats().items() if tgid == self.pid}
         deltas = {f: now[f] - self._prev.get(f, ZERO) for f in now}
         self._prev = now
-        deltas = {f: d for f, d in deltas.items() if (d.calls or d.timed) and f in self.ids}
+        deltas = {f: d for f, d in deltas.items() if (d.calls or d.timed or d.closed) and f in self.ids}
         effective = self._effective(window, deltas)
         self.policy.observe(effective, {f: d.calls for f, d in deltas.items()},
                             cpu / span if cpu is not None and span > 0 else None)
@@ -256,7 +271,7 @@ class Session:
                 self._sum_rate[f] = self._sum_rate.get(f, 0.0) + r
                 self._sum_rate2[f] = self._sum_rate2.get(f, 0.0) + r * r
         continuous = window >= span * 0.999
-        errs = {f: 0.0 if continuous else 1.96 * math.sqrt(d.calls) / effective for f, d in deltas.items()} if effective else {}
+        errs = {f: self._rate_err(d.calls, window, effective, 0.0 if continuous else None) for f, d in deltas.items()}
         snap = self._snapshot(span, window, effective, cpu, deltas, errs)
         return Interval(index, t_start - self.started, span, window, (snap,), self.program.read_errors())
 
@@ -266,8 +281,11 @@ class Session:
         ns = 0.0
         for f, d in stats.items():
             c = self.costs[f]
-            ns += d.calls * c.entry_ns + d.timed * (c.entry_return_ns - c.entry_ns)
+            ns += (d.calls + d.closed) * c.entry_ns + d.timed * (c.entry_return_ns - c.entry_ns)
         return ns * 1e-9
+
+    def _counted_cost_s(self, stats: dict[int, RawStats]) -> float:
+        return self._cost_s({f: dataclasses.replace(d, closed=0) for f, d in stats.items()})
 
     def _effective(self, window_s: float, stats: dict[int, RawStats]) -> float:
         """The window less the probe time spent in it: the time the target would have needed untraced.
@@ -279,7 +297,18 @@ class Session:
         """
         if window_s <= 0:
             return 0.0
-        return max(window_s - self._cost_s(stats), 0.1 * window_s)
+        return max(window_s - self._counted_cost_s(stats), 0.1 * window_s)
+
+    def _rate_err(self, calls: int, window_s: float, effective_s: float, statistical: float | None) -> float:
+        """95% half-width of calls/effective_s: the count's Poisson term (unless given), plus what an
+        error in the calibrated probe cost does to the probe time taken out of the window."""
+        if effective_s <= 0:
+            return 0.0
+        if statistical is None:
+            statistical = 1.96 * math.sqrt(calls) / effective_s
+        spread = max(self.calibration.emulated.rel_spread, self.calibration.stepped.rel_spread)
+        systematic = calls / effective_s * (window_s - effective_s) / effective_s * spread
+        return statistical + systematic
 
     def _function_stats(self, f: int, d: RawStats, effective_s: float, span_s: float, err: float) -> FunctionStats:
         fn = self.ids[f]
@@ -305,6 +334,8 @@ class Session:
                   stats: dict[int, RawStats], errs: dict[int, float]) -> ProcessSnapshot:
         funcs = []
         for f, d in stats.items():
+            if not d.calls and not d.timed:
+                continue  # hit only while counting was closed: a cost, not a rate
             fs = self._function_stats(f, d, effective_s, span_s, errs.get(f, 0.0))
             total = self._total.get(f)
             if fs.outer_mean_ns is None and total and total.timed:
@@ -333,16 +364,14 @@ class Session:
         errs = {}
         k = self._windows
         for f, d in self._total.items():
-            if self.options.exact or not self._effective_s:
-                errs[f] = 0.0
-                continue
-            poisson = 1.96 * math.sqrt(d.calls) / self._effective_s
-            spread = 0.0
-            if k >= 3:
-                mean = self._sum_rate[f] / k
-                var = max(0.0, self._sum_rate2[f] / k - mean * mean) * k / (k - 1)
-                spread = 1.96 * math.sqrt(var / k)
-            errs[f] = max(poisson, spread)
+            statistical = 0.0
+            if not self.options.exact and self._effective_s:
+                statistical = 1.96 * math.sqrt(d.calls) / self._effective_s
+                if k >= 3:
+                    mean = self._sum_rate[f] / k
+                    var = max(0.0, self._sum_rate2[f] / k - mean * mean) * k / (k - 1)
+                    statistical = max(statistical, 1.96 * math.sqrt(var / k))
+            errs[f] = self._rate_err(d.calls, self._window_s, self._effective_s, statistical)
         return self._snapshot(self.elapsed_s, self._window_s, self._effective_s, self.target_cpu_s or None,
                               dict(self._total), errs)
 
