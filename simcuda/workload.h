@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cuda.h"
+#include "simcuda.h"
 
 /* X(symbol called in direct mode, base name asked of cuGetProcAddress) */
 #define WL_API(X)                                                                           \
@@ -101,6 +102,7 @@ static struct wl_opts {
     long long launch_ns;         /* -1: not given */
     long long default_launch_ns; /* used when neither --launch-ns nor $SIMCUDA_LAUNCH_NS is set */
     int wait_stdin;
+    int hold;
     int ready_fd;
     int dlopen_mode;
     int ptsz;
@@ -170,7 +172,7 @@ static void wl_usage(int extra, int rc)
 {
     fprintf(rc ? stderr : stdout,
             "usage: %s [--steps N | --seconds S] [--kernel-ns NS] [--launch-ns NS] [--wait-stdin]\n"
-            "          [--ready-fd FD] [--dlopen] [--ptsz] [--cuda-version V]%s%s%s\n",
+            "          [--ready-fd FD] [--dlopen] [--ptsz] [--cuda-version V] [--hold]%s%s%s\n",
             wl.workload, extra & WL_OPT_SCALE ? " [--scale F]" : "", extra & WL_OPT_KERNELS ? " [--kernels K]" : "",
             extra & WL_OPT_SIZE ? " [--size BYTES]" : "");
     exit(rc);
@@ -213,6 +215,8 @@ static void wl_parse(int argc, char **argv, int extra)
             wl.size = (long long)NUM();
         else if (!strcmp(a, "--wait-stdin"))
             wl.wait_stdin = 1;
+        else if (!strcmp(a, "--hold"))
+            wl.hold = 1;
         else if (!strcmp(a, "--dlopen"))
             wl.dlopen_mode = 1;
         else if (!strcmp(a, "--ptsz"))
@@ -261,6 +265,38 @@ static double wl_start(void)
             wl_die("reading stdin: %s", strerror(errno));
     }
     return wl_now();
+}
+
+/* --hold: at hold point n, print what the process holds as one JSON line on stdout,
+ * {"hold": n, "allocations": [simcudaListAllocations records], <extra_json>}, and wait for a line on
+ * stdin.  Lets a test compare a process's own view of its GPU state with what an observer reports.
+ * The driver's list is looked up by name, as a program that only dlopens the driver would. */
+static void wl_hold(int n, const char *extra_json)
+{
+    if (!wl.hold)
+        return;
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    int (*list)(simcudaAllocation *, int) = NULL;
+    if (h)
+        *(void **)&list = dlsym(h, "simcudaListAllocations");
+    if (!list)
+        wl_die("--hold needs simcuda's simcudaListAllocations");
+    int count = list(NULL, 0);
+    simcudaAllocation *a = calloc(count > 0 ? (size_t)count : 1, sizeof *a);
+    if (!a)
+        wl_die("out of memory");
+    count = list(a, count);
+    printf("{\"hold\": %d, \"allocations\": [", n);
+    for (int i = 0; i < count; i++)
+        printf("%s{\"kind\": %d, \"base\": %llu, \"size\": %llu, \"handle\": %llu, \"offset\": %llu, \"access\": %d}",
+               i ? ", " : "", a[i].kind, a[i].base, a[i].size, (unsigned long long)a[i].handle, a[i].offset,
+               a[i].access);
+    printf("]%s%s}\n", extra_json && *extra_json ? ", " : "", extra_json ? extra_json : "");
+    fflush(stdout);
+    free(a);
+    char line[256];
+    if (!fgets(line, sizeof line, stdin) && ferror(stdin))
+        wl_die("reading stdin: %s", strerror(errno));
 }
 
 static int wl_more(long step, double t0)

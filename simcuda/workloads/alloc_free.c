@@ -14,6 +14,8 @@
  * Setup: cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuStreamCreate,
  * 2 cuMemAllocHost_v2, cuMemGetAllocationGranularity, cuMemGetInfo_v2.
  * Teardown: 2 cuMemFreeHost, cuStreamDestroy_v2, cuDevicePrimaryCtxRelease_v2.
+ * --hold: in step 0, hold points 1 (plain + pitch live), 2 (plain + async live), 3 (VMM mapped); 4 after
+ * teardown.
  * Options: --steps N (default 20) | --seconds S, --size BYTES (default 64 KiB, a multiple of 4),
  * --launch-ns NS, --kernel-ns NS (unused), --wait-stdin, --ready-fd FD, --dlopen, --ptsz,
  * --cuda-version V. */
@@ -65,6 +67,9 @@ int main(int argc, char **argv)
     CU(cuMemGetInfo_v2, &free0, &total);
 
     CUmemAccessDesc access = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    char held[256];
+    snprintf(held, sizeof held, "\"contexts\": [%llu], \"modules\": [], \"libraries\": [], \"streams\": [%llu], \"events\": []",
+             (unsigned long long)(uintptr_t)ctx, (unsigned long long)(uintptr_t)s);
     long step;
     for (step = 0; wl_more(step, t0); step++) {
         size_t size = (size_t)wl.size * (1 + step % 4), vsize = gran * (1 + step % 2);
@@ -83,10 +88,14 @@ int main(int argc, char **argv)
         CU(cuMemsetD32_v2, p, word, pitch * height / 4);
         CU(cuMemcpyDtoH_v2, dst, p, pitch * height);
         check(dst, NULL, pitch * height, (uint8_t)word, "cuMemAllocPitch_v2 memset");
+        if (step == 0)
+            wl_hold(1, held);
         CU(cuMemFree_v2, p);
 
         CU(cuMemAllocAsync, &a, size, s);
         CU(cuMemcpyDtoDAsync_v2, a, d, size, s);
+        if (step == 0)
+            wl_hold(2, held);
         memset(dst, 0, size);
         CU(cuMemcpyDtoHAsync_v2, dst, a, size, s);
         CU(cuStreamSynchronize, s);
@@ -100,6 +109,8 @@ int main(int argc, char **argv)
         CU(cuMemAddressReserve, &va, vsize, 0, 0, 0);
         CU(cuMemMap, va, vsize, 0, h, 0);
         CU(cuMemSetAccess, va, vsize, &access, 1);
+        if (step == 0)
+            wl_hold(3, held);
         CU(cuMemsetD8_v2, va, (unsigned char)(step + 3), vsize);
         CU(cuMemcpyHtoD_v2, va, src, n);
         CU(cuMemcpyDtoH_v2, dst, va, vsize);
@@ -128,6 +139,7 @@ int main(int argc, char **argv)
     CU(cuMemFreeHost, dst);
     CU(cuStreamDestroy_v2, s);
     CU(cuDevicePrimaryCtxRelease_v2, dev);
+    wl_hold(4, "\"contexts\": [], \"modules\": [], \"libraries\": [], \"streams\": [], \"events\": []");
 
     char extra[128];
     snprintf(extra, sizeof extra, "\"check\": \"%s\", \"size\": %lld, \"granularity\": %zu", bad_bytes ? "mismatch" : "ok",

@@ -11,6 +11,7 @@
  * cuModuleGetFunction, cuLibraryLoadData, cuLibraryGetKernel, 2 cuMemAlloc_v2, cuMemsetD32_v2.
  * Teardown: cuMemcpyDtoH_v2, 2 cuMemFree_v2, cuLibraryUnload, cuModuleUnload,
  * cuDevicePrimaryCtxRelease_v2.  Every launch increments a device buffer, checked at the end.
+ * --hold: hold point 1 after setup (context, module, library, two allocations), 2 after teardown.
  * Options: --steps N (default 100) | --seconds S, --kernel-ns NS (default 5000), --launch-ns NS (CPU
  * cost of each launch; default $SIMCUDA_LAUNCH_NS, else 6000, which makes a step CPU-bound), --scale F, --wait-stdin, --ready-fd FD, --dlopen, --ptsz, --cuda-version V. */
 #include "workload.h"
@@ -77,6 +78,10 @@ int main(int argc, char **argv)
     CU(cuMemAlloc_v2, &buf, N_ELEMS * 4);
     CU(cuMemAlloc_v2, &buf2, N_ELEMS * 4);
     CU(cuMemsetD32_v2, buf, 0, N_ELEMS);
+    char held[256];
+    snprintf(held, sizeof held, "\"contexts\": [%llu], \"modules\": [%llu], \"libraries\": [%llu], \"streams\": [], \"events\": []",
+             (unsigned long long)(uintptr_t)ctx, (unsigned long long)(uintptr_t)mod, (unsigned long long)(uintptr_t)lib);
+    wl_hold(1, held);
 
     CUstream stream = NULL; /* the default stream, like PyTorch's */
     unsigned long long n = N_ELEMS;
@@ -124,6 +129,7 @@ int main(int argc, char **argv)
     CU(cuLibraryUnload, lib);
     CU(cuModuleUnload, mod);
     CU(cuDevicePrimaryCtxRelease_v2, dev);
+    wl_hold(2, "\"contexts\": [], \"modules\": [], \"libraries\": [], \"streams\": [], \"events\": []");
 
     char extra[1024];
     int len = snprintf(extra, sizeof extra, "\"check\": \"%s\", \"per_step\": {", ok ? "ok" : "mismatch");

@@ -160,10 +160,33 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ptsz", action="store_true", help="ask for per-thread default stream entry points")
     p.add_argument("--dlopen", action="store_true", help="accepted for symmetry with the C workload (always so)")
     p.add_argument("--cuda-version", type=int, default=13000)
+    p.add_argument("--hold", action="store_true",
+                   help="hold point 1 after setup, 2 after teardown: print what the process holds as a JSON line "
+                        "and wait for a line on stdin (as the C workloads' --hold)")
     a = p.parse_args(argv)
     if min(a.steps, a.kernel_ns, a.scale, a.seconds) < 0 or (a.launch_ns is not None and a.launch_ns < 0):
         p.error("numbers must be non-negative")
     return a
+
+
+class Allocation(ctypes.Structure):
+    _fields_ = [("base", c_ulonglong), ("size", c_ulonglong), ("kind", c_int), ("device", c_int),
+                ("ctx", c_void_p), ("handle", c_ulonglong), ("offset", c_ulonglong), ("access", c_int),
+                ("reserved", c_int)]
+
+
+def hold(n: int, held: dict) -> None:
+    """--hold: print {"hold": n, "allocations": [simcudaListAllocations], **held}; wait for a line."""
+    lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    fn = lib.simcudaListAllocations
+    fn.argtypes = [POINTER(Allocation), c_int]
+    fn.restype = c_int
+    arr = (Allocation * max(fn(None, 0), 1))()
+    count = fn(arr, len(arr))
+    allocs = [{"kind": a.kind, "base": a.base, "size": a.size, "handle": a.handle, "offset": a.offset,
+               "access": a.access} for a in arr[:count]]
+    print(json.dumps({"hold": n, "allocations": allocs, **held}), flush=True)
+    sys.stdin.readline()
 
 
 def share(total: int, j: int, slots: int) -> int:
@@ -202,6 +225,9 @@ def main(argv: list[str]) -> int:
     cu.cuMemAlloc(byref(buf), N_ELEMS * 4)
     cu.cuMemAlloc(byref(buf2), N_ELEMS * 4)
     cu.cuMemsetD32(buf, 0, N_ELEMS)
+    if a.hold:
+        hold(1, {"contexts": [ctx.value], "modules": [mod.value], "libraries": [lib.value], "streams": [],
+                 "events": []})
 
     stream = None
     n = c_ulonglong(N_ELEMS)
@@ -240,6 +266,8 @@ def main(argv: list[str]) -> int:
     cu.cuLibraryUnload(lib)
     cu.cuModuleUnload(mod)
     cu.cuDevicePrimaryCtxRelease(dev)
+    if a.hold:
+        hold(2, {"contexts": [], "modules": [], "libraries": [], "streams": [], "events": []})
 
     per_step = {cu.names.get(base, base): k for base, k in per.items()}
     per_step[cu.names["cuStreamSynchronize"]] = 1
