@@ -47,5 +47,11 @@ class BuildError(GputraceError):
     exit_code = 7
 
 
+class ShimUnavailable(GputraceError):
+    """The process has no gputrace shim, or its shim does not serve or answer."""
+
+    exit_code = 8
+
+
 class NotYetAvailable(GputraceError):
     exit_code = 9

@@ -1,0 +1,321 @@
+/* The control server: a Unix socket in a private per-user directory, served by one C thread.
+ *
+ * Directory: $GPUTRACE_SHIM_DIR if set, else $XDG_RUNTIME_DIR/gputrace, else /tmp/gputrace-<euid>;
+ * it must be a directory owned by this user with no group/other access (created 0700 if missing),
+ * or the shim does not serve at all.  Socket: <dir>/shim-<pid>.sock, mode 0600.  Each connection's
+ * peer credentials are checked on accept: the process's own user or root, nobody else.
+ *
+ * Protocol: one command per line, one JSON line back.
+ *   status        the registry and the gate (gputrace_shim_status_json)
+ *   pause [MS]    close the gate, wait up to MS (default 5000) for calls in flight; the pause belongs
+ *                 to this connection and ends when it closes, so a crashed checkpointer cannot leave
+ *                 the job stopped for good
+ *   resume        reopen the gate
+ *   ping          {"ok": true, "pid": ..., "schema": ...}
+ * The thread blocks every signal (they belong to the program) and calls nothing the program could
+ * be holding a lock in, apart from malloc. */
+#include "shim_int.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "gputrace_shim.h"
+
+#define MAX_CLIENTS 16
+#define LINE_MAX_ 512
+
+static atomic_int g_state; /* 0: not started, 1: serving, -1: gave up */
+static int g_listen = -1;
+static pid_t g_owner;
+static char g_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+
+const char *control_path(void) { return atomic_load(&g_state) == 1 ? g_path : ""; }
+
+void control_atfork_child(void)
+{
+    if (g_listen >= 0)
+        close(g_listen); /* the parent's socket: the child serves its own once it calls the driver */
+    g_listen = -1;
+    g_path[0] = 0;
+    atomic_store(&g_state, 0);
+}
+
+static int private_dir(const char *dir)
+{
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        shim_log("not serving: cannot create %s: %s", dir, strerror(errno));
+        return 0;
+    }
+    struct stat st;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+        shim_log("not serving: %s must be a directory owned by uid %d with mode 0700", dir, (int)geteuid());
+        return 0;
+    }
+    return 1;
+}
+
+static int choose_dir(char *out, size_t n)
+{
+    const char *d = getenv("GPUTRACE_SHIM_DIR");
+    if (d && *d) {
+        snprintf(out, n, "%s", d);
+        return private_dir(out);
+    }
+    const char *x = getenv("XDG_RUNTIME_DIR");
+    struct stat st;
+    if (x && *x == '/' && stat(x, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid()) {
+        snprintf(out, n, "%s/gputrace", x);
+        return private_dir(out);
+    }
+    snprintf(out, n, "/tmp/gputrace-%d", (int)geteuid());
+    return private_dir(out);
+}
+
+static void send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void reply(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void reply(int fd, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if (n > (int)sizeof buf - 2)
+        n = (int)sizeof buf - 2;
+    buf[n++] = '\n';
+    send_all(fd, buf, (size_t)n);
+}
+
+static void send_status(int fd)
+{
+    size_t n = 0;
+    char *buf = shim_status_alloc(&n);
+    if (!buf) {
+        reply(fd, "{\"ok\": false, \"error\": \"out of memory\"}");
+        return;
+    }
+    buf[n] = '\n'; /* sb_printf always leaves room for the NUL */
+    send_all(fd, buf, n + 1);
+    free(buf);
+}
+
+struct client {
+    int fd;
+    size_t len;
+    char buf[LINE_MAX_];
+};
+
+static int g_pauser = -1; /* index of the connection holding the pause */
+
+static void command(struct client *cl, int idx, char *line)
+{
+    while (*line == ' ')
+        line++;
+    size_t n = strlen(line);
+    while (n && (line[n - 1] == ' ' || line[n - 1] == '\r'))
+        line[--n] = 0;
+    if (!strcmp(line, "status")) {
+        send_status(cl->fd);
+    } else if (!strcmp(line, "ping")) {
+        reply(cl->fd, "{\"ok\": true, \"pid\": %d, \"schema\": %d}", (int)getpid(), SCHEMA);
+    } else if (!strncmp(line, "pause", 5) && (line[5] == 0 || line[5] == ' ')) {
+        char *end;
+        long ms = line[5] ? strtol(line + 6, &end, 10) : 5000;
+        if (line[5] && (*end || ms < 0 || ms > 600000)) {
+            reply(cl->fd, "{\"ok\": false, \"error\": \"pause takes a timeout in ms (0-600000)\"}");
+            return;
+        }
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int r = gputrace_shim_pause((int)ms);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        long long ns = (t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec);
+        if (r == 0) {
+            g_pauser = idx;
+            reply(cl->fd, "{\"ok\": true, \"paused\": true, \"drain_ns\": %lld, \"waiting\": %d}", ns,
+                  gputrace_shim_waiting());
+        } else if (r == -2) {
+            reply(cl->fd, "{\"ok\": false, \"error\": \"already paused\"}");
+        } else {
+            reply(cl->fd,
+                  "{\"ok\": false, \"error\": \"busy\", \"detail\": \"calls still in flight after %ld ms; the gate is "
+                  "open again\", \"in_flight\": %d}",
+                  ms, gputrace_shim_in_flight());
+        }
+    } else if (!strcmp(line, "resume")) {
+        int r = gputrace_shim_resume();
+        g_pauser = -1;
+        if (r == 0)
+            reply(cl->fd, "{\"ok\": true, \"paused\": false}");
+        else
+            reply(cl->fd, "{\"ok\": false, \"error\": \"not paused\"}");
+    } else {
+        reply(cl->fd, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping\"}");
+    }
+}
+
+static void drop(struct client *cls, int i)
+{
+    close(cls[i].fd);
+    cls[i].fd = -1;
+    cls[i].len = 0;
+    if (g_pauser == i) { /* the pausing connection went away: never leave the job stopped */
+        gputrace_shim_resume();
+        g_pauser = -1;
+    }
+}
+
+static void *serve(void *arg)
+{
+    (void)arg;
+    prctl(PR_SET_NAME, "gputrace-shim", 0, 0, 0);
+    struct client cls[MAX_CLIENTS];
+    for (int i = 0; i < MAX_CLIENTS; i++)
+        cls[i].fd = -1, cls[i].len = 0;
+    int lfd = g_listen;
+    for (;;) {
+        struct pollfd pf[MAX_CLIENTS + 1];
+        int map[MAX_CLIENTS + 1], n = 0, nclients = 0;
+        for (int i = 0; i < MAX_CLIENTS; i++)
+            if (cls[i].fd >= 0) {
+                pf[n] = (struct pollfd){.fd = cls[i].fd, .events = POLLIN};
+                map[n++] = i;
+                nclients++;
+            }
+        if (nclients < MAX_CLIENTS) {
+            pf[n] = (struct pollfd){.fd = lfd, .events = POLLIN};
+            map[n++] = -1;
+        }
+        if (poll(pf, (nfds_t)n, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            shim_log("control server stops: poll: %s", strerror(errno));
+            return NULL;
+        }
+        for (int k = 0; k < n; k++) {
+            if (!pf[k].revents)
+                continue;
+            if (map[k] < 0) {
+                int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+                if (fd < 0)
+                    continue;
+                struct ucred cr;
+                socklen_t len = sizeof cr;
+                if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || (cr.uid != 0 && cr.uid != geteuid())) {
+                    reply(fd, "{\"ok\": false, \"error\": \"permission denied: only uid %d or root may control this "
+                              "process\"}", (int)geteuid());
+                    close(fd);
+                    continue;
+                }
+                struct timeval tv = {5, 0}; /* a client that stops reading cannot stall the server for long */
+                setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+                for (int i = 0; i < MAX_CLIENTS; i++)
+                    if (cls[i].fd < 0) {
+                        cls[i].fd = fd;
+                        cls[i].len = 0;
+                        break;
+                    }
+                continue;
+            }
+            struct client *c = &cls[map[k]];
+            ssize_t r = recv(c->fd, c->buf + c->len, sizeof c->buf - 1 - c->len, 0);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                drop(cls, map[k]);
+                continue;
+            }
+            c->len += (size_t)r;
+            char *nl;
+            while (c->fd >= 0 && (nl = memchr(c->buf, '\n', c->len))) {
+                *nl = 0;
+                command(c, map[k], c->buf);
+                size_t used = (size_t)(nl + 1 - c->buf);
+                memmove(c->buf, nl + 1, c->len - used);
+                c->len -= used;
+            }
+            if (c->fd >= 0 && c->len >= sizeof c->buf - 1) {
+                reply(c->fd, "{\"ok\": false, \"error\": \"line too long\"}");
+                drop(cls, map[k]);
+            }
+        }
+    }
+}
+
+void control_start(void)
+{
+    int zero = 0;
+    if (!atomic_compare_exchange_strong(&g_state, &zero, -1))
+        return;
+    char dir[sizeof g_path];
+    if (!choose_dir(dir, sizeof dir))
+        return;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if ((size_t)snprintf(sa.sun_path, sizeof sa.sun_path, "%s/shim-%d.sock", dir, (int)getpid()) >= sizeof sa.sun_path) {
+        shim_log("not serving: socket path too long under %s", dir);
+        return;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        shim_log("not serving: socket: %s", strerror(errno));
+        return;
+    }
+    unlink(sa.sun_path); /* a dead process's socket with our pid; the directory is ours alone */
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || chmod(sa.sun_path, 0600) != 0 || listen(fd, 16) != 0) {
+        shim_log("not serving: %s: %s", sa.sun_path, strerror(errno));
+        close(fd);
+        return;
+    }
+    memcpy(g_path, sa.sun_path, sizeof g_path);
+    g_listen = fd;
+    g_owner = getpid();
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&at, 256 * 1024);
+    pthread_t t;
+    int err = pthread_create(&t, &at, serve, NULL);
+    pthread_attr_destroy(&at);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err) {
+        shim_log("not serving: pthread_create: %s", strerror(err));
+        unlink(g_path);
+        close(fd);
+        g_listen = -1;
+        return;
+    }
+    atomic_store(&g_state, 1);
+}
+
+__attribute__((destructor)) static void control_cleanup(void)
+{
+    if (atomic_load(&g_state) == 1 && g_owner == getpid())
+        unlink(g_path);
+}

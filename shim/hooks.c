@@ -1,0 +1,458 @@
+/* What each state call does to the registry.  pre_NAME runs before the driver call, post_NAME after
+ * it, both inside the gated section.  Objects are added after the driver created them; they are
+ * removed *before* the driver frees them (and put back if it fails), so a handle the driver reuses
+ * at once in another thread can never lose its fresh record to our late removal. */
+#include "shim_int.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_DEVICES 64
+static pthread_mutex_t g_ctx_mu = PTHREAD_MUTEX_INITIALIZER; /* primary-context reference counts */
+static CUcontext g_primary[MAX_DEVICES];
+
+static void put_back(CUresult r, struct hold *h)
+{
+    if (!h->found)
+        return;
+    if (r == CUDA_SUCCESS)
+        reg_release(&h->rec);
+    else
+        reg_put(&h->rec);
+}
+
+static void take(struct hold *h, int type, uint64_t key) { h->found = reg_take(type, key, &h->rec); }
+
+static int device_of(CUcontext c)
+{
+    struct rec r;
+    return c && reg_get(R_CTX, (uint64_t)(uintptr_t)c, &r) ? r.device : 0;
+}
+
+static void put_object(int type, int kind, uint64_t key, uint64_t size, unsigned flags)
+{
+    CUcontext c = shim_current_ctx();
+    struct rec r = {.type = type, .kind = kind, .key = key, .size = size, .ctx = (uintptr_t)c, .device = device_of(c),
+                    .flags = flags};
+    reg_put(&r);
+}
+
+/* Everything created in a context goes with it. */
+static int owned_by(struct rec *r, void *arg) { return r->ctx && r->ctx == *(uint64_t *)arg && r->type != R_CTX; }
+
+static void purge_ctx(CUcontext c)
+{
+    uint64_t key = (uintptr_t)c;
+    reg_scan(0, owned_by, &key);
+}
+
+/* ---- contexts */
+
+void pre_cuDevicePrimaryCtxRetain(struct hold *h, CUcontext *pctx, CUdevice dev) { (void)h, (void)pctx, (void)dev; }
+void post_cuDevicePrimaryCtxRetain(CUresult r, struct hold *h, CUcontext *pctx, CUdevice dev)
+{
+    (void)h;
+    if (r != CUDA_SUCCESS || !pctx || !*pctx)
+        return;
+    pthread_mutex_lock(&g_ctx_mu);
+    if (dev >= 0 && dev < MAX_DEVICES)
+        g_primary[dev] = *pctx;
+    struct rec c;
+    if (reg_take(R_CTX, (uintptr_t)*pctx, &c))
+        c.refs++;
+    else
+        c = (struct rec){.type = R_CTX, .key = (uintptr_t)*pctx, .device = dev, .primary = 1, .refs = 1};
+    reg_put(&c);
+    pthread_mutex_unlock(&g_ctx_mu);
+}
+
+void pre_cuDevicePrimaryCtxRelease_v2(struct hold *h, CUdevice dev) { (void)h, (void)dev; }
+void post_cuDevicePrimaryCtxRelease_v2(CUresult r, struct hold *h, CUdevice dev)
+{
+    (void)h;
+    if (r != CUDA_SUCCESS || dev < 0 || dev >= MAX_DEVICES)
+        return;
+    pthread_mutex_lock(&g_ctx_mu);
+    CUcontext ctx = g_primary[dev];
+    struct rec c;
+    if (ctx && reg_take(R_CTX, (uintptr_t)ctx, &c)) {
+        if (--c.refs > 0)
+            reg_put(&c);
+        else
+            purge_ctx(ctx); /* the last release destroys the primary context and all it holds */
+    }
+    pthread_mutex_unlock(&g_ctx_mu);
+}
+
+void pre_cuDevicePrimaryCtxReset_v2(struct hold *h, CUdevice dev) { (void)h, (void)dev; }
+void post_cuDevicePrimaryCtxReset_v2(CUresult r, struct hold *h, CUdevice dev)
+{
+    (void)h;
+    if (r != CUDA_SUCCESS || dev < 0 || dev >= MAX_DEVICES)
+        return;
+    pthread_mutex_lock(&g_ctx_mu);
+    if (g_primary[dev]) {
+        purge_ctx(g_primary[dev]);
+        struct rec c;
+        reg_take(R_CTX, (uintptr_t)g_primary[dev], &c);
+    }
+    pthread_mutex_unlock(&g_ctx_mu);
+}
+
+void pre_cuCtxCreate_v2(struct hold *h, CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)h, (void)pctx, (void)flags, (void)dev;
+}
+void post_cuCtxCreate_v2(CUresult r, struct hold *h, CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)h;
+    if (r != CUDA_SUCCESS || !pctx || !*pctx)
+        return;
+    struct rec c = {.type = R_CTX, .key = (uintptr_t)*pctx, .device = dev, .refs = 1, .flags = flags};
+    reg_put(&c);
+}
+
+void pre_cuCtxDestroy_v2(struct hold *h, CUcontext ctx) { take(h, R_CTX, (uintptr_t)ctx); }
+void post_cuCtxDestroy_v2(CUresult r, struct hold *h, CUcontext ctx)
+{
+    if (r == CUDA_SUCCESS)
+        purge_ctx(ctx);
+    put_back(r, h);
+}
+
+/* ---- device memory */
+
+void pre_cuMemAlloc_v2(struct hold *h, CUdeviceptr *dptr, size_t bytes) { (void)h, (void)dptr, (void)bytes; }
+void post_cuMemAlloc_v2(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS && dptr)
+        put_object(R_MEM, K_DEVICE, *dptr, bytes, 0);
+}
+
+void pre_cuMemAllocPitch_v2(struct hold *h, CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                            unsigned int elsize)
+{
+    (void)h, (void)dptr, (void)pitch, (void)width, (void)height, (void)elsize;
+}
+void post_cuMemAllocPitch_v2(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t *pitch, size_t width,
+                             size_t height, unsigned int elsize)
+{
+    (void)h, (void)width, (void)elsize;
+    if (r == CUDA_SUCCESS && dptr && pitch)
+        put_object(R_MEM, K_PITCH, *dptr, *pitch * height, 0);
+}
+
+void pre_cuMemFree_v2(struct hold *h, CUdeviceptr dptr) { take(h, R_MEM, dptr); }
+void post_cuMemFree_v2(CUresult r, struct hold *h, CUdeviceptr dptr) { (void)dptr, put_back(r, h); }
+
+void pre_cuMemAllocAsync(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s) { (void)h, (void)dptr, (void)bytes, (void)s; }
+void post_cuMemAllocAsync(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s)
+{
+    (void)h, (void)s;
+    if (r == CUDA_SUCCESS && dptr)
+        put_object(R_MEM, K_ASYNC, *dptr, bytes, 0);
+}
+void pre_cuMemAllocAsync_ptsz(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s) { (void)h, (void)dptr, (void)bytes, (void)s; }
+void post_cuMemAllocAsync_ptsz(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s)
+{
+    post_cuMemAllocAsync(r, h, dptr, bytes, s);
+}
+
+/* A stream-ordered free leaves the registry at once: once the stream reaches it the memory is gone,
+ * and nothing may use it after the free was issued. */
+void pre_cuMemFreeAsync(struct hold *h, CUdeviceptr dptr, CUstream s) { (void)s, take(h, R_MEM, dptr); }
+void post_cuMemFreeAsync(CUresult r, struct hold *h, CUdeviceptr dptr, CUstream s) { (void)dptr, (void)s, put_back(r, h); }
+void pre_cuMemFreeAsync_ptsz(struct hold *h, CUdeviceptr dptr, CUstream s) { (void)s, take(h, R_MEM, dptr); }
+void post_cuMemFreeAsync_ptsz(CUresult r, struct hold *h, CUdeviceptr dptr, CUstream s) { (void)dptr, (void)s, put_back(r, h); }
+
+/* ---- pinned host memory */
+
+void pre_cuMemAllocHost_v2(struct hold *h, void **pp, size_t bytes) { (void)h, (void)pp, (void)bytes; }
+void post_cuMemAllocHost_v2(CUresult r, struct hold *h, void **pp, size_t bytes)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS && pp)
+        put_object(R_HOST, K_HOST, (uintptr_t)*pp, bytes, 0);
+}
+void pre_cuMemHostAlloc(struct hold *h, void **pp, size_t bytes, unsigned int flags) { (void)h, (void)pp, (void)bytes, (void)flags; }
+void post_cuMemHostAlloc(CUresult r, struct hold *h, void **pp, size_t bytes, unsigned int flags)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS && pp)
+        put_object(R_HOST, K_HOST, (uintptr_t)*pp, bytes, flags);
+}
+void pre_cuMemFreeHost(struct hold *h, void *p) { take(h, R_HOST, (uintptr_t)p); }
+void post_cuMemFreeHost(CUresult r, struct hold *h, void *p) { (void)p, put_back(r, h); }
+
+/* ---- virtual memory management */
+
+void pre_cuMemAddressReserve(struct hold *h, CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                             unsigned long long fl)
+{
+    (void)h, (void)ptr, (void)size, (void)align, (void)addr, (void)fl;
+}
+void post_cuMemAddressReserve(CUresult r, struct hold *h, CUdeviceptr *ptr, size_t size, size_t align,
+                              CUdeviceptr addr, unsigned long long fl)
+{
+    (void)h, (void)align, (void)addr, (void)fl;
+    if (r == CUDA_SUCCESS && ptr) {
+        struct rec v = {.type = R_VA, .kind = K_VA_RESERVE, .key = *ptr, .size = size};
+        reg_put(&v);
+    }
+}
+void pre_cuMemAddressFree(struct hold *h, CUdeviceptr ptr, size_t size) { (void)size, take(h, R_VA, ptr); }
+void post_cuMemAddressFree(CUresult r, struct hold *h, CUdeviceptr ptr, size_t size) { (void)ptr, (void)size, put_back(r, h); }
+
+void pre_cuMemCreate(struct hold *h, CUmemGenericAllocationHandle *hd, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long fl)
+{
+    (void)h, (void)hd, (void)size, (void)prop, (void)fl;
+}
+void post_cuMemCreate(CUresult r, struct hold *h, CUmemGenericAllocationHandle *hd, size_t size,
+                      const CUmemAllocationProp *prop, unsigned long long fl)
+{
+    (void)h, (void)fl;
+    if (r != CUDA_SUCCESS || !hd)
+        return;
+    struct rec p = {.type = R_PHYS, .kind = K_VMM_PHYS, .key = *hd, .handle = *hd, .size = size,
+                    .device = prop ? prop->location.id : 0};
+    reg_put(&p);
+}
+void pre_cuMemRelease(struct hold *h, CUmemGenericAllocationHandle hd) { take(h, R_PHYS, hd); }
+void post_cuMemRelease(CUresult r, struct hold *h, CUmemGenericAllocationHandle hd) { (void)hd, put_back(r, h); }
+
+void pre_cuMemMap(struct hold *h, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle hd,
+                  unsigned long long fl)
+{
+    (void)h, (void)ptr, (void)size, (void)offset, (void)hd, (void)fl;
+}
+void post_cuMemMap(CUresult r, struct hold *h, CUdeviceptr ptr, size_t size, size_t offset,
+                   CUmemGenericAllocationHandle hd, unsigned long long fl)
+{
+    (void)h, (void)fl;
+    if (r != CUDA_SUCCESS)
+        return;
+    struct rec ph;
+    struct rec m = {.type = R_MAP, .kind = K_VMM_MAP, .key = ptr, .size = size, .handle = hd, .offset = offset,
+                    .device = reg_get(R_PHYS, hd, &ph) ? ph.device : 0};
+    reg_put(&m);
+}
+
+struct range {
+    uint64_t lo, hi;
+    int access;
+};
+
+static int in_range(struct rec *r, void *arg)
+{
+    struct range *g = arg;
+    return r->key >= g->lo && r->key < g->hi;
+}
+
+static int set_access(struct rec *r, void *arg)
+{
+    struct range *g = arg;
+    if (r->key >= g->lo && r->key < g->hi)
+        r->access = g->access;
+    return 0;
+}
+
+/* An unmap may cover several mappings; it is removed after the driver succeeds (a range has no single
+ * handle to take out first, and only the program's own misuse could race with it). */
+void pre_cuMemUnmap(struct hold *h, CUdeviceptr ptr, size_t size) { (void)h, (void)ptr, (void)size; }
+void post_cuMemUnmap(CUresult r, struct hold *h, CUdeviceptr ptr, size_t size)
+{
+    (void)h;
+    if (r != CUDA_SUCCESS)
+        return;
+    struct range g = {ptr, ptr + size, 0};
+    reg_scan(R_MAP, in_range, &g);
+}
+
+void pre_cuMemSetAccess(struct hold *h, CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    (void)h, (void)ptr, (void)size, (void)desc, (void)count;
+}
+void post_cuMemSetAccess(CUresult r, struct hold *h, CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                         size_t count)
+{
+    (void)h;
+    if (r != CUDA_SUCCESS || !desc)
+        return;
+    struct range g = {ptr, ptr + size, 0};
+    for (size_t i = 0; i < count; i++)
+        if ((int)desc[i].flags > g.access)
+            g.access = (int)desc[i].flags;
+    reg_scan(R_MAP, set_access, &g);
+}
+
+/* ---- streams and events */
+
+void pre_cuStreamCreate(struct hold *h, CUstream *ph, unsigned int flags) { (void)h, (void)ph, (void)flags; }
+void post_cuStreamCreate(CUresult r, struct hold *h, CUstream *ph, unsigned int flags)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS && ph)
+        put_object(R_STREAM, 0, (uintptr_t)*ph, 0, flags);
+}
+void pre_cuStreamCreateWithPriority(struct hold *h, CUstream *ph, unsigned int flags, int prio)
+{
+    (void)h, (void)ph, (void)flags, (void)prio;
+}
+void post_cuStreamCreateWithPriority(CUresult r, struct hold *h, CUstream *ph, unsigned int flags, int prio)
+{
+    (void)h;
+    if (r != CUDA_SUCCESS || !ph)
+        return;
+    CUcontext c = shim_current_ctx();
+    struct rec s = {.type = R_STREAM, .key = (uintptr_t)*ph, .ctx = (uintptr_t)c, .device = device_of(c),
+                    .flags = flags, .priority = prio};
+    reg_put(&s);
+}
+void pre_cuStreamDestroy_v2(struct hold *h, CUstream s) { take(h, R_STREAM, (uintptr_t)s); }
+void post_cuStreamDestroy_v2(CUresult r, struct hold *h, CUstream s) { (void)s, put_back(r, h); }
+
+void pre_cuEventCreate(struct hold *h, CUevent *ph, unsigned int flags) { (void)h, (void)ph, (void)flags; }
+void post_cuEventCreate(CUresult r, struct hold *h, CUevent *ph, unsigned int flags)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS && ph)
+        put_object(R_EVENT, 0, (uintptr_t)*ph, 0, flags);
+}
+void pre_cuEventDestroy_v2(struct hold *h, CUevent e) { take(h, R_EVENT, (uintptr_t)e); }
+void post_cuEventDestroy_v2(CUresult r, struct hold *h, CUevent e) { (void)e, put_back(r, h); }
+
+/* ---- modules and libraries: keep the image, so the module can be loaded again after a restore */
+
+/* The size of a module image: an ELF cubin (up to the end of its last section or header table), a
+ * fatbin (its header says), a fatbin wrapper (the fatbin it points to), else NUL-terminated text
+ * (PTX, or simcuda's modules). */
+static size_t image_size(const void *img, const void **start)
+{
+    const unsigned char *p = img;
+    uint32_t magic;
+    *start = img;
+    memcpy(&magic, p, 4);
+    if (magic == 0x464c457fu && p[4] == 2) { /* ELF64 */
+        uint64_t shoff, phoff;
+        uint16_t shentsize, shnum, phentsize, phnum;
+        memcpy(&phoff, p + 0x20, 8);
+        memcpy(&shoff, p + 0x28, 8);
+        memcpy(&phentsize, p + 0x36, 2);
+        memcpy(&phnum, p + 0x38, 2);
+        memcpy(&shentsize, p + 0x3a, 2);
+        memcpy(&shnum, p + 0x3c, 2);
+        uint64_t end = shoff + (uint64_t)shentsize * shnum;
+        if (phoff + (uint64_t)phentsize * phnum > end)
+            end = phoff + (uint64_t)phentsize * phnum;
+        for (unsigned i = 0; i < shnum && shentsize >= 0x28; i++) {
+            const unsigned char *sh = p + shoff + (uint64_t)i * shentsize;
+            uint32_t type;
+            uint64_t off, size;
+            memcpy(&type, sh + 4, 4);
+            memcpy(&off, sh + 0x18, 8);
+            memcpy(&size, sh + 0x20, 8);
+            if (type != 8 /* SHT_NOBITS */ && off + size > end)
+                end = off + size;
+        }
+        return end > 64 ? end : 64;
+    }
+    if (magic == 0xBA55ED50u) { /* fatbin: u32 magic, u16 version, u16 header size, u64 payload size */
+        uint16_t hsize;
+        uint64_t fsize;
+        memcpy(&hsize, p + 6, 2);
+        memcpy(&fsize, p + 8, 8);
+        return (size_t)hsize + fsize;
+    }
+    if (magic == 0x466243b1u) { /* fatbin wrapper: int magic, int version, const void *data, ... */
+        const void *data;
+        memcpy(&data, p + 8, sizeof data);
+        if (data && data != img)
+            return image_size(data, start);
+    }
+    return strlen((const char *)img) + 1;
+}
+
+static void put_image(int type, uint64_t key, const void *img, char *path)
+{
+    struct rec m = {.type = type, .key = key, .path = path};
+    if (img) {
+        const void *start;
+        size_t n = image_size(img, &start);
+        m.image = malloc(n);
+        if (m.image) {
+            memcpy(m.image, start, n);
+            m.image_len = n;
+        }
+    }
+    CUcontext c = shim_current_ctx();
+    m.ctx = (uintptr_t)c;
+    m.device = device_of(c);
+    reg_put(&m);
+}
+
+void pre_cuModuleLoadData(struct hold *h, CUmodule *pm, const void *image) { (void)h, (void)pm, (void)image; }
+void post_cuModuleLoadData(CUresult r, struct hold *h, CUmodule *pm, const void *image)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS && pm && image)
+        put_image(R_MODULE, (uintptr_t)*pm, image, NULL);
+}
+
+void pre_cuModuleLoad(struct hold *h, CUmodule *pm, const char *fname) { (void)h, (void)pm, (void)fname; }
+void post_cuModuleLoad(CUresult r, struct hold *h, CUmodule *pm, const char *fname)
+{
+    (void)h;
+    if (r != CUDA_SUCCESS || !pm || !fname)
+        return;
+    struct rec m = {.type = R_MODULE, .key = (uintptr_t)*pm, .path = strdup(fname)};
+    int fd = open(fname, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0 && (m.image = malloc((size_t)st.st_size))) {
+        size_t got = 0;
+        while (got < (size_t)st.st_size) {
+            ssize_t n = read(fd, (char *)m.image + got, (size_t)st.st_size - got);
+            if (n <= 0)
+                break;
+            got += (size_t)n;
+        }
+        m.image_len = got;
+    }
+    if (fd >= 0)
+        close(fd);
+    CUcontext c = shim_current_ctx();
+    m.ctx = (uintptr_t)c;
+    m.device = device_of(c);
+    reg_put(&m);
+}
+
+void pre_cuModuleUnload(struct hold *h, CUmodule m) { take(h, R_MODULE, (uintptr_t)m); }
+void post_cuModuleUnload(CUresult r, struct hold *h, CUmodule m) { (void)m, put_back(r, h); }
+
+void pre_cuLibraryLoadData(struct hold *h, CUlibrary *pl, const void *code, CUjit_option *jo, void **jv,
+                           unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl)
+{
+    (void)h, (void)pl, (void)code, (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+}
+void post_cuLibraryLoadData(CUresult r, struct hold *h, CUlibrary *pl, const void *code, CUjit_option *jo,
+                            void **jv, unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl)
+{
+    (void)h, (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    if (r == CUDA_SUCCESS && pl && code)
+        put_image(R_LIBRARY, (uintptr_t)*pl, code, NULL);
+}
+
+void pre_cuLibraryUnload(struct hold *h, CUlibrary l) { take(h, R_LIBRARY, (uintptr_t)l); }
+void post_cuLibraryUnload(CUresult r, struct hold *h, CUlibrary l) { (void)l, put_back(r, h); }
+
+size_t gputrace_shim_module_image(int kind, unsigned long long handle, void *buf, size_t len)
+    __attribute__((visibility("default")));
+size_t gputrace_shim_module_image(int kind, unsigned long long handle, void *buf, size_t len)
+{
+    return reg_copy_image(kind ? R_LIBRARY : R_MODULE, handle, buf, len);
+}

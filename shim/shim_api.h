@@ -1,0 +1,110 @@
+/* The driver functions the shim intercepts, as X-macros: X(name, (parameters), (arguments)).
+ *
+ * SHIM_SUBMIT: calls that put work on the GPU.  Gated (a paused process cannot issue them), counted,
+ *              otherwise passed straight through.
+ * SHIM_STATE:  calls that create or destroy GPU state.  Gated and counted, and each has a pre_NAME and a
+ *              post_NAME hook in hooks.c that keeps the registry in step with the driver.
+ * SHIM_PROC:   cuGetProcAddress and _v2: not gated; they hand out the shim's wrappers in place of the
+ *              driver's entry points.
+ *
+ * Everything else (getters, occupancy queries, synchronization, cuGetExportTable, ...) is not
+ * exported by the shim at all, so it reaches the driver with no added cost; why that is safe for
+ * checkpointing is explained above gate_enter() in shim.c.
+ *
+ * The prototypes come from the driver API header; a wrapper whose parameters disagree with the
+ * header does not compile. */
+#ifndef GPUTRACE_SHIM_API_H
+#define GPUTRACE_SHIM_API_H
+
+#include "cuda.h"
+
+#define SHIM_LAUNCH_PARAMS                                                                                       \
+    (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,          \
+     unsigned int bz, unsigned int shmem, CUstream hStream, void **kp, void **extra)
+#define SHIM_LAUNCH_ARGS (f, gx, gy, gz, bx, by, bz, shmem, hStream, kp, extra)
+
+#define SHIM_SUBMIT(X)                                                                                           \
+    X(cuLaunchKernel, SHIM_LAUNCH_PARAMS, SHIM_LAUNCH_ARGS)                                                      \
+    X(cuLaunchKernel_ptsz, SHIM_LAUNCH_PARAMS, SHIM_LAUNCH_ARGS)                                                 \
+    X(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **kp, void **extra), (c, f, kp, extra))    \
+    X(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *c, CUfunction f, void **kp, void **extra), (c, f, kp, extra)) \
+    X(cuMemcpyHtoD_v2, (CUdeviceptr d, const void *s, size_t n), (d, s, n))                                      \
+    X(cuMemcpyHtoD_v2_ptds, (CUdeviceptr d, const void *s, size_t n), (d, s, n))                                 \
+    X(cuMemcpyDtoH_v2, (void *d, CUdeviceptr s, size_t n), (d, s, n))                                            \
+    X(cuMemcpyDtoH_v2_ptds, (void *d, CUdeviceptr s, size_t n), (d, s, n))                                       \
+    X(cuMemcpyDtoD_v2, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))                                      \
+    X(cuMemcpyDtoD_v2_ptds, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))                                 \
+    X(cuMemcpyHtoDAsync_v2, (CUdeviceptr d, const void *s, size_t n, CUstream h), (d, s, n, h))                  \
+    X(cuMemcpyHtoDAsync_v2_ptsz, (CUdeviceptr d, const void *s, size_t n, CUstream h), (d, s, n, h))             \
+    X(cuMemcpyDtoHAsync_v2, (void *d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                        \
+    X(cuMemcpyDtoHAsync_v2_ptsz, (void *d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                   \
+    X(cuMemcpyDtoDAsync_v2, (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                  \
+    X(cuMemcpyDtoDAsync_v2_ptsz, (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))             \
+    X(cuMemsetD8_v2, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))                                      \
+    X(cuMemsetD8_v2_ptds, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))                                 \
+    X(cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))                                      \
+    X(cuMemsetD32_v2_ptds, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))                                 \
+    X(cuMemsetD8Async, (CUdeviceptr d, unsigned char v, size_t n, CUstream h), (d, v, n, h))                     \
+    X(cuMemsetD8Async_ptsz, (CUdeviceptr d, unsigned char v, size_t n, CUstream h), (d, v, n, h))                \
+    X(cuMemsetD32Async, (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))                     \
+    X(cuMemsetD32Async_ptsz, (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))                \
+    X(cuEventRecord, (CUevent e, CUstream h), (e, h))                                                            \
+    X(cuEventRecord_ptsz, (CUevent e, CUstream h), (e, h))                                                       \
+    X(cuStreamWaitEvent, (CUstream h, CUevent e, unsigned int fl), (h, e, fl))                                   \
+    X(cuStreamWaitEvent_ptsz, (CUstream h, CUevent e, unsigned int fl), (h, e, fl))
+
+#define SHIM_STATE(X)                                                                                            \
+    X(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (pctx, dev))                                    \
+    X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                                                       \
+    X(cuDevicePrimaryCtxReset_v2, (CUdevice dev), (dev))                                                         \
+    X(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))                   \
+    X(cuCtxDestroy_v2, (CUcontext ctx), (ctx))                                                                   \
+    X(cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytes), (dptr, bytes))                                          \
+    X(cuMemAllocPitch_v2, (CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int elsize),  \
+      (dptr, pitch, width, height, elsize))                                                                      \
+    X(cuMemFree_v2, (CUdeviceptr dptr), (dptr))                                                                  \
+    X(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytes, CUstream h), (dptr, bytes, h))                          \
+    X(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytes, CUstream h), (dptr, bytes, h))                     \
+    X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream h), (dptr, h))                                                 \
+    X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream h), (dptr, h))                                            \
+    X(cuMemAllocHost_v2, (void **pp, size_t bytes), (pp, bytes))                                                 \
+    X(cuMemHostAlloc, (void **pp, size_t bytes, unsigned int flags), (pp, bytes, flags))                         \
+    X(cuMemFreeHost, (void *p), (p))                                                                             \
+    X(cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, unsigned long long fl), \
+      (ptr, size, align, addr, fl))                                                                              \
+    X(cuMemAddressFree, (CUdeviceptr ptr, size_t size), (ptr, size))                                             \
+    X(cuMemCreate, (CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,               \
+                    unsigned long long fl), (h, size, prop, fl))                                                 \
+    X(cuMemRelease, (CUmemGenericAllocationHandle h), (h))                                                       \
+    X(cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,                    \
+                 unsigned long long fl), (ptr, size, offset, h, fl))                                             \
+    X(cuMemUnmap, (CUdeviceptr ptr, size_t size), (ptr, size))                                                   \
+    X(cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count),                 \
+      (ptr, size, desc, count))                                                                                  \
+    X(cuStreamCreate, (CUstream *ph, unsigned int flags), (ph, flags))                                           \
+    X(cuStreamCreateWithPriority, (CUstream *ph, unsigned int flags, int prio), (ph, flags, prio))              \
+    X(cuStreamDestroy_v2, (CUstream h), (h))                                                                     \
+    X(cuEventCreate, (CUevent *ph, unsigned int flags), (ph, flags))                                             \
+    X(cuEventDestroy_v2, (CUevent h), (h))                                                                       \
+    X(cuModuleLoadData, (CUmodule *pm, const void *image), (pm, image))                                          \
+    X(cuModuleLoad, (CUmodule *pm, const char *fname), (pm, fname))                                              \
+    X(cuModuleUnload, (CUmodule m), (m))                                                                         \
+    X(cuLibraryLoadData, (CUlibrary *pl, const void *code, CUjit_option *jo, void **jv, unsigned int nj,          \
+                          CUlibraryOption *lo, void **lv, unsigned int nl), (pl, code, jo, jv, nj, lo, lv, nl))  \
+    X(cuLibraryUnload, (CUlibrary l), (l))
+
+#define SHIM_PROC(X)                                                                                             \
+    X(cuGetProcAddress, (const char *sym, void **pfn, int ver, cuuint64_t flags), (sym, pfn, ver, flags))        \
+    X(cuGetProcAddress_v2, (const char *sym, void **pfn, int ver, cuuint64_t flags,                              \
+                            CUdriverProcAddressQueryResult *st), (sym, pfn, ver, flags, st))
+
+#define SHIM_ALL(X) SHIM_SUBMIT(X) SHIM_STATE(X) SHIM_PROC(X)
+
+enum shim_fn {
+#define SHIM_ENUM(name, params, args) F_##name,
+    SHIM_ALL(SHIM_ENUM)
+#undef SHIM_ENUM
+    F_COUNT
+};
+
+#endif

@@ -1,0 +1,88 @@
+/* Shared between the shim's translation units; nothing here is exported. */
+#ifndef GPUTRACE_SHIM_INT_H
+#define GPUTRACE_SHIM_INT_H
+
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shim_api.h"
+
+#pragma GCC visibility push(default)
+#include "gputrace_shim.h"
+#pragma GCC visibility pop
+
+#define HIDDEN __attribute__((visibility("hidden")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- shim.c */
+HIDDEN extern const char *const shim_fn_name[F_COUNT];
+HIDDEN void *shim_real(int fn);                        /* driver entry point, resolved on demand */
+HIDDEN CUcontext shim_current_ctx(void);              /* the calling thread's current context */
+HIDDEN unsigned long long shim_calls(int fn);
+HIDDEN char *shim_status_alloc(size_t *len);             /* the status JSON, malloc'ed; NULL: no memory */
+HIDDEN void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- registry.c */
+enum rec_type { R_CTX = 1, R_MEM, R_HOST, R_VA, R_PHYS, R_MAP, R_MODULE, R_LIBRARY, R_STREAM, R_EVENT, R_NTYPES };
+/* Allocation kinds: simcuda.h's numbering, so tests compare the two directly. */
+enum alloc_kind { K_DEVICE = 1, K_PITCH, K_ASYNC, K_HOST, K_VA_RESERVE, K_VMM_PHYS, K_VMM_MAP };
+
+struct rec {
+    struct rec *next;
+    int type;
+    int kind;
+    uint64_t key; /* the handle, or the base address */
+    uint64_t size;
+    uint64_t ctx;
+    uint64_t handle; /* VMM: the generic allocation handle */
+    uint64_t offset; /* VMM map: offset into the handle */
+    int device;
+    int refs;    /* primary contexts: retains */
+    int primary;
+    int access;  /* VMM map: CUmemAccess_flags */
+    unsigned flags;
+    int priority;
+    void *image; /* modules and libraries: a private copy of the image */
+    size_t image_len;
+    char *path;  /* cuModuleLoad: the file */
+};
+
+/* What a state wrapper's pre hook hands its post hook: a record taken out before a free. */
+struct hold {
+    int found;
+    struct rec rec;
+};
+
+HIDDEN void reg_put(const struct rec *r);                       /* insert or replace (takes image/path) */
+HIDDEN int reg_take(int type, uint64_t key, struct rec *out);   /* remove; 1 if it was there */
+HIDDEN int reg_get(int type, uint64_t key, struct rec *out);    /* copy (image/path not owned) */
+HIDDEN void reg_release(struct rec *r);                         /* free what a taken record owns */
+/* Calls fn on each record of `type` (0: all) under its shard's lock; fn returns 1 to remove it. */
+HIDDEN void reg_scan(int type, int (*fn)(struct rec *, void *), void *arg);
+HIDDEN size_t reg_copy_image(int type, uint64_t key, void *buf, size_t len);
+HIDDEN void reg_atfork_prepare(void);
+HIDDEN void reg_atfork_release(void);
+
+struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+};
+HIDDEN void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+HIDDEN void reg_json(struct sbuf *b);
+
+/* ---- gate (shim.c) */
+HIDDEN int gate_paused(void);
+
+/* ---- control.c */
+HIDDEN void control_start(void);     /* once per process (and again in a forked child) */
+HIDDEN void control_atfork_child(void);
+HIDDEN const char *control_path(void);
+
+#define SCHEMA 1
+
+#endif

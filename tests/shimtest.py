@@ -1,0 +1,58 @@
+"""Shared by the shim tests: fixtures for processes and a private socket directory, and the comparison
+of a workload's own view of its allocations with the shim's."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from gputrace import shim, simcuda
+
+KINDS = {1: "device", 2: "pitch", 3: "async", 4: "host", 5: "va_reserve", 6: "vmm_phys", 7: "vmm_map"}
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        for f in (p.stdin, p.stdout, p.stderr):
+            if f:
+                f.close()
+
+
+@pytest.fixture
+def shim_dir(tmp_path, monkeypatch):
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("GPUTRACE_SHIM_DIR", str(d))
+    return d
+
+
+def start(procs, argv, **kw) -> subprocess.Popen:
+    p = subprocess.Popen(argv, env=shim.preload_env(simcuda.env()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, **kw)
+    procs.append(p)
+    return p
+
+
+def expected_allocs(held: dict) -> set:
+    out = set()
+    for a in held["allocations"]:
+        kind = KINDS[a["kind"]]
+        extra = (a["handle"],) if kind == "vmm_phys" else (a["handle"], a["offset"], a["access"]) if kind == "vmm_map" else ()
+        out.add((kind, a["base"], a["size"], *extra))
+    return out
+
+
+def reported_allocs(st: dict) -> set:
+    out = set()
+    for a in st["allocations"]:
+        kind = a["kind"]
+        extra = (a["handle"],) if kind == "vmm_phys" else (a["handle"], a["offset"], a["access"]) if kind == "vmm_map" else ()
+        out.add((kind, a["base"], a["size"], *extra))
+    return out

@@ -1,0 +1,168 @@
+"""The shim preloaded into the simcuda workloads: what `status` reports equals what the process holds.
+
+Each workload runs with --hold: at each hold point it prints its own view (simcuda's
+simcudaListAllocations plus the handles it created) and waits; the test compares that with the
+shim's status over the control socket, then lets it go on.  The last hold comes after teardown, so
+frees must have emptied the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import orjson
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from gputrace import shim, simcuda
+from gputrace.shim import client
+
+from shimtest import expected_allocs, procs, reported_allocs, shim_dir, start  # noqa: F401  (fixtures)
+
+def run_holding(procs, argv) -> tuple[list[tuple[dict, dict]], dict]:
+    """Runs a workload with --hold; returns [(its own view, the shim's status)] per hold, and its report."""
+    p = start(procs, argv + ["--hold"])
+    seen = []
+    while True:
+        line = p.stdout.readline()
+        assert line, f"workload ended early: {p.stderr.read()}"
+        doc = json.loads(line)
+        if "hold" not in doc:
+            break
+        seen.append((doc, client.status(p.pid)))
+        p.stdin.write("\n")
+        p.stdin.flush()
+    assert p.wait() == 0, p.stderr.read()
+    assert doc.get("check") == "ok"
+    return seen, doc
+
+
+CASES = [
+    ("launch_bound", [], 2),
+    ("launch_bound", ["--dlopen"], 2),
+    ("launch_bound", ["--ptsz"], 2),
+    ("alloc_free", [], 4),
+    ("alloc_free", ["--dlopen"], 4),
+    ("launch_bound_py", [], 2),
+    ("launch_bound_py", ["--ptsz"], 2),
+]
+
+
+@pytest.mark.parametrize("name,opts,holds", CASES, ids=[f"{n}{''.join(o)}" for n, o, _ in CASES])
+def test_status_matches_what_the_process_holds(procs, shim_dir, name, opts, holds):
+    seen, report = run_holding(procs, simcuda.workload(name) + ["--steps", "2"] + opts)
+    assert len(seen) == holds
+    for held, st in seen:
+        assert st["schema"] == 1 and st["pid"] == procs[0].pid and not st["paused"]
+        assert reported_allocs(st) == expected_allocs(held), f"hold {held['hold']}"
+        assert {c["handle"] for c in st["contexts"]} == set(held["contexts"])
+        assert {m["handle"] for m in st["modules"] if m["kind"] == "module"} == set(held["modules"])
+        assert {m["handle"] for m in st["modules"] if m["kind"] == "library"} == set(held["libraries"])
+        assert {s["handle"] for s in st["streams"]} == set(held["streams"])
+        assert {e["handle"] for e in st["events"]} == set(held["events"])
+        device = sum(a["size"] for a in st["allocations"] if a["kind"] in ("device", "pitch", "async", "vmm_phys"))
+        assert st["totals"]["device_bytes"] == device
+    # After teardown everything is gone, and the shim saw every state and submission call the
+    # workload made (none of them bypassed it, whichever way the workload found the driver).
+    last = seen[-1][1]
+    assert last["allocations"] == [] and last["contexts"] == [] and last["modules"] == []
+    for fn, n in report["calls"].items():
+        if fn in WRAPPED:
+            assert last["calls"].get(fn) == n, fn
+    launch = "cuLaunchKernel_ptsz" if "--ptsz" in opts else "cuLaunchKernel"
+    if name != "alloc_free":
+        assert last["calls"][launch] == report["calls"][launch] > 0
+
+
+WRAPPED = {
+    "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", "cuMemAlloc_v2", "cuMemFree_v2",
+    "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost",
+    "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemSetAccess",
+    "cuStreamCreate", "cuStreamDestroy_v2", "cuEventCreate", "cuEventDestroy_v2", "cuModuleLoadData", "cuModuleUnload",
+    "cuLibraryLoadData", "cuLibraryUnload", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2",
+    "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemsetD8_v2",
+    "cuMemsetD32_v2", "cuGetProcAddress_v2",
+}
+
+
+def test_module_images_are_copied(procs, shim_dir):
+    seen, _ = run_holding(procs, simcuda.workload("launch_bound") + ["--steps", "1", "--kernel-ns", "1234"])
+    image = b"SIMCUDA-MODULE\nkernel inc inc_u32 1234\n\0"
+    mods = seen[0][1]["modules"]
+    assert sorted(m["kind"] for m in mods) == ["library", "module"]
+    assert all(m["image_bytes"] == len(image) for m in mods)
+    assert seen[0][1]["totals"]["module_image_bytes"] == 2 * len(image)
+
+
+def test_the_shim_links_no_libpython():
+    with open(shim.library_path(), "rb") as f:
+        dyn = ELFFile(f).get_section_by_name(".dynamic")
+        needed = [t.needed for t in dyn.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+    assert needed and all(n.startswith(("libc.so", "libdl.so", "libpthread.so")) for n in needed), needed
+
+
+@pytest.mark.parametrize("argv", [["/bin/true"], [sys.executable, "-c", "pass"], ["python3", "-c", "import ctypes"],
+                                  ["sh", "-c", "exit 0"]], ids=["true", "this-python", "system-python3", "sh"])
+def test_preload_under_bind_now_into_processes_without_cuda(shim_dir, argv):
+    env = shim.preload_env()
+    env["LD_BIND_NOW"] = "1"
+    env["GPUTRACE_SHIM_DIR"] = str(shim_dir)
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert list(shim_dir.iterdir()) == []  # never touched the driver: no server, no socket
+
+
+def test_preload_under_bind_now_into_workloads(procs, shim_dir):
+    env = shim.preload_env(simcuda.env())
+    env["LD_BIND_NOW"] = "1"
+    for argv in (simcuda.workload("launch_bound") + ["--dlopen"], simcuda.workload("launch_bound_py")):
+        r = subprocess.run(argv + ["--steps", "1"], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["check"] == "ok"
+    assert list(shim_dir.iterdir()) == []  # each server removed its socket at exit
+
+
+RTLD_NEXT_PROG = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+int main(void)
+{
+    void *next = dlsym(RTLD_NEXT, "puts"), *dflt = dlsym(RTLD_DEFAULT, "puts");
+    void *none = dlsym(RTLD_NEXT, "main");
+    printf("%d %d\n", next != NULL && next == dflt, none == NULL);
+    return 0;
+}
+"""
+
+
+def test_dlsym_keeps_rtld_next_semantics(tmp_path, shim_dir):
+    from gputrace.native import build
+
+    src = tmp_path / "next.c"
+    src.write_text(RTLD_NEXT_PROG)
+    exe = build("rtld_next", [src], ldflags=["-ldl"])
+    r = subprocess.run([str(exe)], env=shim.preload_env(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.split() == ["1", "1"], (r.stdout, r.stderr)
+
+
+def test_in_process_control_functions(monkeypatch):
+    monkeypatch.setenv("GPUTRACE_SHIM_LIBCUDA", str(simcuda.library_path()))
+    lib = shim.open_in_process()
+    ffi = shim.ffi()
+    assert lib.gputrace_shim_schema() == 1
+    assert lib.gputrace_shim_calls(b"no_such_function") == -1
+    assert lib.gputrace_shim_calls(b"cuLaunchKernel") == 0
+    assert lib.gputrace_shim_real(b"cuLaunchKernel") != ffi.NULL
+    assert lib.gputrace_shim_real(b"cuCtxGetCurrent") == ffi.NULL  # not wrapped, so not the shim's to hand out
+    assert lib.gputrace_shim_resume() == -1
+    assert lib.gputrace_shim_pause(100) == 0 and lib.gputrace_shim_paused() == 1
+    assert lib.gputrace_shim_pause(100) == -2
+    n = lib.gputrace_shim_status_json(ffi.NULL, 0)
+    buf = ffi.new("char[]", n + 1)
+    assert lib.gputrace_shim_status_json(buf, n + 1) == n
+    st = orjson.loads(ffi.string(buf))
+    assert st["paused"] is True and st["in_flight"] == 0 and st["allocations"] == []
+    assert lib.gputrace_shim_resume() == 0 and lib.gputrace_shim_paused() == 0
