@@ -12,13 +12,5 @@ for _name, _help, _issue in [
     ("restore", "roll a process back to a checkpoint (not yet available)", "the checkpointer (issue 5)"),
     ("suspend", "take a job's device memory off the GPU (not yet available)", "the checkpointer (issue 5)"),
     ("resume", "bring a suspended job's device memory back (not yet available)", "the checkpointer (issue 5)"),
-    ("shim", "inspect the checkpointing shim in a process (not yet available)", "the shim (issue 4)"),
 ]:
     command(_name, _help)(lambda p: add_pid(p, required=False))(not_yet(_name, _issue))
-
-command("run", "start a job with the checkpointing shim preloaded (not yet available)")(lambda p: None)(
-    not_yet("run", "the shim (issue 4)")
-)
-command("ps", "list processes running with the shim (not yet available)")(lambda p: None)(
-    not_yet("ps", "the shim (issue 4)")
-)

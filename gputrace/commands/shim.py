@@ -1,0 +1,175 @@
+"""`gputrace run --checkpointable`, `gputrace shim status`, `gputrace ps`: the checkpointing shim."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from ..cli import add_json, add_pid, command
+from ..errors import GputraceError, UsageError
+
+RUN_EPILOG = """examples:
+  gputrace run --checkpointable -- python train.py --epochs 3
+  GPUTRACE_SHIM_DIR=/run/ckpt gputrace run --checkpointable -- ./job
+
+The command runs in place of gputrace (same pid) with the shim preloaded (LD_PRELOAD), which its
+child processes inherit.  The shim does nothing until the process's first CUDA driver call; from
+then on it tracks the GPU state the process holds and serves a control socket in
+$GPUTRACE_SHIM_DIR, else $XDG_RUNTIME_DIR/gputrace, else /tmp/gputrace-UID (a 0700 directory).
+"""
+
+
+def configure_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpointable", action="store_true",
+                   help="preload the checkpointing shim (required: it is what `run` is for)")
+    p.add_argument("--shim-dir", help="directory for the control socket (sets GPUTRACE_SHIM_DIR)")
+
+
+@command("run", "start a command with the checkpointing shim preloaded", RUN_EPILOG)(configure_run)
+def run(args: argparse.Namespace) -> int:
+    argv = args.command_argv
+    if not args.checkpointable:
+        raise UsageError("`gputrace run` needs --checkpointable", "gputrace run --checkpointable -- python train.py")
+    if not argv:
+        raise UsageError("no command to run", "give it after `--`: gputrace run --checkpointable -- python train.py")
+    path = shutil.which(argv[0]) if "/" not in argv[0] else argv[0]
+    if not path or not os.path.isfile(path):
+        raise UsageError(f"command not found: {argv[0]}", "give the command as you would run it, after `--`")
+    if not os.access(path, os.X_OK):
+        raise UsageError(f"cannot execute {argv[0]}", "check that it is an executable file")
+    from ..shim import preload_env
+
+    env = preload_env()  # builds the shim first (cached), so a build error surfaces here, not in the job
+    if args.shim_dir:
+        env["GPUTRACE_SHIM_DIR"] = os.path.abspath(args.shim_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(path, argv, env)
+    except OSError as exc:
+        raise UsageError(f"cannot run {argv[0]}: {exc.strerror}", "check the command after `--`") from None
+    return 127  # not reached
+
+
+SHIM_EPILOG = """examples:
+  gputrace shim status -p 1234          what the process holds: contexts, memory, modules, streams
+  gputrace shim status -p 1234 --json   the shim's own JSON (schema 1), as its control socket sends it
+"""
+
+
+def configure_shim(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["status"], help="status: the GPU state the shim has recorded")
+    add_pid(p)
+    add_json(p)
+
+
+def fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render_status(st: dict, comm: str) -> str:
+    t = st["totals"]
+    lines = [
+        f"pid {st['pid']} ({comm}): gate {'CLOSED (paused)' if st['paused'] else 'open'}, "
+        f"{st['in_flight']} call(s) in flight, {st['waiting']} waiting, {st['threads']} thread(s) seen",
+        f"driver  {st['driver'] or '(not resolved yet)'}",
+        f"socket  {st['socket']}",
+        f"device memory {fmt_bytes(t['device_bytes'])}, pinned host {fmt_bytes(t['host_bytes'])}, "
+        f"VA reserved {fmt_bytes(t['va_reserved_bytes'])}; {t['contexts']} context(s), {t['allocations']} allocation(s), "
+        f"{t['modules']} module(s) ({fmt_bytes(t['module_image_bytes'])} of images), {t['streams']} stream(s), "
+        f"{t['events']} event(s)",
+    ]
+    if st["contexts"]:
+        lines.append("contexts:")
+        for c in sorted(st["contexts"], key=lambda c: c["handle"]):
+            lines.append(f"  {c['handle']:#x}  device {c['device']}  {'primary' if c['primary'] else 'created'}"
+                         f"  refs {c['refs']}")
+    if st["allocations"]:
+        lines.append("allocations:")
+        lines.append(f"  {'KIND':<10} {'BASE':>18} {'SIZE':>12}  DEVICE")
+        for a in sorted(st["allocations"], key=lambda a: (a["kind"], a["base"], a.get("handle", 0))):
+            extra = f"  handle {a['handle']:#x}" if "handle" in a else ""
+            lines.append(f"  {a['kind']:<10} {a['base']:>#18x} {fmt_bytes(a['size']):>12}  {a['device']}{extra}")
+    if st["modules"]:
+        lines.append("modules:")
+        for m in sorted(st["modules"], key=lambda m: m["handle"]):
+            lines.append(f"  {m['kind']:<8} {m['handle']:#x}  image {fmt_bytes(m['image_bytes'])}"
+                         + (f"  {m['path']}" if m.get("path") else ""))
+    for key in ("streams", "events"):
+        if st[key]:
+            lines.append(f"{key}: " + ", ".join(f"{s['handle']:#x}" for s in sorted(st[key], key=lambda s: s["handle"])))
+    calls = sorted(st["calls"].items(), key=lambda kv: -kv[1])
+    if calls:
+        lines.append("intercepted calls: " + ", ".join(f"{k} {v}" for k, v in calls))
+    return "\n".join(lines)
+
+
+def _dump_json(doc: object) -> None:
+    import orjson
+
+    sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.flush()
+
+
+@command("shim", "inspect the checkpointing shim in a process", SHIM_EPILOG)(configure_shim)
+def shim_cmd(args: argparse.Namespace) -> int:
+    from ..shim.client import comm, status
+
+    st = status(args.pid)
+    if args.json:
+        _dump_json(st)
+    else:
+        print(render_status(st, comm(args.pid)))
+    return 0
+
+
+PS_EPILOG = """examples:
+  gputrace ps            processes running with the shim (those whose memory maps this user can read)
+  gputrace ps --json
+
+STATE: serving (its control socket answers), not serving yet (no CUDA call so far), or the reason it
+does not answer.
+"""
+
+
+def configure_ps(p: argparse.ArgumentParser) -> None:
+    add_json(p)
+
+
+@command("ps", "list processes running with the checkpointing shim", PS_EPILOG)(configure_ps)
+def ps(args: argparse.Namespace) -> int:
+    from ..shim.client import Connection, shimmed_processes
+
+    rows = []
+    for proc in shimmed_processes():
+        row = {"pid": proc.pid, "comm": proc.comm, "uid": proc.uid,
+               "socket": str(proc.socket) if proc.socket else None, "state": "not serving yet",
+               "paused": None, "device_bytes": None, "allocations": None}
+        if proc.socket:
+            try:
+                with Connection(proc.pid, timeout_s=5) as c:
+                    st = c.status()
+                row.update(state="serving", paused=st["paused"], device_bytes=st["totals"]["device_bytes"],
+                           allocations=st["totals"]["allocations"])
+            except GputraceError as exc:
+                row["state"] = exc.msg
+        rows.append(row)
+    if args.json:
+        _dump_json({"schema": 1, "processes": rows})
+        return 0
+    if not rows:
+        print("no process with the gputrace shim found (start one with: gputrace run --checkpointable -- CMD)")
+        return 0
+    print(f"{'PID':>7}  {'COMMAND':<16} {'GATE':<6} {'DEVICE MEM':>11} {'ALLOCS':>6}  STATE")
+    for r in rows:
+        gate = "" if r["paused"] is None else ("closed" if r["paused"] else "open")
+        mem = "" if r["device_bytes"] is None else fmt_bytes(r["device_bytes"])
+        allocs = "" if r["allocations"] is None else str(r["allocations"])
+        print(f"{r['pid']:>7}  {r['comm']:<16} {gate:<6} {mem:>11} {allocs:>6}  {r['state']}")
+    return 0
