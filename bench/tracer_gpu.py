@@ -40,9 +40,10 @@ TORCH_STEP = HERE.parent / "simcuda" / "workloads" / "torch_step.py"
 class Workload:
     """torch_step.py --serve: warm once, then timed phases on request."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, cpus: set[int] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, str(TORCH_STEP), "--serve", "--mode", mode],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
             raise SystemExit(f"workload did not start: {line!r}")
@@ -87,6 +88,15 @@ def attach_detach(prog, lib: str, funcs, reps: int) -> dict:
             "attach_s_median": statistics.median(att), "detach_s_median": statistics.median(det)}
 
 
+def median_ci(xs: list[float], n: int = 2000) -> tuple[float, float, float]:
+    """Median with a 95% bootstrap interval (seeded: the same data gives the same interval)."""
+    import random
+
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return statistics.median(xs), meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
 def rates(summary) -> dict[str, float]:
     return {f.name: f.rate_hz for f in summary.functions}
 
@@ -98,7 +108,13 @@ def main() -> int:
     ap.add_argument("--phase-s", type=float, default=4.0)
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--budget", type=float, default=0.01)
+    ap.add_argument("--cpus", default="", help="pin the workload to these CPUs (e.g. 2-5) and the tracer to others")
     args = ap.parse_args()
+    cpus = None
+    if args.cpus:
+        lo, _, hi = args.cpus.partition("-")
+        cpus = set(range(int(lo), int(hi or lo) + 1))
+        os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - cpus)
 
     lib = resolve_for_command([sys.executable], os.environ)
     funcs = read_functions(lib)
@@ -111,7 +127,7 @@ def main() -> int:
     result["attach_detach"] = attach_detach(program, lib, funcs, 10)
     print("attach/detach:", result["attach_detach"]["attach_s_median"], result["attach_detach"]["detach_s_median"], flush=True)
 
-    w = Workload("launch")
+    w = Workload("launch", cpus)
     conds = ["untraced", "budget", "exact"]
     rounds = []
     sums: dict[str, list] = {"budget": [], "exact": []}
@@ -153,6 +169,8 @@ def main() -> int:
     last_exact = sums["exact"][-1]
     result["launch_bound"] = {
         "rounds": rounds,
+        "slowdown_budget_median_ci95": median_ci([r["slowdown_budget"] for r in rounds]),
+        "slowdown_exact_median_ci95": median_ci([r["slowdown_exact"] for r in rounds]),
         "slowdown_budget_median": statistics.median(r["slowdown_budget"] for r in rounds),
         "slowdown_exact_median": statistics.median(r["slowdown_exact"] for r in rounds),
         "untraced_steps_per_s_median": statistics.median(r["untraced"] for r in rounds),
@@ -165,7 +183,7 @@ def main() -> int:
         "wait_s_per_s": last_exact.wait_s_per_s,
     }
 
-    g = Workload("gpu")
+    g = Workload("gpu", cpus)
     grow = []
     gsum = None
     for r in range(2):
@@ -173,6 +191,7 @@ def main() -> int:
         ex, gsum, _ = traced_phase(g, lib, prog, 1.0, args.phase_s, args.interval)
         grow.append({"untraced": un, "exact": ex, "slowdown_exact": 1 - ex / un})
     g.close()
+    result["options"] = vars(args)
     result["gpu_bound"] = {
         "rounds": grow,
         "audit": [dataclasses.asdict(audit(gsum, p)) for p in PRESETS.values()],
@@ -183,9 +202,11 @@ def main() -> int:
     program.close()
     Path(args.out).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
     lb = result["launch_bound"]
-    print(f"launch-bound: untraced {lb['untraced_steps_per_s_median']:.0f} steps/s; slowdown budget "
-          f"{100 * lb['slowdown_budget_median']:.2f}%, exact {100 * lb['slowdown_exact_median']:.2f}%; "
-          f"rate error max {100 * (lb['rate_error_abs_max'] or 0):.1f}%")
+    b, e = lb["slowdown_budget_median_ci95"], lb["slowdown_exact_median_ci95"]
+    print(f"launch-bound: untraced {lb['untraced_steps_per_s_median']:.0f} steps/s; slowdown at budget "
+          f"{100 * b[0]:.2f}% (95% CI {100 * b[1]:.2f}..{100 * b[2]:.2f}), exact {100 * e[0]:.1f}% "
+          f"({100 * e[1]:.1f}..{100 * e[2]:.1f}); rate error max {100 * (lb['rate_error_abs_max'] or 0):.1f}%")
+    print(f"gpu-bound: exact slowdown {[round(100 * r['slowdown_exact'], 2) for r in grow]}%")
     return 0
 
 

@@ -10,6 +10,10 @@ attach window so that the expected cost stays under `budget` x the target's CPU 
   `retime_every`-th window times everything, so their per-call time is still measured.
 - When even `min_window_s` would cost too much, windows are spread out: one every k intervals.
 - Windows start at a random offset in the interval, so a periodic workload is not sampled in phase.
+- Only functions seen called are probed, except in every `rescan_every`-th window, which probes all:
+  each attach and detach rewrites the target's code pages once per probed function (a page
+  replacement and a TLB flush in the target), so probing 682 functions to count the 11 a training
+  loop calls would cost the target more than the probes that fire.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Plan:
     offset_s: float
     window_s: float
     timed: frozenset[int]
+    probe: frozenset[int]  # functions to attach in this window
 
 
 class Policy:
@@ -42,6 +47,7 @@ class Policy:
         min_window_s: float = 0.002,
         hot_hz: float = 5000.0,
         retime_every: int = 4,
+        rescan_every: int = 10,
         rng: random.Random | None = None,
     ) -> None:
         self.classes = dict(classes)
@@ -51,6 +57,8 @@ class Policy:
         self.min_window_s = min(min_window_s, interval_s)
         self.hot_hz = hot_hz
         self.retime_every = retime_every
+        self.rescan_every = rescan_every
+        self.seen: set[int] = set()
         self.rng = rng or random.Random()
         self.exact = budget >= 1.0
         self.rates: dict[int, float] = {}
@@ -66,17 +74,23 @@ class Policy:
             if self.rates.get(f, 0.0) < self.hot_hz or self.classes[f] is FunctionClass.SYNC
         )
 
+    def _probe(self) -> frozenset[int]:
+        if self.exact or self.windows % self.rescan_every == 0:
+            return frozenset(self.classes)
+        return frozenset(self.seen)
+
     def cost_per_s(self, timed: frozenset[int]) -> float:
         """Expected probe seconds per attached second, at the rates seen so far."""
         return sum(r * self.costs[f].cost_ns(f in timed) * 1e-9 for f, r in self.rates.items() if f in self.costs)
 
     def plan(self) -> Plan:
         timed = self._timed()
+        probe = self._probe()
         if self.exact:
-            return Plan(True, 0.0, self.interval_s, timed)
+            return Plan(True, 0.0, self.interval_s, timed, probe)
         if self.skip > 0:
             self.skip -= 1
-            return Plan(False, 0.0, 0.0, timed)
+            return Plan(False, 0.0, 0.0, timed, probe)
         if self.windows == 0:
             window = max(self.min_window_s, self.budget * self.interval_s)
         else:
@@ -91,7 +105,7 @@ class Policy:
                 window = self.min_window_s
         window = min(window, self.interval_s)
         offset = self.rng.uniform(0.0, self.interval_s - window)
-        return Plan(True, offset, window, timed)
+        return Plan(True, offset, window, timed, probe)
 
     def observe(self, window_s: float, calls: Mapping[int, int], cpu_s_per_s: float | None) -> None:
         if cpu_s_per_s is not None:
@@ -100,6 +114,7 @@ class Policy:
             return
         first = self.windows == 0
         self.windows += 1
+        self.seen.update(f for f, n in calls.items() if n)
         for f in set(self.rates) | set(calls):
             seen = calls.get(f, 0) / window_s
             self.rates[f] = seen if first or f not in self.rates else 0.5 * (self.rates[f] + seen)

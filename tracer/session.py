@@ -134,6 +134,9 @@ class Session:
         self._effective_s = 0.0
         self._links: list[links.Link] = []
         self._opened_at: float | None = None
+        self._probed: frozenset[int] = frozenset()
+        self._probed_s: dict[int, float] = {}       # per function: effective time it was probed
+        self._probed_windows: dict[int, int] = {}
         self._pidfd: int | None = None
         self.attach_s: list[float] = []
         self.detach_s: list[float] = []
@@ -147,11 +150,16 @@ class Session:
             self._pidfd = None
 
     # --- attach and detach -------------------------------------------------------------------
-    def _attach(self, timed: frozenset[int]) -> None:
+    def _attach(self, timed: frozenset[int], probe: frozenset[int] | None = None) -> None:
         """Attaches the return link, then the entry link, then opens counting."""
         self.program.next_generation()
         t0 = time.perf_counter()
-        ids = sorted(self.ids)
+        ids = sorted(self.ids if probe is None else probe)
+        self._probed = frozenset(ids)
+        if not ids:
+            self.program.open()
+            self._opened_at = time.monotonic()
+            return
         timed_ids = [i for i in ids if i in timed]
         try:
             if timed_ids:
@@ -236,7 +244,7 @@ class Session:
             else:
                 self._wait(min(plan.offset_s, interval_s))
                 if not self.exited:
-                    self._attach(plan.timed)
+                    self._attach(plan.timed, plan.probe)
                     self._wait(min(plan.window_s, interval_s))
                     window = self._detach()
                 self._wait(t_start + interval_s - time.monotonic())
@@ -266,7 +274,9 @@ class Session:
             self._effective_s += effective
             for f, d in deltas.items():
                 self._total[f] = self._total.get(f, ZERO) + d
-            for f in self._total:
+            for f in self._probed:
+                self._probed_s[f] = self._probed_s.get(f, 0.0) + effective
+                self._probed_windows[f] = self._probed_windows.get(f, 0) + 1
                 r = deltas.get(f, ZERO).calls / effective
                 self._sum_rate[f] = self._sum_rate.get(f, 0.0) + r
                 self._sum_rate2[f] = self._sum_rate2.get(f, 0.0) + r * r
@@ -330,17 +340,20 @@ class Session:
             hist=d.hist,
         )
 
-    def _snapshot(self, span_s: float, window_s: float, effective_s: float, cpu_s: float | None,
+    def _snapshot(self, span_s: float, window_s: float, effective_s: float | dict[int, float], cpu_s: float | None,
                   stats: dict[int, RawStats], errs: dict[int, float]) -> ProcessSnapshot:
+        """`effective_s`: the untraced-equivalent time the counts were taken over, one for all
+        functions (an interval) or per function (a session, where not all were probed every window)."""
         funcs = []
         for f, d in stats.items():
             if not d.calls and not d.timed:
                 continue  # hit only while counting was closed: a cost, not a rate
-            fs = self._function_stats(f, d, effective_s, span_s, errs.get(f, 0.0))
+            eff = effective_s.get(f, 0.0) if isinstance(effective_s, dict) else effective_s
+            fs = self._function_stats(f, d, eff, span_s, errs.get(f, 0.0))
             total = self._total.get(f)
             if fs.outer_mean_ns is None and total and total.timed:
                 # Counted but not timed in this window: per-call time from the session so far.
-                whole = self._function_stats(f, total, self._effective_s, span_s, 0.0)
+                whole = self._function_stats(f, total, self._probed_s.get(f, 0.0), span_s, 0.0)
                 fs = dataclasses.replace(fs, mean_ns=whole.mean_ns, outer_mean_ns=whole.outer_mean_ns)
             funcs.append(fs)
         funcs.sort(key=lambda s: (-s.rate_hz, s.name))
@@ -362,17 +375,18 @@ class Session:
         The uncertainty of a sampled rate is the larger of the count's Poisson half-width and the
         spread of the per-window rates (a bursty job varies more between windows than counts do)."""
         errs = {}
-        k = self._windows
         for f, d in self._total.items():
             statistical = 0.0
-            if not self.options.exact and self._effective_s:
-                statistical = 1.96 * math.sqrt(d.calls) / self._effective_s
+            k = self._probed_windows.get(f, 0)
+            eff = self._probed_s.get(f, 0.0)
+            if not self.options.exact and eff:
+                statistical = 1.96 * math.sqrt(d.calls) / eff
                 if k >= 3:
                     mean = self._sum_rate[f] / k
                     var = max(0.0, self._sum_rate2[f] / k - mean * mean) * k / (k - 1)
                     statistical = max(statistical, 1.96 * math.sqrt(var / k))
             errs[f] = self._rate_err(d.calls, self._window_s, self._effective_s, statistical)
-        return self._snapshot(self.elapsed_s, self._window_s, self._effective_s, self.target_cpu_s or None,
+        return self._snapshot(self.elapsed_s, self._window_s, dict(self._probed_s), self.target_cpu_s or None,
                               dict(self._total), errs)
 
     def run(self, duration_s: float | None, on_interval: Callable[[Interval], None] = lambda iv: None) -> ProcessSnapshot:
