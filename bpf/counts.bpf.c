@@ -48,7 +48,14 @@ int gt_entry(struct pt_regs *ctx)
     u64 id = bpf_get_current_pid_tgid();
     struct gt_config cfg = gt_config_now();
     struct gt_stats *s = gt_stats_of(id >> 32, func);
-    if (!cfg.open) {
+    if (cookie & GT_COOKIE_MARKER) {
+        /* One cheap function probed all the time: its rate between windows against its rate inside
+         * them is how much the windows' probes slow the target, measured rather than modelled. */
+        if (s && cfg.open == GT_OUTSIDE)
+            __sync_fetch_and_add(&s->outside, 1);
+        return 0;
+    }
+    if (cfg.open != GT_OPEN) {
         if (s)
             __sync_fetch_and_add(&s->closed, 1);
         return 0;
@@ -74,11 +81,14 @@ int gt_entry(struct pt_regs *ctx)
         if (t->depth)
             gt_error(GT_ERR_STALE);
         t->depth = 0;
+        t->over = 0;
         t->gen = gen;
     }
     u32 d = t->depth;
     if (d >= GT_MAX_DEPTH) {
+        /* Untimed, but its return will come: remember it, or that return would pop a tracked frame. */
         gt_error(GT_ERR_DEPTH);
+        t->over++;
         return 0;
     }
     d &= GT_MAX_DEPTH - 1;
@@ -97,6 +107,10 @@ int gt_return(struct pt_regs *ctx)
     struct gt_thread *t = threads.lookup(&tid);
     if (!t || t->depth == 0 || t->gen != gt_config_now().gen) {
         gt_error(GT_ERR_UNPAIRED);
+        return 0;
+    }
+    if (t->over) {  /* the return of a call too deep to track (calls return innermost first) */
+        t->over--;
         return 0;
     }
     /* The return belongs to the innermost frame of this function: frames above it lost their

@@ -7,6 +7,7 @@
 #define GT_MAX_DEPTH 8            /* nested driver calls tracked per thread (a power of two) */
 #define GT_COOKIE_FUNC_MASK 0xffffffffULL
 #define GT_COOKIE_TIMED (1ULL << 32) /* entry probe pushes a timestamp; a return probe will pop it */
+#define GT_COOKIE_MARKER (1ULL << 33) /* the marker's own link: counts only between windows */
 
 #ifndef GT_MAX_STATS
 #define GT_MAX_STATS 16384        /* (process, function) pairs */
@@ -27,6 +28,7 @@ struct gt_stats {
     u64 outer_ns;                 /* the part spent in calls made outside any other traced call */
     u64 nested;                   /* paired calls made from inside another traced call */
     u64 closed;                   /* entry hits while counting was closed (attach and detach edges) */
+    u64 outside;                  /* entry hits between windows (the marker's unperturbed count) */
     u64 hist[GT_HIST_SLOTS];
 };
 
@@ -39,6 +41,8 @@ struct gt_frame {
 struct gt_thread {
     u32 depth;
     u32 gen;                      /* attach generation the frames belong to */
+    u32 over;                     /* timed calls in flight above GT_MAX_DEPTH: their returns pair with nothing */
+    u32 pad;
     struct gt_frame frames[GT_MAX_DEPTH];
 };
 
@@ -57,7 +61,11 @@ enum gt_error {
  * closes it before detaching, so the counted span is known to the microsecond. */
 struct gt_config {
     u32 gen;                      /* attach generation: frames of older ones are dropped */
-    u32 open;                     /* count hits only while 1 */
+    u32 open;                     /* GT_CLOSED, GT_OPEN (count into calls) or GT_OUTSIDE */
 };
+
+#define GT_CLOSED 0               /* links attaching or detaching: hits are a cost, not a sample */
+#define GT_OPEN 1                 /* a window: hits are counted and timed */
+#define GT_OUTSIDE 2              /* between windows: the marker's link counts into `outside` */
 
 #endif

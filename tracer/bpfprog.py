@@ -21,6 +21,8 @@ from . import links
 HIST_SLOTS = 40  # GT_HIST_SLOTS in bpf/gputrace.h
 MAX_DEPTH = 8
 COOKIE_TIMED = 1 << 32
+COOKIE_MARKER = 1 << 33
+CLOSED, OPEN, OUTSIDE = 0, 1, 2  # GT_CLOSED, GT_OPEN, GT_OUTSIDE
 ERROR_NAMES = ("stats_full", "threads_full", "depth", "unpaired", "stale")
 
 
@@ -35,12 +37,14 @@ class RawStats:
     nested: int
     closed: int
     hist: tuple[int, ...]
+    outside: int = 0
 
     def _zip(self, other: "RawStats", op) -> "RawStats":
         return RawStats(
             op(self.calls, other.calls), op(self.timed, other.timed), op(self.total_ns, other.total_ns),
             op(self.outer_ns, other.outer_ns), op(self.nested, other.nested), op(self.closed, other.closed),
             tuple(op(a, b) for a, b in zip(self.hist, other.hist)),
+            op(self.outside, other.outside),
         )
 
     def __sub__(self, other: "RawStats") -> "RawStats":
@@ -86,28 +90,32 @@ class Program:
             return links.attach_multi(fd, path, offsets, cookies, retprobe=retprobe, pid=pid)
         return links.attach_perf(fd, path, offsets, cookies, retprobe=retprobe, pid=pid if pid > 0 else -1)
 
-    def _set_config(self, open_: bool) -> None:
+    def _set_config(self, state: int) -> None:
         leaf = self._config[ctypes.c_int(0)]
         leaf.gen = self.generation
-        leaf.open = 1 if open_ else 0
+        leaf.open = state
         self._config[ctypes.c_int(0)] = leaf
 
     def next_generation(self) -> None:
         """Frames pushed before now can no longer be paired (threads drop them lazily); counting
         stays closed until open()."""
         self.generation += 1
-        self._set_config(False)
+        self._set_config(CLOSED)
 
     def open(self) -> None:
-        self._set_config(True)
+        self._set_config(OPEN)
 
     def close_counting(self) -> None:
-        self._set_config(False)
+        self._set_config(CLOSED)
+
+    def outside(self) -> None:
+        """Between windows: only the marker's link is attached; its hits count as `outside`."""
+        self._set_config(OUTSIDE)
 
     def read_stats(self) -> dict[tuple[int, int], RawStats]:
         out = {}
         for k, v in self._stats.items():
-            out[(k.tgid, k.func)] = RawStats(v.calls, v.timed, v.total_ns, v.outer_ns, v.nested, v.closed, tuple(v.hist))
+            out[(k.tgid, k.func)] = RawStats(v.calls, v.timed, v.total_ns, v.outer_ns, v.nested, v.closed, tuple(v.hist), v.outside)
         return out
 
     def forget(self, keys: Sequence[tuple[int, int]]) -> None:

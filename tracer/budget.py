@@ -59,6 +59,7 @@ class Policy:
         self.retime_every = retime_every
         self.rescan_every = rescan_every
         self.seen: set[int] = set()
+        self.reserved_s_per_s = 0.0  # probe time/s of the always-attached marker
         self.rng = rng or random.Random()
         self.exact = budget >= 1.0
         self.rates: dict[int, float] = {}
@@ -73,6 +74,18 @@ class Policy:
             f for f in self.classes
             if self.rates.get(f, 0.0) < self.hot_hz or self.classes[f] is FunctionClass.SYNC
         )
+
+    def choose_marker(self, cpu_s_per_s: float | None) -> int | None:
+        """The least-called function still called often enough (>= 20/s) to count between windows,
+        if probing it all the time costs at most a quarter of the budget; None if there is none."""
+        cpu = cpu_s_per_s if cpu_s_per_s else 1.0
+        ok = [(r, f) for f, r in self.rates.items()
+              if f in self.seen and r >= 20.0 and r * self.costs[f].entry_ns * 1e-9 <= self.budget * cpu / 4]
+        if not ok:
+            return None
+        r, f = min(ok)
+        self.reserved_s_per_s = r * self.costs[f].entry_ns * 1e-9
+        return f
 
     def _probe(self) -> frozenset[int]:
         if self.exact or self.windows % self.rescan_every == 0:
@@ -95,7 +108,7 @@ class Policy:
             window = max(self.min_window_s, self.budget * self.interval_s)
         else:
             cpu = self.cpu_s_per_s if self.cpu_s_per_s is not None else 1.0
-            allowed = self.budget * cpu * self.interval_s
+            allowed = max(0.0, self.budget * cpu - self.reserved_s_per_s) * self.interval_s
             # Probes cannot take more of an attached second than the target's threads have: a dense
             # caller is slowed until its probe time saturates its CPU, not beyond.
             cost = min(self.cost_per_s(timed), max(cpu, 1e-3))

@@ -39,6 +39,7 @@ def _bpf(cmd: int, attr: bytearray) -> int:
     fd = _libc.syscall(SYS_BPF, cmd, buf, len(attr))
     if fd < 0:
         return -ctypes.get_errno()
+    attr[:] = buf.raw  # commands that answer in attr (BPF_*_GET_NEXT_ID, ...) are readable by the caller
     return fd
 
 

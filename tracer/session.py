@@ -237,10 +237,10 @@ class Session:
                 if not self._links:
                     self._attach(plan.timed)
                 self._wait(interval_s)
-                window = self._close_counting()
-                if not self.exited:
-                    self.program.open()
-                    self._opened_at = time.monotonic()
+                # Counting stays open from one interval to the next: closing it even for the moment it
+                # takes to reopen would lose the calls made in that moment.
+                now = time.monotonic()
+                window, self._opened_at = now - self._opened_at, now
             else:
                 self._wait(min(plan.offset_s, interval_s))
                 if not self.exited:
