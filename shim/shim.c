@@ -132,15 +132,19 @@ static void resolve_all(void)
     t_resolving = 0;
 }
 
-void *shim_real(int fn)
+static __attribute__((noinline)) void *real_slow(int fn)
+{
+    resolve_all();
+    return atomic_load_explicit(&g_real[fn], memory_order_relaxed);
+}
+
+static inline void *real_fast(int fn)
 {
     void *p = atomic_load_explicit(&g_real[fn], memory_order_relaxed);
-    if (UNLIKELY(!p)) {
-        resolve_all();
-        p = atomic_load_explicit(&g_real[fn], memory_order_relaxed);
-    }
-    return p;
+    return LIKELY(p != NULL) ? p : real_slow(fn);
 }
+
+void *shim_real(int fn) { return real_fast(fn); }
 
 CUcontext shim_current_ctx(void)
 {
@@ -465,7 +469,7 @@ SHIM_STATE(HOOKS)
     CUresult name params                                                                                         \
     {                                                                                                            \
         struct slot *s_ = gate_enter(F_##name);                                                                  \
-        __typeof__(&name) f_ = (__typeof__(&name))shim_real(F_##name);                                           \
+        __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
         CUresult r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                       \
         gate_leave(s_);                                                                                          \
         return r_;                                                                                               \
@@ -479,7 +483,7 @@ SHIM_SUBMIT(SUBMIT_WRAPPER)
     CUresult name params                                                                                         \
     {                                                                                                            \
         struct slot *s_ = gate_enter(F_##name);                                                                  \
-        __typeof__(&name) f_ = (__typeof__(&name))shim_real(F_##name);                                           \
+        __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
         struct hold h_;                                                                                          \
         h_.found = 0;                                                                                            \
         pre_##name(&h_, UNPAREN args);                                                                           \
