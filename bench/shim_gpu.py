@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""The shim on a real GPU: ns per intercepted call, a PyTorch loop's slowdown, identical losses, and the
+device memory it reports.
+
+Needs: an NVIDIA GPU and driver, gcc, python3 with PyTorch.  Nothing else: no cffi, no gputrace
+install (the shim and bench/shim_bench.c are compiled here with gcc from this checkout, the control
+socket is spoken with the standard library).
+
+  1. per call: bench/shim_bench.c under the shim, on the real libcuda, with a no-op PTX kernel:
+     the same call through the driver's entry point and through the shim's wrapper in alternating
+     blocks of one process (order flipped each round); added = wrapper - driver per round.
+  2. loop: simcuda/workloads/torch_step.py --serve --mode launch (4 x Linear(256), Adam, batch 64) in
+     two warm processes, one plain, one under the shim; timed phases alternate between them,
+     rotating the order each round; slowdown = 1 - shim/plain steps/s per round.  Prediction beside
+     it: the gated calls per second the shim counted x the added ns from (1) (the audit's upper
+     bound A for a layer of that cost: `gputrace attach --preset shim --cost-ns X` computes the same).
+  3. losses: a seeded, deterministic training run, plain and under the shim; the loss sequences must
+     be bitwise identical.
+  4. memory: in the shimmed run, the device memory the shim reports (totals.device_bytes) beside
+     torch.cuda.memory_reserved() and what NVML reports for the process (which adds the context's
+     own memory).
+
+Run:  python3 bench/shim_gpu.py --out bench/results/shim-h200.json   (writes a .md summary beside it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TORCH_STEP = ROOT / "simcuda" / "workloads" / "torch_step.py"
+SHIM_SOURCES = ["shim.c", "hooks.c", "registry.c", "control.c"]
+
+NOOP_PTX = textwrap.dedent("""\
+    .version 7.0
+    .target sm_50
+    .address_size 64
+    .visible .entry noop()
+    {
+        ret;
+    }
+""")
+
+DETERMINISTIC = textwrap.dedent("""\
+    import json, os, sys, torch
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    dev = torch.device("cuda")
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    losses = []
+    for step in range(int(sys.argv[1])):
+        x = torch.randn(64, 256, generator=g).to(dev)
+        y = torch.randn(64, 256, generator=g).to(dev)
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item().hex())
+    hold = [torch.empty(int(n), dtype=torch.uint8, device=dev) for n in (64 << 20, 200 << 20)]  # more state
+    torch.cuda.synchronize()
+    print(json.dumps({"pid": os.getpid(), "losses": losses, "reserved": torch.cuda.memory_reserved(),
+                      "allocated": torch.cuda.memory_allocated()}), flush=True)
+    sys.stdin.readline()
+""")
+
+
+def build(workdir: Path) -> tuple[Path, Path]:
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        sys.exit("shim_gpu: needs gcc")
+    lib = workdir / "libgputrace_shim.so"
+    subprocess.run([cc, "-O2", "-g", "-Wall", "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
+                    f"-I{ROOT / 'simcuda'}", "-Wno-unused-parameter", "-Wl,-soname,libgputrace_shim.so", "-o", str(lib),
+                    *(str(ROOT / "shim" / s) for s in SHIM_SOURCES), "-pthread", "-ldl"], check=True)
+    exe = workdir / "shim_bench"
+    subprocess.run([cc, "-O2", "-Wall", "-o", str(exe), str(HERE / "shim_bench.c"), "-ldl"], check=True)
+    return lib, exe
+
+
+def shim_env(lib: Path, sock_dir: Path) -> dict:
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = ":".join([str(lib)] + [p for p in env.get("LD_PRELOAD", "").split(":") if p])
+    env["GPUTRACE_SHIM_DIR"] = str(sock_dir)
+    return env
+
+
+def shim_request(sock_dir: Path, pid: int, command: str) -> dict:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(str(sock_dir / f"shim-{pid}.sock"))
+    s.sendall(command.encode() + b"\n")
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(1 << 20)
+        if not chunk:
+            break
+        buf += chunk
+    s.close()
+    return json.loads(buf)
+
+
+def per_call(exe: Path, lib: Path, sock_dir: Path, workdir: Path, rounds: int) -> dict:
+    ptx = workdir / "noop.ptx"
+    ptx.write_text(NOOP_PTX)
+    out = subprocess.run([str(exe), "--rounds", str(rounds), "--calls", "20000", "--image", str(ptx)],
+                         env=shim_env(lib, sock_dir), check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+class Loop:
+    """torch_step.py --serve: warm once, then timed phases on request."""
+
+    def __init__(self, env: dict) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(TORCH_STEP), "--serve", "--mode", "launch"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            sys.exit(f"shim_gpu: torch_step did not start: {line!r}")
+
+    def phase(self, seconds: float) -> float:
+        self.proc.stdin.write(f"{seconds}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())["steps_per_s"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def loop(lib: Path, sock_dir: Path, rounds: int, seconds: float, added_ns: float) -> dict:
+    plain, shimmed = Loop(dict(os.environ)), Loop(shim_env(lib, sock_dir))
+    try:
+        before = shim_request(sock_dir, shimmed.proc.pid, "status")["calls"]
+        rows, shim_time = [], 0.0
+        for r in range(rounds):
+            order = [("plain", plain), ("shim", shimmed)] if r % 2 == 0 else [("shim", shimmed), ("plain", plain)]
+            row = {}
+            for name, w in order:
+                row[name] = w.phase(seconds)
+                if name == "shim":
+                    shim_time += seconds
+            row["slowdown"] = 1 - row["shim"] / row["plain"]
+            rows.append(row)
+        after = shim_request(sock_dir, shimmed.proc.pid, "status")
+    finally:
+        plain.close()
+        shimmed.close()
+    calls = {k: v - before.get(k, 0) for k, v in after["calls"].items() if v - before.get(k, 0)}
+    gated_per_s = sum(v for k, v in calls.items() if not k.startswith("cuGetProcAddress")) / shim_time
+    slow = [r["slowdown"] for r in rows]
+    return {
+        "rounds": rows, "seconds_per_phase": seconds,
+        "plain_steps_per_s_median": statistics.median(r["plain"] for r in rows),
+        "shim_steps_per_s_median": statistics.median(r["shim"] for r in rows),
+        "slowdown_median": statistics.median(slow), "slowdown_min": min(slow), "slowdown_max": max(slow),
+        "intercepted_calls_per_s": gated_per_s, "intercepted_calls": calls,
+        "predicted_slowdown_max": gated_per_s * added_ns * 1e-9,
+        "note": "" if calls else "the shim counted no calls: PyTorch did not reach the driver through it",
+    }
+
+
+def nvml_used_bytes(pid: int) -> int | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(pid):
+            return int(parts[1]) << 20
+    return None
+
+
+def losses_and_memory(lib: Path, sock_dir: Path, steps: int) -> dict:
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")
+    runs = {}
+    for name, e in (("plain", env), ("shim", {**shim_env(lib, sock_dir), "CUBLAS_WORKSPACE_CONFIG": ":4096:8"})):
+        p = subprocess.Popen([sys.executable, "-c", DETERMINISTIC, str(steps)], env=e, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        doc = json.loads(p.stdout.readline())
+        doc["nvml_used_bytes"] = nvml_used_bytes(p.pid)
+        if name == "shim":
+            st = shim_request(sock_dir, p.pid, "status")
+            doc["shim_totals"] = st["totals"]
+            doc["shim_allocations"] = len(st["allocations"])
+            doc["shim_kinds"] = sorted({a["kind"] for a in st["allocations"]})
+        p.stdin.write("\n")
+        p.stdin.close()
+        p.wait()
+        runs[name] = doc
+    s = runs["shim"]
+    return {
+        "steps": steps,
+        "losses_identical": runs["plain"]["losses"] == s["losses"],
+        "first_loss": float.fromhex(s["losses"][0]), "last_loss": float.fromhex(s["losses"][-1]),
+        "shim_device_bytes": s["shim_totals"]["device_bytes"], "torch_reserved_bytes": s["reserved"],
+        "torch_allocated_bytes": s["allocated"], "nvml_used_bytes": s["nvml_used_bytes"],
+        "nvml_used_bytes_plain": runs["plain"]["nvml_used_bytes"],
+        "shim_equals_torch_reserved": s["shim_totals"]["device_bytes"] == s["reserved"],
+        "shim_allocations": s["shim_allocations"], "shim_kinds": s["shim_kinds"], "shim_totals": s["shim_totals"],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=300, help="per-call rounds (default 300)")
+    ap.add_argument("--loop-rounds", type=int, default=10, help="paired loop rounds (default 10)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="seconds per loop phase (default 3)")
+    ap.add_argument("--steps", type=int, default=200, help="steps of the deterministic run (default 200)")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "shim-h200.json")
+    a = ap.parse_args()
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as td:
+        workdir = Path(td)
+        sock_dir = workdir / "rt"
+        sock_dir.mkdir(mode=0o700)
+        lib, exe = build(workdir)
+        print("shim_gpu: per-call cost ...", file=sys.stderr)
+        micro = per_call(exe, lib, sock_dir, workdir, a.rounds)
+        added = micro["cases"]["launch_invalid"]["added_ns_median"]
+        print("shim_gpu: PyTorch loop, paired ...", file=sys.stderr)
+        lp = loop(lib, sock_dir, a.loop_rounds, a.seconds, added)
+        print("shim_gpu: losses and memory ...", file=sys.stderr)
+        mem = losses_and_memory(lib, sock_dir, a.steps)
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "?"
+    doc = {
+        "schema": 1, "bench": "shim-gpu", "driver": "system libcuda",
+        "command": " ".join(["python3", "bench/shim_gpu.py"] + sys.argv[1:]),
+        "host": {"gpu": gpu, "machine": platform.machine(), "kernel": platform.release(), "cpus": os.cpu_count(),
+                 "python": platform.python_version()},
+        "duration_s": round(time.time() - t0, 1),
+        "per_call": micro, "loop": lp, "losses_and_memory": mem,
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(doc, indent=2) + "\n")
+    a.out.with_suffix(".md").write_text(summary(doc))
+    print(summary(doc))
+    return 0
+
+
+def summary(d: dict) -> str:
+    c, lp, m = d["per_call"]["cases"], d["loop"], d["losses_and_memory"]
+    mib = lambda n: "n/a" if n is None else f"{n / 2**20:.1f} MiB"  # noqa: E731
+    lines = [
+        "# The shim on a real GPU",
+        "",
+        f"Command: `{d['command']}` on {d['host']['gpu']} ({d['host']['cpus']} CPUs, kernel {d['host']['kernel']}).",
+        "",
+        "## Added cost per intercepted call (paired blocks in one process, medians)",
+        "",
+        "| case | function | driver ns | through shim ns | added ns (p10..p90) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for name, v in c.items():
+        lines.append(f"| {name} | {v['function']}{'' if v['wrapped'] else ' (not wrapped)'} | {v['driver_ns']:.1f} | "
+                     f"{v['shim_ns']:.1f} | {v['added_ns_median']:.1f} ({v['added_ns_p10']:.1f}..{v['added_ns_p90']:.1f}) |")
+    lines += [
+        "",
+        "## Launch-bound PyTorch loop, paired phases of two warm processes",
+        "",
+        f"plain {lp['plain_steps_per_s_median']:.0f} steps/s, shim {lp['shim_steps_per_s_median']:.0f} steps/s; "
+        f"slowdown median {lp['slowdown_median']:+.2%} (min {lp['slowdown_min']:+.2%}, max {lp['slowdown_max']:+.2%}) "
+        f"over {len(lp['rounds'])} rounds of {lp['seconds_per_phase']} s.",
+        f"Predicted at most {lp['predicted_slowdown_max']:.3%}: {lp['intercepted_calls_per_s']:.0f} intercepted calls/s "
+        f"x {c['launch_invalid']['added_ns_median']:.1f} ns. {lp['note']}",
+        "",
+        "## Losses and device memory",
+        "",
+        f"Losses over {m['steps']} steps identical with and without the shim: **{m['losses_identical']}** "
+        f"(first {m['first_loss']:.6f}, last {m['last_loss']:.6f}).",
+        f"Device memory: shim {mib(m['shim_device_bytes'])} in {m['shim_allocations']} allocation(s) "
+        f"({', '.join(m['shim_kinds'])}); torch reserved {mib(m['torch_reserved_bytes'])} "
+        f"(equal: {m['shim_equals_torch_reserved']}); NVML for the process {mib(m['nvml_used_bytes'])} "
+        f"(plain run {mib(m['nvml_used_bytes_plain'])}; NVML adds the context's own memory).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
