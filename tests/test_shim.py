@@ -9,8 +9,10 @@ frees must have emptied the registry.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -166,3 +168,125 @@ def test_in_process_control_functions(monkeypatch):
     st = orjson.loads(ffi.string(buf))
     assert st["paused"] is True and st["in_flight"] == 0 and st["allocations"] == []
     assert lib.gputrace_shim_resume() == 0 and lib.gputrace_shim_paused() == 0
+
+
+def other_pythons() -> list[str]:
+    """Python 3.10-3.13 interpreters on this machine besides the one running the tests (pyenv's, the
+    system's), so the shim is shown to load into builds other than its tester's."""
+    found = {}
+    roots = [Path.home() / ".pyenv" / "versions"]
+    for root in roots:
+        for d in sorted(root.glob("3.1[0-3]*")) if root.is_dir() else []:
+            exe = d / "bin" / "python3"
+            if exe.exists():
+                found.setdefault(d.name.rsplit(".", 1)[0], str(exe))
+    for exe in ("/usr/bin/python3",):
+        if os.path.exists(exe):
+            found.setdefault("system", exe)
+    return list(found.values())
+
+
+@pytest.mark.parametrize("python", other_pythons() or [pytest.param(None, marks=pytest.mark.skip("no other Python"))])
+def test_preload_into_other_pythons(procs, shim_dir, python):
+    env = shim.preload_env(simcuda.env())
+    env["LD_BIND_NOW"] = "1"
+    r = subprocess.run([python, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    argv = [python, simcuda.workload("launch_bound_py")[1], "--steps", "1"]
+    seen, report = run_holding(procs, argv)
+    assert reported_allocs(seen[0][1]) == expected_allocs(seen[0][0]) and seen[-1][1]["allocations"] == []
+
+
+GETPROC = r"""
+import ctypes, json, os, sys
+from ctypes import POINTER, byref, c_char_p, c_int, c_uint64, c_void_p
+lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOW | os.RTLD_LOCAL)
+getproc = lib.cuGetProcAddress_v2
+getproc.argtypes = [c_char_p, POINTER(c_void_p), c_int, c_uint64, POINTER(c_int)]
+class Info(ctypes.Structure):
+    _fields_ = [("fname", c_char_p), ("fbase", c_void_p), ("sname", c_char_p), ("saddr", c_void_p)]
+dladdr = ctypes.CDLL(None).dladdr
+dladdr.argtypes = [c_void_p, POINTER(Info)]
+def where(p):
+    i = Info()
+    if not p or not dladdr(p, byref(i)) or i.saddr != p:
+        return None
+    return [os.path.basename(i.fname.decode()), i.sname.decode()]
+out = {"getproc_v2": where(ctypes.cast(getproc, c_void_p).value)}
+for name, version, flags in json.loads(sys.argv[1]):
+    p, st = c_void_p(), c_int(-1)
+    r = getproc(name.encode(), byref(p), version, flags, byref(st))
+    out[f"{name}@{version}/{flags}"] = [r, st.value, where(p.value)]
+    if name == "cuGetProcAddress" and version >= 12000 and p.value:  # what the pointer it gave hands out
+        f = ctypes.CFUNCTYPE(c_int, c_char_p, POINTER(c_void_p), c_int, c_uint64, POINTER(c_int))(p.value)
+        q = c_void_p()
+        f(b"cuLaunchKernel", byref(q), 13000, 2, byref(st))
+        out[f"via {name}@{version}"] = where(q.value)
+print(json.dumps(out))
+"""
+
+
+def test_get_proc_address_hands_out_wrappers_honoring_version_and_ptsz(shim_dir):
+    queries = [
+        ("cuLaunchKernel", 13000, 0), ("cuLaunchKernel", 13000, 2), ("cuMemcpyHtoD", 13000, 2),
+        ("cuMemAllocAsync", 13000, 2), ("cuMemAllocAsync", 11010, 0), ("cuGetProcAddress", 12000, 0),
+        ("cuGetProcAddress", 11030, 0), ("cuCtxGetCurrent", 13000, 0), ("cuCtxGetDevice", 12000, 0),
+        ("cuGetExportTable", 13000, 0), ("cuNoSuchFunction", 13000, 0),
+    ]
+    r = subprocess.run([sys.executable, "-c", GETPROC, json.dumps(queries)], env=shim.preload_env(simcuda.env()),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    S, D = shim.SONAME, "libcuda.so.1"
+    assert got["getproc_v2"] == [S, "cuGetProcAddress_v2"]  # dlsym on the driver's handle gave the wrapper
+    assert got["cuLaunchKernel@13000/0"] == [0, 0, [S, "cuLaunchKernel"]]
+    assert got["cuLaunchKernel@13000/2"] == [0, 0, [S, "cuLaunchKernel_ptsz"]]
+    assert got["cuMemcpyHtoD@13000/2"] == [0, 0, [S, "cuMemcpyHtoD_v2_ptds"]]
+    assert got["cuMemAllocAsync@13000/2"] == [0, 0, [S, "cuMemAllocAsync_ptsz"]]
+    assert got["cuMemAllocAsync@11010/0"] == [500, 2, None]  # too old a version: the driver's answer stands
+    assert got["cuGetProcAddress@12000/0"] == [0, 0, [S, "cuGetProcAddress_v2"]]
+    assert got["cuGetProcAddress@11030/0"] == [0, 0, [S, "cuGetProcAddress"]]
+    assert got["via cuGetProcAddress@12000"] == [S, "cuLaunchKernel_ptsz"]
+    assert got["cuCtxGetCurrent@13000/0"] == [0, 0, [D, "cuCtxGetCurrent"]]  # not wrapped: the driver's own
+    assert got["cuCtxGetDevice@12000/0"] == [0, 0, [D, "cuCtxGetDevice"]]
+    assert got["cuGetExportTable@13000/0"] == [0, 0, [D, "cuGetExportTable"]]
+    assert got["cuNoSuchFunction@13000/0"] == [500, 1, None]
+
+
+FORK = r"""
+import ctypes, json, os, socket, sys
+lib = ctypes.CDLL("libcuda.so.1")
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_ulonglong()
+assert lib.cuInit(0) == 0 and lib.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and lib.cuCtxSetCurrent(ctx) == 0
+assert lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4096)) == 0
+d = os.environ["GPUTRACE_SHIM_DIR"]
+def ask(pid):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(f"{d}/shim-{pid}.sock")
+    s.sendall(b"status\n")
+    return json.loads(s.makefile().readline())
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(r)
+    before = os.path.exists(f"{d}/shim-{os.getpid()}.sock")
+    lib.cuMemAlloc_v2(ctypes.byref(ctypes.c_ulonglong()), ctypes.c_size_t(4096))  # the child's first call
+    st = ask(os.getpid())
+    os.write(w, json.dumps({"before": before, "pid": st["pid"], "threads": st["threads"]}).encode())
+    os._exit(0)
+os.close(w)
+got = json.loads(os.fdopen(r).read())
+os.waitpid(child, 0)
+parent = ask(os.getpid())
+print(json.dumps({"child": child, "got": got, "parent_pid": parent["pid"], "parent_allocs": len(parent["allocations"])}))
+"""
+
+
+def test_a_forked_child_serves_its_own_socket(shim_dir):
+    r = subprocess.run([sys.executable, "-c", FORK], env=shim.preload_env(simcuda.env()), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["got"] == {"before": False, "pid": out["child"], "threads": 1}
+    assert out["parent_pid"] != out["child"] and out["parent_allocs"] == 1
