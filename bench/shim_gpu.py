@@ -90,6 +90,9 @@ def build(workdir: Path) -> tuple[Path, Path]:
                     *(str(ROOT / "shim" / s) for s in SHIM_SOURCES), "-pthread", "-ldl"], check=True)
     exe = workdir / "shim_bench"
     subprocess.run([cc, "-O2", "-Wall", "-o", str(exe), str(HERE / "shim_bench.c"), "-ldl"], check=True)
+    reg = workdir / "shim_registry_bench"
+    subprocess.run([cc, "-O2", "-Wall", "-pthread", f"-I{ROOT / 'shim'}", f"-I{ROOT / 'simcuda'}", "-o", str(reg),
+                    str(HERE / "shim_registry_bench.c"), str(ROOT / "shim" / "registry.c")], check=True)
     return lib, exe
 
 
@@ -234,6 +237,8 @@ def main() -> int:
         print("shim_gpu: per-call cost ...", file=sys.stderr)
         micro = per_call(exe, lib, sock_dir, workdir, a.rounds)
         added = micro["cases"]["launch_invalid"]["added_ns_median"]
+        registry = json.loads(subprocess.run([str(workdir / "shim_registry_bench"), "200000", "1", "2", "4", "8", "16"],
+                                             check=True, capture_output=True, text=True).stdout)
         print("shim_gpu: PyTorch loop, paired ...", file=sys.stderr)
         lp = loop(lib, sock_dir, a.loop_rounds, a.seconds, added)
         print("shim_gpu: losses and memory ...", file=sys.stderr)
@@ -246,7 +251,7 @@ def main() -> int:
         "host": {"gpu": gpu, "machine": platform.machine(), "kernel": platform.release(), "cpus": os.cpu_count(),
                  "python": platform.python_version()},
         "duration_s": round(time.time() - t0, 1),
-        "per_call": micro, "loop": lp, "losses_and_memory": mem,
+        "per_call": micro, "registry": registry, "loop": lp, "losses_and_memory": mem,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2) + "\n")
@@ -271,6 +276,9 @@ def summary(d: dict) -> str:
     for name, v in c.items():
         lines.append(f"| {name} | {v['function']}{'' if v['wrapped'] else ' (not wrapped)'} | {v['driver_ns']:.1f} | "
                      f"{v['shim_ns']:.1f} | {v['added_ns_median']:.1f} ({v['added_ns_p10']:.1f}..{v['added_ns_p90']:.1f}) |")
+    lines += ["", "Registry alone, ns per operation per thread: " + ", ".join(
+        f"{t['threads']} thread(s) {t['put_take_pair_ns']:.0f} record+remove / {t['lookup_miss_ns']:.0f} miss"
+        for t in d["registry"]["threads"]) + "."]
     lines += [
         "",
         "## Launch-bound PyTorch loop, paired phases of two warm processes",

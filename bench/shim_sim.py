@@ -4,6 +4,8 @@
 1. bench/shim_bench.c under the shim: each case's call timed through the driver's own entry point
    and through the shim's wrapper in alternating blocks (order flipped every round), one process;
    added = wrapper - driver per round, median and p10/p90 reported.  `not_wrapped` is the noise floor.
+   bench/shim_registry_bench.c: the registry alone (record + remove, and a lookup that misses) from
+   1, 2, 4 and 8 threads at once: what a state call adds beyond the gate.
 2. simcuda's launch_bound workload (the H200 PyTorch step's driver-call mix) with and without the
    shim, as paired runs in alternating order; slowdown = 1 - shimmed/plain steps/s per pair, and the
    prediction from (1): gated calls per step x added ns / step time.
@@ -43,6 +45,14 @@ def microbench(rounds: int, calls: int, sock_dir: str) -> dict:
     out = subprocess.run([str(exe), "--rounds", str(rounds), "--calls", str(calls)], env=env, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out)
+
+
+def registry_bench() -> dict:
+    root = HERE.parent
+    exe = build("shim_registry_bench", [HERE / "shim_registry_bench.c", root / "shim" / "registry.c"],
+                cflags=[f"-I{root / 'shim'}", f"-I{root / 'simcuda'}", "-pthread"], ldflags=["-pthread"],
+                headers=[root / "shim" / "shim_int.h", root / "shim" / "shim_api.h", root / "simcuda" / "cuda.h"])
+    return json.loads(subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout)
 
 
 def loop_pairs(pairs: int, seconds: float, launch_ns: int, sock_dir: str) -> dict:
@@ -91,6 +101,7 @@ def main() -> int:
         t0 = time.time()
         micro = microbench(a.rounds, a.calls, sock_dir)
         added = micro["cases"]["launch_invalid"]["added_ns_median"]
+        registry = registry_bench()
         loops = [loop_pairs(a.pairs, a.seconds, ns, sock_dir) for ns in (0, 6000)] if a.loop else []
     for lp in loops:
         step_s = 1 / lp["plain_steps_per_s_median"]
@@ -101,7 +112,7 @@ def main() -> int:
         "host": {"machine": platform.machine(), "kernel": platform.release(), "cpus": os.cpu_count(),
                  "python": platform.python_version()},
         "duration_s": round(time.time() - t0, 1),
-        "per_call": micro, "launch_bound": loops,
+        "per_call": micro, "registry": registry, "launch_bound": loops,
         "gated_calls_per_step": GATED_PER_STEP,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -131,7 +142,14 @@ def summary(d: dict) -> str:
         "`event_record` are real submissions, whose own cost and jitter on simcuda dwarf the difference;",
         "`free_invalid` is a state call's path, which adds a registry lookup (shard spinlock and hash) to the gate.",
         "",
+        "## The registry alone (bench/shim_registry_bench.c), ns per operation per thread",
+        "",
+        "| threads | record + remove | lookup miss |",
+        "|---:|---:|---:|",
     ]
+    for t in d["registry"]["threads"]:
+        lines.append(f"| {t['threads']} | {t['put_take_pair_ns']:.1f} | {t['lookup_miss_ns']:.1f} |")
+    lines += ["", f"({d['host']['cpus']} CPUs here: more threads than CPUs measure time slices as much as the registry.)", ""]
     if not d["launch_bound"]:
         return "\n".join(lines + [""])
     lines += [

@@ -6,6 +6,7 @@
  * images copied outside the lock).  Only state calls touch it; launches and copies never do. */
 #include "shim_int.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,9 +27,15 @@ static inline uint64_t mix(int type, uint64_t key)
     return h ^ (h >> 29);
 }
 
+/* A short spin, then yield: a holder preempted mid-section (more threads than CPUs) must not cost the
+ * waiters their whole time slice. */
 static inline void lock(struct shard *s)
 {
-    while (atomic_flag_test_and_set_explicit(&s->lock, memory_order_acquire)) {
+    for (unsigned spins = 0; atomic_flag_test_and_set_explicit(&s->lock, memory_order_acquire); spins++) {
+        if (spins >= 64) {
+            sched_yield();
+            continue;
+        }
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #elif defined(__aarch64__)

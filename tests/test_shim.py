@@ -290,3 +290,16 @@ def test_a_forked_child_serves_its_own_socket(shim_dir):
     out = json.loads(r.stdout)
     assert out["got"] == {"before": False, "pid": out["child"], "threads": 1}
     assert out["parent_pid"] != out["child"] and out["parent_allocs"] == 1
+
+
+def test_no_server_in_a_directory_others_can_enter(tmp_path):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    env = shim.preload_env(simcuda.env())
+    env["GPUTRACE_SHIM_DIR"] = str(open_dir)
+    r = subprocess.run(simcuda.workload("launch_bound") + ["--steps", "1"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout)["check"] == "ok"  # the job runs on, only unserved
+    assert f"not serving: {open_dir} must be a directory owned by uid {os.geteuid()} with mode 0700" in r.stderr
+    assert list(open_dir.iterdir()) == []
