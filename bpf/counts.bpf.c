@@ -62,10 +62,18 @@ int gt_entry(struct pt_regs *ctx)
     }
     if (s)
         __sync_fetch_and_add(&s->calls, 1);
-    if (!(cookie & GT_COOKIE_TIMED))
-        return 0;
-
     u32 tid = (u32)id;
+    u32 kind = (cookie & GT_COOKIE_STEPPED) ? 2 : 0;
+    if (!(cookie & GT_COOKIE_TIMED)) {
+        /* Counted only: still charge its probe to the timed call it is made from, if any. */
+        struct gt_thread *p = threads.lookup(&tid);
+        if (p && p->depth && p->gen == cfg.gen) {
+            u32 top = (p->depth - 1) & (GT_MAX_DEPTH - 1);
+            p->frames[top].inner_ns += cfg.hit_ns[kind & 3];
+        }
+        return 0;
+    }
+
     u32 gen = cfg.gen;
     struct gt_thread *t = threads.lookup(&tid);
     if (!t) {
@@ -93,6 +101,7 @@ int gt_entry(struct pt_regs *ctx)
     }
     d &= GT_MAX_DEPTH - 1;
     t->frames[d].func = func;
+    t->frames[d].inner_ns = 0;
     t->frames[d].ts = bpf_ktime_get_ns();
     t->depth = d + 1;
     return 0;
@@ -130,7 +139,15 @@ int gt_return(struct pt_regs *ctx)
         gt_error(GT_ERR_STALE);
     u32 f = (u32)found & (GT_MAX_DEPTH - 1);
     u64 delta = now - t->frames[f].ts;
+    u64 inner = t->frames[f].inner_ns;
+    delta = delta > inner ? delta - inner : 0;
     t->depth = f;
+    if (f > 0) {  /* this call's probes, and those inside it, ran inside its caller's timed call */
+        struct gt_config cfg = gt_config_now();
+        u32 kind = (bpf_get_attach_cookie(ctx) & GT_COOKIE_STEPPED) ? 3 : 1;
+        u32 up = (f - 1) & (GT_MAX_DEPTH - 1);
+        t->frames[up].inner_ns += inner + cfg.hit_ns[kind & 3];
+    }
 
     struct gt_stats *s = gt_stats_of(id >> 32, func);
     if (!s)

@@ -8,6 +8,7 @@
 #define GT_COOKIE_FUNC_MASK 0xffffffffULL
 #define GT_COOKIE_TIMED (1ULL << 32) /* entry probe pushes a timestamp; a return probe will pop it */
 #define GT_COOKIE_MARKER (1ULL << 33) /* the marker's own link: counts only between windows */
+#define GT_COOKIE_STEPPED (1ULL << 34) /* the probed instruction is single-stepped: the dearer hit */
 
 #ifndef GT_MAX_STATS
 #define GT_MAX_STATS 16384        /* (process, function) pairs */
@@ -34,6 +35,7 @@ struct gt_stats {
 
 struct gt_frame {
     u64 ts;
+    u64 inner_ns;                 /* probe time of the traced calls made inside this one */
     u32 func;
     u32 pad;
 };
@@ -62,6 +64,9 @@ enum gt_error {
 struct gt_config {
     u32 gen;                      /* attach generation: frames of older ones are dropped */
     u32 open;                     /* GT_CLOSED, GT_OPEN (count into calls) or GT_OUTSIDE */
+    /* Calibrated cost of a hit, by kind: [emulated, stepped] x [counted, timed]. A call's measured
+     * time includes the probes of the traced calls inside it; these are taken back out. */
+    u64 hit_ns[4];
 };
 
 #define GT_CLOSED 0               /* links attaching or detaching: hits are a cost, not a sample */

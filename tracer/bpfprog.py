@@ -22,6 +22,7 @@ HIST_SLOTS = 40  # GT_HIST_SLOTS in bpf/gputrace.h
 MAX_DEPTH = 8
 COOKIE_TIMED = 1 << 32
 COOKIE_MARKER = 1 << 33
+COOKIE_STEPPED = 1 << 34
 CLOSED, OPEN, OUTSIDE = 0, 1, 2  # GT_CLOSED, GT_OPEN, GT_OUTSIDE
 ERROR_NAMES = ("stats_full", "threads_full", "depth", "unpaired", "stale")
 
@@ -83,6 +84,7 @@ class Program:
         self._errors = self.bpf[b"errors"]
         self._config = self.bpf[b"config"]
         self.generation = 0
+        self.hit_ns = (0, 0, 0, 0)
 
     def attach(self, path: str, offsets: Sequence[int], cookies: Sequence[int], *, retprobe: bool, pid: int = 0) -> links.Link:
         fd = self.return_fd if retprobe else self.entry_fd
@@ -94,7 +96,13 @@ class Program:
         leaf = self._config[ctypes.c_int(0)]
         leaf.gen = self.generation
         leaf.open = state
+        for i, ns in enumerate(self.hit_ns):
+            leaf.hit_ns[i] = int(ns)
         self._config[ctypes.c_int(0)] = leaf
+
+    def set_hit_costs(self, emulated_entry: float, emulated_timed: float, stepped_entry: float, stepped_timed: float) -> None:
+        """Calibrated hit costs, taken out of the time of calls that contain traced calls."""
+        self.hit_ns = (emulated_entry, emulated_timed, stepped_entry, stepped_timed)
 
     def next_generation(self) -> None:
         """Frames pushed before now can no longer be paired (threads drop them lazily); counting

@@ -60,6 +60,7 @@ class Policy:
         self.rescan_every = rescan_every
         self.seen: set[int] = set()
         self.reserved_s_per_s = 0.0  # probe time/s of the always-attached marker
+        self.measured_loss: float | None = None  # share of the target's progress a window costs, measured
         self.rng = rng or random.Random()
         self.exact = budget >= 1.0
         self.rates: dict[int, float] = {}
@@ -111,7 +112,12 @@ class Policy:
             allowed = max(0.0, self.budget * cpu - self.reserved_s_per_s) * self.interval_s
             # Probes cannot take more of an attached second than the target's threads have: a dense
             # caller is slowed until its probe time saturates its CPU, not beyond.
-            cost = min(self.cost_per_s(timed), max(cpu, 1e-3))
+            model = self.cost_per_s(timed)
+            if self.measured_loss is not None:
+                # The marker measured what a window really costs the target (cache and TLB misses
+                # included, which the calibration loop does not see): budget by the larger.
+                model = max(model, self.measured_loss * cpu)
+            cost = min(model, max(cpu, 1e-3))
             window = self.interval_s if cost <= 0 else allowed / cost
             if window < self.min_window_s:
                 self.skip = max(0, math.ceil(self.min_window_s / max(window, 1e-9)) - 1)

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Sequence
 from gputrace.errors import BpfUnavailable, NoLibcuda
 
 from . import links
-from .bpfprog import COOKIE_TIMED, ZERO, Program, RawStats
+from .bpfprog import COOKIE_MARKER, COOKIE_STEPPED, COOKIE_TIMED, ZERO, Program, RawStats
 from .budget import Policy
 from .calibrate import Calibration, calibrate, probe_kind
 from .classify import CLASS_ORDER, FunctionClass
@@ -119,6 +119,9 @@ class Session:
         self.classes = {i: f.cls for i, f in self.ids.items()}
         self.program, self.calibration = program or open_program(options.attach_mode, warn)
         self.kinds = {i: probe_kind(library, f.offset) for i, f in self.ids.items()}
+        cal = self.calibration
+        self.program.set_hit_costs(cal.emulated.entry_ns, cal.emulated.entry_return_ns,
+                                   cal.stepped.entry_ns, cal.stepped.entry_return_ns)
         self.costs = {i: self.calibration.of(k) for i, k in self.kinds.items()}
         self.policy = Policy(self.classes, self.costs, budget=options.budget, interval_s=options.interval_s)
         self.comm = process_comm(pid)
@@ -137,6 +140,14 @@ class Session:
         self._probed: frozenset[int] = frozenset()
         self._probed_s: dict[int, float] = {}       # per function: effective time it was probed
         self._probed_windows: dict[int, int] = {}
+        # The marker: one function probed all the time, whose rate between windows against its rate
+        # in them measures how much the windows slow the target (see _perturbation).
+        self.marker: int | None = None
+        self._marker_link: links.Link | None = None
+        self._outside_since: float | None = None
+        self._outside_s = 0.0                    # this interval's time between windows, marker probed
+        self._marker_in = [0, 0.0]               # calls, seconds: inside windows
+        self._marker_out = [0, 0.0]              # calls, seconds: between windows
         self._pidfd: int | None = None
         self.attach_s: list[float] = []
         self.detach_s: list[float] = []
@@ -152,6 +163,7 @@ class Session:
     # --- attach and detach -------------------------------------------------------------------
     def _attach(self, timed: frozenset[int], probe: frozenset[int] | None = None) -> None:
         """Attaches the return link, then the entry link, then opens counting."""
+        self._outside_end()
         self.program.next_generation()
         t0 = time.perf_counter()
         ids = sorted(self.ids if probe is None else probe)
@@ -165,10 +177,10 @@ class Session:
             if timed_ids:
                 self._links.append(self.program.attach(
                     self.library, [self.ids[i].offset for i in timed_ids],
-                    [i | COOKIE_TIMED for i in timed_ids], retprobe=True, pid=self.pid))
+                    [self._cookie(i, True) for i in timed_ids], retprobe=True, pid=self.pid))
             self._links.append(self.program.attach(
                 self.library, [self.ids[i].offset for i in ids],
-                [i | (COOKIE_TIMED if i in timed else 0) for i in ids], retprobe=False, pid=self.pid))
+                [self._cookie(i, i in timed) for i in ids], retprobe=False, pid=self.pid))
         except BaseException:
             self._detach()
             raise
@@ -196,6 +208,37 @@ class Session:
             self.detach_s.append(time.perf_counter() - t0)
         return counted
 
+    def _outside_begin(self) -> None:
+        if self._marker_link is not None:
+            self.program.outside()
+            self._outside_since = time.monotonic()
+
+    def _outside_end(self) -> None:
+        if self._outside_since is not None:
+            self.program.close_counting()
+            self._outside_s += time.monotonic() - self._outside_since
+            self._outside_since = None
+
+    def _choose_marker(self, cpu_s_per_s: float | None) -> None:
+        m = self.policy.choose_marker(cpu_s_per_s)
+        if m is None:
+            return
+        self._marker_link = self.program.attach(
+            self.library, [self.ids[m].offset], [self._cookie(m) | COOKIE_MARKER], retprobe=False, pid=self.pid)
+        self.marker = m
+
+    def _perturbation(self) -> tuple[float, float] | None:
+        """(in-window rate / between-window rate of the marker, its 95% relative half-width), once
+        both counts are large enough to mean something; None before that."""
+        (ni, ti), (no, to) = self._marker_in, self._marker_out
+        if ni < 30 or no < 30 or ti <= 0 or to <= 0:
+            return None
+        ratio = (ni / ti) / (no / to)
+        return min(max(ratio, 0.1), 1.5), 1.96 * math.sqrt(1 / ni + 1 / no)
+
+    def _cookie(self, f: int, timed: bool = False) -> int:
+        return f | (COOKIE_TIMED if timed else 0) | (COOKIE_STEPPED if self.kinds[f] == "stepped" else 0)
+
     def prime(self) -> None:
         """In exact mode, attaches now (before a held command is released) rather than at the first step."""
         if self.options.exact and not self._links:
@@ -203,6 +246,10 @@ class Session:
 
     def close(self) -> None:
         self._detach()
+        self._outside_end()
+        if self._marker_link is not None:
+            self._marker_link.close()
+            self._marker_link = None
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
@@ -247,6 +294,7 @@ class Session:
                     self._attach(plan.timed, plan.probe)
                     self._wait(min(plan.window_s, interval_s))
                     window = self._detach()
+                    self._outside_begin()
                 self._wait(t_start + interval_s - time.monotonic())
         else:
             self._wait(interval_s)
@@ -261,13 +309,29 @@ class Session:
             self.target_cpu_s += cpu
         self.elapsed_s += span
 
+        restart = self._outside_since is not None
+        self._outside_end()
         now = {func: st for (tgid, func), st in self.program.read_stats().items() if tgid == self.pid}
+        if restart and not self.exited:
+            self._outside_begin()
         deltas = {f: now[f] - self._prev.get(f, ZERO) for f in now}
         self._prev = now
-        deltas = {f: d for f, d in deltas.items() if (d.calls or d.timed or d.closed) and f in self.ids}
+        deltas = {f: d for f, d in deltas.items() if (d.calls or d.timed or d.closed or d.outside) and f in self.ids}
+        if self.marker is not None and window > 0:
+            d = deltas.get(self.marker, ZERO)
+            self._marker_in[0] += d.calls
+            self._marker_in[1] += window
+            self._marker_out[0] += d.outside
+            self._marker_out[1] += self._outside_s
+        self._outside_s = 0.0
         effective = self._effective(window, deltas)
-        self.policy.observe(effective, {f: d.calls for f, d in deltas.items()},
-                            cpu / span if cpu is not None and span > 0 else None)
+        cpu_rate = cpu / span if cpu is not None and span > 0 else None
+        self.policy.observe(effective, {f: d.calls for f, d in deltas.items()}, cpu_rate)
+        if self.marker is None and not self.options.exact and not self.exited and window > 0:
+            self._choose_marker(cpu_rate)
+        measured = self._perturbation()
+        if measured is not None:
+            self.policy.measured_loss = max(0.0, 1.0 - measured[0])
         if window > 0:
             self._windows += 1
             self._window_s += window
@@ -291,22 +355,25 @@ class Session:
         ns = 0.0
         for f, d in stats.items():
             c = self.costs[f]
-            ns += (d.calls + d.closed) * c.entry_ns + d.timed * (c.entry_return_ns - c.entry_ns)
+            ns += (d.calls + d.closed + d.outside) * c.entry_ns + d.timed * (c.entry_return_ns - c.entry_ns)
         return ns * 1e-9
 
     def _counted_cost_s(self, stats: dict[int, RawStats]) -> float:
-        return self._cost_s({f: dataclasses.replace(d, closed=0) for f, d in stats.items()})
+        return self._cost_s({f: dataclasses.replace(d, closed=0, outside=0) for f, d in stats.items()})
 
     def _effective(self, window_s: float, stats: dict[int, RawStats]) -> float:
-        """The window less the probe time spent in it: the time the target would have needed untraced.
+        """The time the target would have needed, untraced, for what it did in the window.
 
-        Probes slow the traced thread while attached, so calls/window understates the untraced rate by
-        the probes' share of the window (17% for a launch-bound loop on a fast host, at full rate). This
-        assumes that time is not hidden in waits, which is so where it matters: where calls are dense
-        enough for the probe share to be large, the thread is busy issuing them.
+        Probes slow the traced thread while attached, so calls/window understates the untraced rate
+        (by 17% for a launch-bound PyTorch loop on a GPU host, by far more on a virtual machine). Once
+        the marker has counted enough, the window is scaled by the slowdown it measured; until then,
+        the calibrated probe time is taken out of the window, assuming it was not hidden in waits.
         """
         if window_s <= 0:
             return 0.0
+        measured = self._perturbation()
+        if measured is not None:
+            return window_s * measured[0]
         return max(window_s - self._counted_cost_s(stats), 0.1 * window_s)
 
     def _rate_err(self, calls: int, window_s: float, effective_s: float, statistical: float | None) -> float:
@@ -316,6 +383,9 @@ class Session:
             return 0.0
         if statistical is None:
             statistical = 1.96 * math.sqrt(calls) / effective_s
+        measured = self._perturbation()
+        if measured is not None:
+            return statistical + calls / effective_s * measured[1]
         spread = max(self.calibration.emulated.rel_spread, self.calibration.stepped.rel_spread)
         systematic = calls / effective_s * (window_s - effective_s) / effective_s * spread
         return statistical + systematic
