@@ -396,21 +396,10 @@ static void put_image(int type, uint64_t key, const void *img, char *path)
     reg_put(&m);
 }
 
-void pre_cuModuleLoadData(struct hold *h, CUmodule *pm, const void *image) { (void)h, (void)pm, (void)image; }
-void post_cuModuleLoadData(CUresult r, struct hold *h, CUmodule *pm, const void *image)
+/* A module or library loaded from a file: keep the path and a copy of the file as it was then. */
+static void put_file(int type, uint64_t key, const char *fname)
 {
-    (void)h;
-    if (r == CUDA_SUCCESS && pm && image)
-        put_image(R_MODULE, (uintptr_t)*pm, image, NULL);
-}
-
-void pre_cuModuleLoad(struct hold *h, CUmodule *pm, const char *fname) { (void)h, (void)pm, (void)fname; }
-void post_cuModuleLoad(CUresult r, struct hold *h, CUmodule *pm, const char *fname)
-{
-    (void)h;
-    if (r != CUDA_SUCCESS || !pm || !fname)
-        return;
-    struct rec m = {.type = R_MODULE, .key = (uintptr_t)*pm, .path = strdup(fname)};
+    struct rec m = {.type = type, .key = key, .path = strdup(fname)};
     int fd = open(fname, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0 && (m.image = malloc((size_t)st.st_size))) {
@@ -431,6 +420,22 @@ void post_cuModuleLoad(CUresult r, struct hold *h, CUmodule *pm, const char *fna
     reg_put(&m);
 }
 
+void pre_cuModuleLoadData(struct hold *h, CUmodule *pm, const void *image) { (void)h, (void)pm, (void)image; }
+void post_cuModuleLoadData(CUresult r, struct hold *h, CUmodule *pm, const void *image)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS && pm && image)
+        put_image(R_MODULE, (uintptr_t)*pm, image, NULL);
+}
+
+void pre_cuModuleLoad(struct hold *h, CUmodule *pm, const char *fname) { (void)h, (void)pm, (void)fname; }
+void post_cuModuleLoad(CUresult r, struct hold *h, CUmodule *pm, const char *fname)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS && pm && fname)
+        put_file(R_MODULE, (uintptr_t)*pm, fname);
+}
+
 void pre_cuModuleUnload(struct hold *h, CUmodule m) { take(h, R_MODULE, (uintptr_t)m); }
 void post_cuModuleUnload(CUresult r, struct hold *h, CUmodule m) { (void)m, put_back(r, h); }
 
@@ -449,6 +454,67 @@ void post_cuLibraryLoadData(CUresult r, struct hold *h, CUlibrary *pl, const voi
 
 void pre_cuLibraryUnload(struct hold *h, CUlibrary l) { take(h, R_LIBRARY, (uintptr_t)l); }
 void post_cuLibraryUnload(CUresult r, struct hold *h, CUlibrary l) { (void)l, put_back(r, h); }
+
+/* ---- functions simcuda lacks (cuda_extra.h) */
+
+/* Managed memory is device memory the driver may migrate: a checkpoint must save it all the same. */
+void pre_cuMemAllocManaged(struct hold *h, CUdeviceptr *dptr, size_t bytes, unsigned int flags)
+{
+    (void)h, (void)dptr, (void)bytes, (void)flags;
+}
+void post_cuMemAllocManaged(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, unsigned int flags)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS && dptr)
+        put_object(R_MEM, K_MANAGED, *dptr, bytes, flags);
+}
+
+/* Registered host memory is the program's own; recorded because a restore must register it again. */
+void pre_cuMemHostRegister_v2(struct hold *h, void *p, size_t bytes, unsigned int flags)
+{
+    (void)h, (void)p, (void)bytes, (void)flags;
+}
+void post_cuMemHostRegister_v2(CUresult r, struct hold *h, void *p, size_t bytes, unsigned int flags)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS)
+        put_object(R_HOST, K_HOST_REGISTERED, (uintptr_t)p, bytes, flags);
+}
+void pre_cuMemHostUnregister(struct hold *h, void *p) { take(h, R_HOST, (uintptr_t)p); }
+void post_cuMemHostUnregister(CUresult r, struct hold *h, void *p) { (void)p, put_back(r, h); }
+
+void pre_cuModuleLoadDataEx(struct hold *h, CUmodule *pm, const void *image, unsigned int n, CUjit_option *o, void **v)
+{
+    (void)h, (void)pm, (void)image, (void)n, (void)o, (void)v;
+}
+void post_cuModuleLoadDataEx(CUresult r, struct hold *h, CUmodule *pm, const void *image, unsigned int n,
+                             CUjit_option *o, void **v)
+{
+    (void)h, (void)n, (void)o, (void)v;
+    if (r == CUDA_SUCCESS && pm && image)
+        put_image(R_MODULE, (uintptr_t)*pm, image, NULL);
+}
+
+void pre_cuModuleLoadFatBinary(struct hold *h, CUmodule *pm, const void *fatbin) { (void)h, (void)pm, (void)fatbin; }
+void post_cuModuleLoadFatBinary(CUresult r, struct hold *h, CUmodule *pm, const void *fatbin)
+{
+    (void)h;
+    if (r == CUDA_SUCCESS && pm && fatbin)
+        put_image(R_MODULE, (uintptr_t)*pm, fatbin, NULL);
+}
+
+void pre_cuLibraryLoadFromFile(struct hold *h, CUlibrary *pl, const char *path, CUjit_option *jo, void **jv,
+                               unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl)
+{
+    (void)h, (void)pl, (void)path, (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+}
+void post_cuLibraryLoadFromFile(CUresult r, struct hold *h, CUlibrary *pl, const char *path, CUjit_option *jo,
+                                void **jv, unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl)
+{
+    (void)h, (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    if (r == CUDA_SUCCESS && pl && path)
+        put_file(R_LIBRARY, (uintptr_t)*pl, path);
+}
 
 size_t gputrace_shim_module_image(int kind, unsigned long long handle, void *buf, size_t len)
     __attribute__((visibility("default")));

@@ -214,7 +214,8 @@ void sb_printf(struct sbuf *b, const char *fmt, ...)
     }
 }
 
-static const char *const kind_name[] = {"?", "device", "pitch", "async", "host", "va_reserve", "vmm_phys", "vmm_map"};
+static const char *const kind_name[] = {"?",          "device",   "pitch",   "async",           "host",
+                                        "va_reserve", "vmm_phys", "vmm_map", "managed", "host_registered"};
 
 struct jctx {
     struct sbuf *b;

@@ -549,6 +549,18 @@ static void *next_after(const void *caller, const char *name)
     return NULL;
 }
 
+/* Returns NULL the way dlsym does: with dlerror() set (callers such as ctypes format it), by asking a
+ * handle that lacks the name (the driver's, else libc's). */
+static void *not_found(const char *name)
+{
+    void *h = atomic_load(&g_libcuda);
+    if (!h)
+        h = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    if (h)
+        (void)real_dlsym(h, name);
+    return NULL;
+}
+
 __attribute__((visibility("default"))) void *dlsym(void *restrict handle, const char *restrict name)
 {
     if (UNLIKELY(!real_dlsym))
@@ -562,7 +574,7 @@ __attribute__((visibility("default"))) void *dlsym(void *restrict handle, const 
     if (fn < 0)
         return p;
     if (p == g_wrap[fn]) /* a global lookup found the wrapper: only if the driver has the function */
-        return shim_real(fn) ? p : NULL;
+        return shim_real(fn) ? p : not_found(name);
     return shim_real(fn) == p ? g_wrap[fn] : p; /* another library's cu* name: not ours to wrap */
 }
 

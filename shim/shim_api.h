@@ -17,6 +17,7 @@
 #define GPUTRACE_SHIM_API_H
 
 #include "cuda.h"
+#include "cuda_extra.h"
 
 #define SHIM_LAUNCH_PARAMS                                                                                       \
     (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,          \
@@ -51,7 +52,39 @@
     X(cuEventRecord, (CUevent e, CUstream h), (e, h))                                                            \
     X(cuEventRecord_ptsz, (CUevent e, CUstream h), (e, h))                                                       \
     X(cuStreamWaitEvent, (CUstream h, CUevent e, unsigned int fl), (h, e, fl))                                   \
-    X(cuStreamWaitEvent_ptsz, (CUstream h, CUevent e, unsigned int fl), (h, e, fl))
+    X(cuStreamWaitEvent_ptsz, (CUstream h, CUevent e, unsigned int fl), (h, e, fl))                              \
+    X(cuMemcpy, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))                                             \
+    X(cuMemcpy_ptds, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))                                        \
+    X(cuMemcpyAsync, (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                         \
+    X(cuMemcpyAsync_ptsz, (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                    \
+    X(cuMemcpyPeerAsync, (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream h),       \
+      (d, dc, s, sc, n, h))                                                                                      \
+    X(cuMemcpyPeerAsync_ptsz, (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream h),  \
+      (d, dc, s, sc, n, h))                                                                                      \
+    X(cuMemcpy2D_v2, (const CUDA_MEMCPY2D *c), (c))                                                              \
+    X(cuMemcpy2D_v2_ptds, (const CUDA_MEMCPY2D *c), (c))                                                         \
+    X(cuMemcpy2DAsync_v2, (const CUDA_MEMCPY2D *c, CUstream h), (c, h))                                          \
+    X(cuMemcpy2DAsync_v2_ptsz, (const CUDA_MEMCPY2D *c, CUstream h), (c, h))                                     \
+    X(cuMemcpy3D_v2, (const CUDA_MEMCPY3D *c), (c))                                                              \
+    X(cuMemcpy3D_v2_ptds, (const CUDA_MEMCPY3D *c), (c))                                                         \
+    X(cuMemcpy3DAsync_v2, (const CUDA_MEMCPY3D *c, CUstream h), (c, h))                                          \
+    X(cuMemcpy3DAsync_v2_ptsz, (const CUDA_MEMCPY3D *c, CUstream h), (c, h))                                     \
+    X(cuMemsetD16_v2, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n))                                    \
+    X(cuMemsetD16_v2_ptds, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n))                               \
+    X(cuMemsetD16Async, (CUdeviceptr d, unsigned short v, size_t n, CUstream h), (d, v, n, h))                   \
+    X(cuMemsetD16Async_ptsz, (CUdeviceptr d, unsigned short v, size_t n, CUstream h), (d, v, n, h))              \
+    X(cuLaunchCooperativeKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,               \
+                                  unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,         \
+                                  CUstream hStream, void **kp), (f, gx, gy, gz, bx, by, bz, shmem, hStream, kp)) \
+    X(cuLaunchCooperativeKernel_ptsz, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,          \
+                                       unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,    \
+                                       CUstream hStream, void **kp), (f, gx, gy, gz, bx, by, bz, shmem, hStream, kp)) \
+    X(cuLaunchHostFunc, (CUstream h, CUhostFn fn, void *ud), (h, fn, ud))                                        \
+    X(cuLaunchHostFunc_ptsz, (CUstream h, CUhostFn fn, void *ud), (h, fn, ud))                                   \
+    X(cuGraphLaunch, (CUgraphExec g, CUstream h), (g, h))                                                        \
+    X(cuGraphLaunch_ptsz, (CUgraphExec g, CUstream h), (g, h))                                                   \
+    X(cuEventRecordWithFlags, (CUevent e, CUstream h, unsigned int fl), (e, h, fl))                              \
+    X(cuEventRecordWithFlags_ptsz, (CUevent e, CUstream h, unsigned int fl), (e, h, fl))
 
 #define SHIM_STATE(X)                                                                                            \
     X(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (pctx, dev))                                    \
@@ -91,7 +124,15 @@
     X(cuModuleUnload, (CUmodule m), (m))                                                                         \
     X(cuLibraryLoadData, (CUlibrary *pl, const void *code, CUjit_option *jo, void **jv, unsigned int nj,          \
                           CUlibraryOption *lo, void **lv, unsigned int nl), (pl, code, jo, jv, nj, lo, lv, nl))  \
-    X(cuLibraryUnload, (CUlibrary l), (l))
+    X(cuLibraryUnload, (CUlibrary l), (l))                                                                       \
+    X(cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytes, unsigned int flags), (dptr, bytes, flags))           \
+    X(cuMemHostRegister_v2, (void *p, size_t bytes, unsigned int flags), (p, bytes, flags))                      \
+    X(cuMemHostUnregister, (void *p), (p))                                                                       \
+    X(cuModuleLoadDataEx, (CUmodule *pm, const void *image, unsigned int n, CUjit_option *o, void **v),          \
+      (pm, image, n, o, v))                                                                                      \
+    X(cuModuleLoadFatBinary, (CUmodule *pm, const void *fatbin), (pm, fatbin))                                   \
+    X(cuLibraryLoadFromFile, (CUlibrary *pl, const char *path, CUjit_option *jo, void **jv, unsigned int nj,     \
+                              CUlibraryOption *lo, void **lv, unsigned int nl), (pl, path, jo, jv, nj, lo, lv, nl))
 
 #define SHIM_PROC(X)                                                                                             \
     X(cuGetProcAddress, (const char *sym, void **pfn, int ver, cuuint64_t flags), (sym, pfn, ver, flags))        \

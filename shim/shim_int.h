@@ -28,8 +28,8 @@ HIDDEN void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
 
 /* ---- registry.c */
 enum rec_type { R_CTX = 1, R_MEM, R_HOST, R_VA, R_PHYS, R_MAP, R_MODULE, R_LIBRARY, R_STREAM, R_EVENT, R_NTYPES };
-/* Allocation kinds: simcuda.h's numbering, so tests compare the two directly. */
-enum alloc_kind { K_DEVICE = 1, K_PITCH, K_ASYNC, K_HOST, K_VA_RESERVE, K_VMM_PHYS, K_VMM_MAP };
+/* Allocation kinds: simcuda.h's numbering (1-7), so tests compare the two directly; then kinds simcuda lacks. */
+enum alloc_kind { K_DEVICE = 1, K_PITCH, K_ASYNC, K_HOST, K_VA_RESERVE, K_VMM_PHYS, K_VMM_MAP, K_MANAGED, K_HOST_REGISTERED };
 
 struct rec {
     struct rec *next;

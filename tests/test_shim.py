@@ -212,7 +212,16 @@ def where(p):
     if not p or not dladdr(p, byref(i)) or i.saddr != p:
         return None
     return [os.path.basename(i.fname.decode()), i.sname.decode()]
-out = {"getproc_v2": where(ctypes.cast(getproc, c_void_p).value)}
+def lookup_error(name):
+    try:
+        getattr(ctypes.CDLL(None), name)
+    except AttributeError as e:
+        return str(e)
+out = {"getproc_v2": where(ctypes.cast(getproc, c_void_p).value),
+       # wrapped by the shim, absent from simcuda: a global lookup must not find the wrapper either, and
+       # must fail like dlsym does, with dlerror() set (ctypes formats it; NULL there crashed it)
+       "absent_error": lookup_error("cuMemcpyAsync"),
+       "present_found": where(ctypes.cast(ctypes.CDLL(None).cuMemAlloc_v2, c_void_p).value)}
 for name, version, flags in json.loads(sys.argv[1]):
     p, st = c_void_p(), c_int(-1)
     r = getproc(name.encode(), byref(p), version, flags, byref(st))
@@ -239,6 +248,8 @@ def test_get_proc_address_hands_out_wrappers_honoring_version_and_ptsz(shim_dir)
     got = json.loads(r.stdout)
     S, D = shim.SONAME, "libcuda.so.1"
     assert got["getproc_v2"] == [S, "cuGetProcAddress_v2"]  # dlsym on the driver's handle gave the wrapper
+    assert got["absent_error"].endswith("libcuda.so.1: undefined symbol: cuMemcpyAsync")
+    assert got["present_found"] == [S, "cuMemAlloc_v2"]
     assert got["cuLaunchKernel@13000/0"] == [0, 0, [S, "cuLaunchKernel"]]
     assert got["cuLaunchKernel@13000/2"] == [0, 0, [S, "cuLaunchKernel_ptsz"]]
     assert got["cuMemcpyHtoD@13000/2"] == [0, 0, [S, "cuMemcpyHtoD_v2_ptds"]]
@@ -303,3 +314,92 @@ def test_no_server_in_a_directory_others_can_enter(tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["check"] == "ok"  # the job runs on, only unserved
     assert f"not serving: {open_dir} must be a directory owned by uid {os.geteuid()} with mode 0700" in r.stderr
     assert list(open_dir.iterdir()) == []
+
+
+EXTRA = r"""
+import ctypes, json, os, sys
+from ctypes import c_void_p, c_uint64, c_int, c_size_t, c_uint, c_ushort, byref, POINTER
+me = ctypes.CDLL(None)  # global lookups: the preloaded shim's wrappers come first
+stub = ctypes.CDLL(sys.argv[1])
+args = (ctypes.c_ulonglong * 12).in_dll(stub, "stub_args")
+def call(name, types, *vals):
+    f = getattr(me, name)
+    f.argtypes, f.restype = types, c_int
+    assert f(*vals) == 0, name
+    fn = ctypes.c_char_p.in_dll(stub, "stub_fn")
+    n = c_int.in_dll(stub, "stub_nargs").value
+    return [ctypes.string_at(ctypes.addressof(fn)).decode(), list(args[:n])]
+out = {}
+P = c_void_p
+out["memcpy_async_ptsz"] = call("cuMemcpyAsync_ptsz", [c_uint64, c_uint64, c_size_t, P], 0x1111, 0x2222, 3333, 0x4444)
+out["peer"] = call("cuMemcpyPeerAsync", [c_uint64, P, c_uint64, P, c_size_t, P], 1, 2, 3, 4, 5, 6)
+out["memset16"] = call("cuMemsetD16Async", [c_uint64, c_ushort, c_size_t, P], 0x5000, 0xBEEF, 77, 0x99)
+out["coop"] = call("cuLaunchCooperativeKernel", [P, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, P, P],
+                   0xF00, 1, 2, 3, 4, 5, 6, 7, 0x5, 0x6)
+out["hostfn"] = call("cuLaunchHostFunc_ptsz", [P, P, P], 0x10, 0x20, 0x30)
+out["graph"] = call("cuGraphLaunch", [P, P], 0xAB, 0xCD)
+out["record"] = call("cuEventRecordWithFlags", [P, P, c_uint], 0xE, 0xF, 1)
+out["memcpy3d"] = call("cuMemcpy3DAsync_v2_ptsz", [P, P], 0x3D, 0x1)
+dptr = ctypes.c_ulonglong()
+out["managed"] = call("cuMemAllocManaged", [POINTER(ctypes.c_ulonglong), c_size_t, c_uint], byref(dptr), 1 << 20, 1)
+buf = ctypes.create_string_buffer(8192)
+out["register"] = call("cuMemHostRegister_v2", [P, c_size_t, c_uint], buf, 8192, 0)
+mod, lib = c_void_p(), c_void_p()
+img = b"PTX-ish text image\0"
+out["modex"] = call("cuModuleLoadDataEx", [P, ctypes.c_char_p, c_uint, P, P], byref(mod), img, 0, None, None)
+out["libfile"] = call("cuLibraryLoadFromFile", [P, ctypes.c_char_p, P, P, c_uint, P, P, c_uint],
+                      byref(lib), sys.argv[1].encode(), None, None, 0, None, None, 0)
+me.gputrace_shim_status_json.restype = c_size_t
+n = me.gputrace_shim_status_json(None, 0)
+b = ctypes.create_string_buffer(n + 1)
+me.gputrace_shim_status_json(b, n + 1)
+out["status"] = json.loads(b.value)
+call("cuMemHostUnregister", [P], buf)
+n = me.gputrace_shim_status_json(None, 0)
+b = ctypes.create_string_buffer(n + 1)
+me.gputrace_shim_status_json(b, n + 1)
+out["after_unregister"] = json.loads(b.value)["allocations"]
+getproc = me.cuGetProcAddress_v2
+getproc.argtypes = [ctypes.c_char_p, POINTER(c_void_p), c_int, c_uint64, POINTER(c_int)]
+p = c_void_p()
+getproc(b"cuMemcpyAsync", byref(p), 13000, 2, None)
+out["getproc_ptsz_is_wrapper"] = p.value == ctypes.cast(me.cuMemcpyAsync_ptsz, c_void_p).value
+out["buf"] = ctypes.addressof(buf)
+print(json.dumps(out))
+"""
+
+
+def test_wrappers_for_functions_simcuda_lacks_pass_arguments_through(tmp_path, shim_dir):
+    from gputrace.native import build
+
+    inc = Path(simcuda.__file__).resolve().parent
+    here = Path(__file__).resolve().parent
+    stub = build("libstubcuda.so", [here / "native" / "stub_driver.c"], shared=True,
+                 cflags=[f"-I{inc}", f"-I{Path(shim.__file__).resolve().parent}", "-fvisibility=hidden"],
+                 headers=[inc / "cuda.h", Path(shim.__file__).resolve().parent / "cuda_extra.h"])
+    env = shim.preload_env()
+    env["GPUTRACE_SHIM_LIBCUDA"] = str(stub)
+    r = subprocess.run([sys.executable, "-c", EXTRA, str(stub)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout)
+    assert o["memcpy_async_ptsz"] == ["cuMemcpyAsync_ptsz", [0x1111, 0x2222, 3333, 0x4444]]
+    assert o["peer"] == ["cuMemcpyPeerAsync", [1, 2, 3, 4, 5, 6]]
+    assert o["memset16"] == ["cuMemsetD16Async", [0x5000, 0xBEEF, 77, 0x99]]
+    assert o["coop"] == ["cuLaunchCooperativeKernel", [0xF00, 1, 2, 3, 4, 5, 6, 7, 5, 6]]
+    assert o["hostfn"] == ["cuLaunchHostFunc_ptsz", [0x10, 0x20, 0x30]]
+    assert o["graph"] == ["cuGraphLaunch", [0xAB, 0xCD]]
+    assert o["record"] == ["cuEventRecordWithFlags", [0xE, 0xF, 1]]
+    assert o["memcpy3d"] == ["cuMemcpy3DAsync_v2_ptsz", [0x3D, 0x1]]
+    assert o["managed"][0] == "cuMemAllocManaged" and o["managed"][1][1:] == [1 << 20, 1]
+    assert o["modex"][0] == "cuModuleLoadDataEx" and o["libfile"][0] == "cuLibraryLoadFromFile"
+    st = o["status"]
+    allocs = {(a["kind"], a["base"], a["size"]) for a in st["allocations"]}
+    assert allocs == {("managed", 0x7000000000, 1 << 20), ("host_registered", o["buf"], 8192)}
+    mods = {(m["kind"], m["handle"], m["image_bytes"], m.get("path")) for m in st["modules"]}
+    assert mods == {("module", 0xA0A0, len(b"PTX-ish text image") + 1, None),
+                    ("library", 0xD0D0, os.path.getsize(stub), str(stub))}
+    assert all(a["ctx"] == 0xC0C0 for a in st["allocations"] if a["kind"] == "managed")
+    assert {a["kind"] for a in o["after_unregister"]} == {"managed"}
+    assert o["getproc_ptsz_is_wrapper"] is True
+    for fn in ("cuMemcpyAsync_ptsz", "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuMemAllocManaged"):
+        assert st["calls"][fn] == 1
