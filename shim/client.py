@@ -3,6 +3,22 @@
 The shim serves `<dir>/shim-<pid>.sock`, where dir is the target's $GPUTRACE_SHIM_DIR, else
 $XDG_RUNTIME_DIR/gputrace, else /tmp/gputrace-<euid> (see shim/control.c); this module computes the
 same candidates from the target's /proc entries.  One command per line, one JSON line back.
+
+`status` (schema 1) is an object with:
+  schema, pid, paused (gate closed), in_flight (threads inside a gated call), waiting (threads stopped
+  at the closed gate), threads (threads that made an intercepted call), membarrier (whether the hot
+  path runs fence-free), driver (the libcuda file), socket,
+  calls: {wrapper name: calls so far},
+  contexts: [{handle, device, primary, refs, flags}],
+  allocations: [{kind, base, size, device, ctx, [handle], [offset, access], [flags]}] where kind is
+    device | pitch | async | managed (device memory), host | host_registered (pinned host memory),
+    va_reserve (address space only), vmm_phys (cuMemCreate backing; base 0, handle), vmm_map (a mapped
+    piece: base, handle, offset, access),
+  modules: [{kind: module | library, handle, ctx, image_bytes, [path]}],
+  streams: [{handle, ctx, flags, priority}], events: [{handle, ctx, flags}],
+  totals: {device_bytes (device + pitch + async + managed + vmm_phys), host_bytes, va_reserved_bytes,
+    vmm_mapped_bytes, module_image_bytes, contexts, allocations, modules, streams, events}.
+Handles and addresses are integers.  Other replies: {"ok": true|false, ...; "error" when false}.
 """
 
 from __future__ import annotations
