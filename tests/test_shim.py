@@ -403,3 +403,36 @@ def test_wrappers_for_functions_simcuda_lacks_pass_arguments_through(tmp_path, s
     assert o["getproc_ptsz_is_wrapper"] is True
     for fn in ("cuMemcpyAsync_ptsz", "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuMemAllocManaged"):
         assert st["calls"][fn] == 1
+
+
+def test_module_image_copy_through_the_control_api(monkeypatch):
+    """What a checkpointer reads back in-process: the bytes a module was loaded from, after the
+    program's own buffer is gone."""
+    import ctypes
+
+    import cffi
+
+    monkeypatch.setenv("GPUTRACE_SHIM_LIBCUDA", str(simcuda.library_path()))
+    drv = ctypes.CDLL(str(simcuda.library_path()))
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    assert drv.cuInit(0) == 0 and drv.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert drv.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and drv.cuCtxSetCurrent(ctx) == 0
+    lib = shim.open_in_process()
+    ffi = cffi.FFI()  # two of the shim's driver wrappers, from the same object
+    ffi.cdef("int cuModuleLoadData(void **module, const void *image); int cuModuleUnload(void *module);")
+    wrappers = ffi.dlopen(str(shim.library_path()))
+    image = simcuda.module_image({"k": ("spin", 1000)})
+    buf = ffi.new("char[]", image)
+    mod = ffi.new("void **")
+    assert wrappers.cuModuleLoadData(mod, buf) == 0
+    handle = int(ffi.cast("unsigned long long", mod[0]))
+    ffi.memmove(buf, b"\0" * len(image), len(image))  # the program's copy is gone
+    ctl = shim.ffi()
+    n = lib.gputrace_shim_module_image(0, handle, ctl.NULL, 0)
+    out = ctl.new("char[]", n)
+    assert n == len(image) and lib.gputrace_shim_module_image(0, handle, out, n) == n
+    assert ctl.buffer(out, n)[:] == image
+    assert lib.gputrace_shim_module_image(1, handle, ctl.NULL, 0) == 0  # no library has that handle
+    assert wrappers.cuModuleUnload(mod[0]) == 0
+    assert lib.gputrace_shim_module_image(0, handle, ctl.NULL, 0) == 0
+    drv.cuDevicePrimaryCtxRelease_v2(dev)
