@@ -534,7 +534,8 @@ static void *next_after(const void *caller, const char *name)
     Dl_info ci;
     struct link_map *lm = NULL;
     if (!dladdr1(caller, &ci, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
-        return NULL;
+        return real_dlsym(RTLD_NEXT, name); /* a caller in no object (JIT code): search after the shim,
+                                             * which is loaded right after the program */
     for (struct link_map *m = lm->l_next; m; m = m->l_next) {
         void *h = dlopen(m->l_name && m->l_name[0] ? m->l_name : NULL, RTLD_LAZY | RTLD_NOLOAD);
         if (!h)
