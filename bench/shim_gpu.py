@@ -297,6 +297,9 @@ def summary(d: dict) -> str:
         f"({', '.join(m['shim_kinds'])}); torch reserved {mib(m['torch_reserved_bytes'])} "
         f"(equal: {m['shim_equals_torch_reserved']}); NVML for the process {mib(m['nvml_used_bytes'])} "
         f"(plain run {mib(m['nvml_used_bytes_plain'])}; NVML adds the context's own memory).",
+        f"Also recorded: {m['shim_totals']['contexts']} context(s), {m['shim_totals']['modules']} module(s)/"
+        f"librar(ies) ({mib(m['shim_totals']['module_image_bytes'])} of images), {m['shim_totals']['streams']} "
+        f"stream(s), {m['shim_totals']['events']} event(s), pinned host {mib(m['shim_totals']['host_bytes'])}.",
         "",
     ]
     return "\n".join(lines)
