@@ -34,7 +34,22 @@ STEPPED = ProbeCost(entry_ns=5000.0, entry_return_ns=8000.0, bias_ns=6000.0)
 
 
 def policy(classes, costs, **kw) -> Policy:
+    kw.setdefault("max_growth", None)  # the sizing tests check the optimum; growth is tested apart
     return Policy(classes, costs, rng=random.Random(7), **kw)
+
+
+def test_window_grows_at_most_max_growth_per_interval():
+    """An idle job makes long windows cheap; if it turns busy the next window must not be long already."""
+    p = policy({0: QUERY}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=2.0)
+    first = p.plan().window_s
+    p.observe(first, {0: 1}, 1.0)  # next to no calls: the budget alone would allow the whole interval
+    sizes = [first]
+    for _ in range(4):
+        plan = p.plan()
+        sizes.append(plan.window_s)
+        p.observe(plan.window_s, {0: 1}, 1.0)
+    assert all(b <= 2.0 * a + 1e-12 for a, b in zip(sizes, sizes[1:]))
+    assert sizes[-1] > sizes[0]  # it does grow
 
 
 def expected_cost_per_s(rates: dict[int, float], costs: dict[int, ProbeCost], timed: frozenset[int]) -> float:

@@ -48,6 +48,7 @@ class Policy:
         hot_hz: float = 5000.0,
         retime_every: int = 4,
         rescan_every: int = 10,
+        max_growth: float | None = 2.0,
         rng: random.Random | None = None,
     ) -> None:
         self.classes = dict(classes)
@@ -58,8 +59,10 @@ class Policy:
         self.hot_hz = hot_hz
         self.retime_every = retime_every
         self.rescan_every = rescan_every
+        self.max_growth = max_growth
         self.seen: set[int] = set()
         self.reserved_s_per_s = 0.0  # probe time/s of the always-attached marker
+        self.last_window_s = 0.0
         self.measured_loss: float | None = None  # share of the target's progress a window costs, measured
         self.rng = rng or random.Random()
         self.exact = budget >= 1.0
@@ -77,14 +80,14 @@ class Policy:
         )
 
     def choose_marker(self, cpu_s_per_s: float | None) -> int | None:
-        """The least-called function still called often enough (>= 20/s) to count between windows,
-        if probing it all the time costs at most a quarter of the budget; None if there is none."""
+        """The most-called function whose probe, attached all the time, costs at most a quarter of the
+        budget (more counts, a tighter ratio), if it is called at least 20/s; None if there is none."""
         cpu = cpu_s_per_s if cpu_s_per_s else 1.0
         ok = [(r, f) for f, r in self.rates.items()
               if f in self.seen and r >= 20.0 and r * self.costs[f].entry_ns * 1e-9 <= self.budget * cpu / 4]
         if not ok:
             return None
-        r, f = min(ok)
+        r, f = max(ok)
         self.reserved_s_per_s = r * self.costs[f].entry_ns * 1e-9
         return f
 
@@ -122,7 +125,12 @@ class Policy:
             if window < self.min_window_s:
                 self.skip = max(0, math.ceil(self.min_window_s / max(window, 1e-9)) - 1)
                 window = self.min_window_s
+        # Grow at most 2x an interval: a job that goes from idle (long windows are cheap) to busy
+        # would otherwise pay a whole long window at the new rate before the policy sees it.
+        if self.last_window_s and self.max_growth:
+            window = min(window, self.max_growth * self.last_window_s)
         window = min(window, self.interval_s)
+        self.last_window_s = window
         offset = self.rng.uniform(0.0, self.interval_s - window)
         return Plan(True, offset, window, timed, probe)
 
