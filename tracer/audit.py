@@ -33,8 +33,9 @@ PRESETS: dict[str, Preset] = {
             "order of microseconds); pass --cost-ns with your layer's figure",
         ),
         Preset(
-            "shim", 100.0, frozenset({FunctionClass.SUBMISSION, FunctionClass.STATE}),
-            "assumed until the gputrace shim's own cost is measured (bench/shim); pass --cost-ns to override",
+            "shim", 15.0, frozenset({FunctionClass.SUBMISSION, FunctionClass.STATE}),
+            "measured: gputrace's shim on the H200, cuLaunchKernel, median added ns "
+            "(bench/results/shim-h200.md); pass --cost-ns to override",
         ),
     )
 }
