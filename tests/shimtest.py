@@ -13,16 +13,9 @@ KINDS = {1: "device", 2: "pitch", 3: "async", 4: "host", 5: "va_reserve", 6: "vm
 
 
 @pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-        for f in (p.stdin, p.stdout, p.stderr):
-            if f:
-                f.close()
+def procs(spawned):
+    """The shim tests' name for conftest's `spawned`: started processes, killed at teardown."""
+    return spawned
 
 
 @pytest.fixture
