@@ -155,6 +155,7 @@ class Session:
         self.elapsed_s = 0.0
         self.target_cpu_s = 0.0
         self.exited = False
+        self.interrupted = False
         try:
             self._pidfd = os.pidfd_open(pid)
         except OSError:
@@ -187,6 +188,13 @@ class Session:
         self.attach_s.append(time.perf_counter() - t0)
         self.program.open()
         self._opened_at = time.monotonic()
+
+    def _reopen(self) -> float:
+        """Exact mode: the span counted since the last call. Counting stays open from one interval
+        to the next: closing it even for the moment it takes to reopen would lose calls."""
+        now = time.monotonic()
+        span, self._opened_at = now - (self._opened_at or now), now
+        return span
 
     def _close_counting(self) -> float:
         """Closes counting; returns the span it was open since the last call."""
@@ -279,28 +287,34 @@ class Session:
         t_start = time.monotonic()
         cpu0 = process_cpu_s(self.pid)
         window = 0.0
-        if plan.attach and not self.exited:
-            if self.options.exact:
-                if not self._links:
-                    self._attach(plan.timed)
-                self._wait(interval_s)
-                # Counting stays open from one interval to the next: closing it even for the moment it
-                # takes to reopen would lose the calls made in that moment.
-                now = time.monotonic()
-                window, self._opened_at = now - self._opened_at, now
+        try:
+            if plan.attach and not self.exited:
+                if self.options.exact:
+                    if not self._links:
+                        self._attach(plan.timed)
+                    self._wait(interval_s)
+                    window = self._reopen()
+                else:
+                    self._wait(min(plan.offset_s, interval_s))
+                    if not self.exited:
+                        self._attach(plan.timed, plan.probe)
+                        self._wait(min(plan.window_s, interval_s))
+                        window = self._detach()
+                        self._outside_begin()
+                    self._wait(t_start + interval_s - time.monotonic())
             else:
-                self._wait(min(plan.offset_s, interval_s))
-                if not self.exited:
-                    self._attach(plan.timed, plan.probe)
-                    self._wait(min(plan.window_s, interval_s))
-                    window = self._detach()
-                    self._outside_begin()
-                self._wait(t_start + interval_s - time.monotonic())
-        else:
-            self._wait(interval_s)
+                self._wait(interval_s)
+        except KeyboardInterrupt:
+            # Ctrl-C: keep what this interval counted up to now, and let run() stop after it.
+            self.interrupted = True
+            if self.options.exact and self._opened_at is not None:
+                window = self._reopen()
+            elif self._links or self._opened_at is not None:
+                window = self._detach()
         span = time.monotonic() - t_start
-        if not self.exited:  # a held command has exec'd since: show its name, not ours
-            self.comm = process_comm(self.pid)
+        comm = process_comm(self.pid)
+        if comm != "?":  # a held command has exec'd since: show its name, not ours
+            self.comm = comm
         if self.exited and self.options.exact:
             self._detach()
         cpu1 = process_cpu_s(self.pid)
@@ -469,6 +483,8 @@ class Session:
                 iv = self.step(index, min(self.options.interval_s, left) if left is not None else None)
                 on_interval(iv)
                 index += 1
+                if self.interrupted:
+                    break
         finally:
             self._detach()
         return self.summary()
