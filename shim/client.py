@@ -19,6 +19,11 @@ same candidates from the target's /proc entries.  One command per line, one JSON
   totals: {device_bytes (device + pitch + async + managed + vmm_phys), host_bytes, va_reserved_bytes,
     vmm_mapped_bytes, module_image_bytes, contexts, allocations, modules, streams, events}.
 Handles and addresses are integers.  Other replies: {"ok": true|false, ...; "error" when false}.
+
+`dump` / `restore` (see shim/dump.c) take the image file as a descriptor sent with the command
+(:meth:`Connection.request` with `fd=`); their replies: ok, allocations, bytes, image_bytes, skipped,
+lanes, chunk, pieces, setup_ns, drain_ns, sync_ns, copy_ns, freeze_ns, and for dump driver_version and
+devices [{ordinal, name, uuid}]; on failure error (and detail, or differences for a mismatch).
 """
 
 from __future__ import annotations
@@ -160,9 +165,16 @@ class Connection:
             ) from None
         self._buf = b""
 
-    def request(self, command: str) -> dict:
+    def request(self, command: str, fd: int | None = None, timeout_s: float | None = None) -> dict:
+        """Sends one command (with the descriptor `fd`, if given) and returns the reply; `timeout_s`
+        overrides the connection's timeout for this reply (a dump takes as long as its bytes)."""
+        if timeout_s is not None:
+            self._sock.settimeout(timeout_s)
         try:
-            self._sock.sendall(command.encode() + b"\n")
+            if fd is not None:
+                socket.send_fds(self._sock, [command.encode() + b"\n"], [fd])
+            else:
+                self._sock.sendall(command.encode() + b"\n")
             while b"\n" not in self._buf:
                 chunk = self._sock.recv(1 << 16)
                 if not chunk:

@@ -12,6 +12,14 @@
  *                 the job stopped for good
  *   resume        reopen the gate
  *   ping          {"ok": true, "pid": ..., "schema": ...}
+ *   dump [lanes=N] [chunk=BYTES] [timeout=MS] [/PATH]
+ *                 close the gate (unless this connection holds it), synchronize, copy every device
+ *                 allocation into an image file (an fd sent with the command by SCM_RIGHTS, else
+ *                 /PATH), reopen the gate; see dump.c for the image and the reply
+ *   restore [...] the reverse: copy an image back, after checking under the gate that the process
+ *                 holds exactly the allocations the image describes
+ * The server is one thread, so a dump or restore in progress holds later commands of every client
+ * until it ends (two checkpoints at once run one after the other).
  * The thread blocks every signal (they belong to the program) and calls nothing the program could
  * be holding a lock in, apart from malloc. */
 #include "shim_int.h"
@@ -125,6 +133,7 @@ static void send_status(int fd)
 
 struct client {
     int fd;
+    int passed; /* a descriptor sent with the last message (SCM_RIGHTS), -1 if none */
     size_t len;
     char buf[LINE_MAX_];
 };
@@ -173,14 +182,33 @@ static void command(struct client *cl, int idx, char *line)
             reply(cl->fd, "{\"ok\": true, \"paused\": false}");
         else
             reply(cl->fd, "{\"ok\": false, \"error\": \"not paused\"}");
+    } else if ((!strncmp(line, "dump", 4) && (line[4] == 0 || line[4] == ' ')) ||
+               (!strncmp(line, "restore", 7) && (line[7] == 0 || line[7] == ' '))) {
+        int restore = line[0] == 'r';
+        char *args = line + (restore ? 7 : 4);
+        int fd = cl->passed;
+        cl->passed = -1;
+        size_t n = 0;
+        char *buf = dump_command(restore, args, fd, g_pauser == idx, &n);
+        if (!buf) {
+            reply(cl->fd, "{\"ok\": false, \"error\": \"out of memory\"}");
+            return;
+        }
+        buf[n] = '\n'; /* sb_printf always leaves room for the NUL */
+        send_all(cl->fd, buf, n + 1);
+        free(buf);
     } else {
-        reply(cl->fd, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping\"}");
+        reply(cl->fd, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
+                      "restore\"}");
     }
 }
 
 static void drop(struct client *cls, int i)
 {
     close(cls[i].fd);
+    if (cls[i].passed >= 0)
+        close(cls[i].passed);
+    cls[i].passed = -1;
     cls[i].fd = -1;
     cls[i].len = 0;
     if (g_pauser == i) { /* the pausing connection went away: never leave the job stopped */
@@ -195,7 +223,7 @@ static void *serve(void *arg)
     prctl(PR_SET_NAME, "gputrace-shim", 0, 0, 0);
     struct client cls[MAX_CLIENTS];
     for (int i = 0; i < MAX_CLIENTS; i++)
-        cls[i].fd = -1, cls[i].len = 0;
+        cls[i].fd = -1, cls[i].passed = -1, cls[i].len = 0;
     int lfd = g_listen;
     for (;;) {
         struct pollfd pf[MAX_CLIENTS + 1];
@@ -236,15 +264,33 @@ static void *serve(void *arg)
                 for (int i = 0; i < MAX_CLIENTS; i++)
                     if (cls[i].fd < 0) {
                         cls[i].fd = fd;
+                        cls[i].passed = -1;
                         cls[i].len = 0;
                         break;
                     }
                 continue;
             }
             struct client *c = &cls[map[k]];
-            ssize_t r = recv(c->fd, c->buf + c->len, sizeof c->buf - 1 - c->len, 0);
+            struct iovec iov = {c->buf + c->len, sizeof c->buf - 1 - c->len};
+            union {
+                struct cmsghdr h;
+                char b[CMSG_SPACE(sizeof(int) * 4)];
+            } cm;
+            struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+            ssize_t r = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
             if (r < 0 && errno == EINTR)
                 continue;
+            for (struct cmsghdr *h = r > 0 ? CMSG_FIRSTHDR(&mh) : NULL; h; h = CMSG_NXTHDR(&mh, h))
+                if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
+                    int nfd = (int)((h->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                    for (int q = 0; q < nfd; q++) {
+                        int f;
+                        memcpy(&f, CMSG_DATA(h) + q * sizeof(int), sizeof f);
+                        if (c->passed >= 0) /* keep the last one sent */
+                            close(c->passed);
+                        c->passed = f;
+                    }
+                }
             if (r <= 0) {
                 drop(cls, map[k]);
                 continue;

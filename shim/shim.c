@@ -164,6 +164,17 @@ static int fn_by_name(const char *name)
     return -1;
 }
 
+void *shim_driver_sym(const char *name)
+{
+    resolve_all();
+    if (!real_dlsym)
+        init_real_dlsym();
+    void *h = libcuda_handle();
+    void *p = h ? real_dlsym(h, name) : NULL;
+    int fn = fn_by_name(name);
+    return fn >= 0 && p == g_wrap[fn] ? NULL : p;
+}
+
 /* The wrapper standing for the driver entry point p, or p itself when it is not one we wrap. */
 static void *wrapper_for(void *p)
 {

@@ -21,6 +21,7 @@
 /* ---- shim.c */
 HIDDEN extern const char *const shim_fn_name[F_COUNT];
 HIDDEN void *shim_real(int fn);                        /* driver entry point, resolved on demand */
+HIDDEN void *shim_driver_sym(const char *name);        /* any driver function by name (never a wrapper) */
 HIDDEN CUcontext shim_current_ctx(void);              /* the calling thread's current context */
 HIDDEN unsigned long long shim_calls(int fn);
 HIDDEN char *shim_status_alloc(size_t *len);             /* the status JSON, malloc'ed; NULL: no memory */
@@ -77,6 +78,11 @@ HIDDEN void reg_json(struct sbuf *b);
 
 /* ---- gate (shim.c) */
 HIDDEN int gate_paused(void);
+
+/* ---- dump.c: the `dump` and `restore` commands (restore=1).  `args` is the rest of the command line,
+ * `fd` a file passed with it (-1: none; taken over), `have_pause` whether the caller's connection
+ * already holds the gate.  Returns the JSON reply, malloc'ed (NULL: out of memory). */
+HIDDEN char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len);
 
 /* ---- control.c */
 HIDDEN void control_start(void);     /* once per process (and again in a forked child) */

@@ -1,0 +1,748 @@
+/* Device memory out of the process and back: what `dump` and `restore` on the control socket do.
+ *
+ * Where the data goes.  The checkpointer hands the shim a file: an fd passed with the command
+ * (SCM_RIGHTS; the checkpointer's memfd, so nothing is left behind if either side dies) or a path
+ * it names.  The shim writes an *image* into it with pwrite (no mmap: a full filesystem is an
+ * ENOSPC reply, never a SIGBUS in the job):
+ *     header  {magic "GPUTRACE-IMG-1\n\0", u64 count, u64 data_offset, u64 data_bytes, u64 chunk}
+ *     entries count x {u64 base, u64 size, u64 offset, i32 device, i32 kind}
+ *     data    each allocation at its `offset` (4 KiB aligned) in the file
+ * `restore` reads the same format back.  The image is the checkpoint's data file byte for byte,
+ * so the checkpointer only hashes and stores it after the gate has reopened.
+ *
+ * How it moves.  Gate closed and every context synchronized, the allocations are cut into chunks
+ * that `lanes` threads take in turn; each lane owns two pinned staging buffers and two streams and
+ * alternates between them, so one chunk's DMA overlaps the previous chunk's pwrite (or, restoring,
+ * the next chunk's pread overlaps the current DMA), and lanes overlap each other.  Staging memory
+ * is pinned before the gate closes, so pinning costs the job nothing.  The gate reopens as soon as
+ * the last chunk is in the file (or on the device) and before the reply is sent: whatever goes
+ * wrong afterwards (a client gone, a reply that cannot be sent) cannot leave the job stopped.
+ *
+ * Everything here calls the driver's own entry points (never the wrappers, which would wait at the
+ * gate this code closed); staging buffers and streams are therefore not in the registry either. */
+#include "shim_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define IMG_MAGIC "GPUTRACE-IMG-1\n" /* 15 chars + NUL = 16 bytes */
+#define IMG_ALIGN 4096u
+#define MAX_LANES 16
+#define MIN_CHUNK (64u << 10)
+#define MAX_CHUNK (1u << 30)
+
+struct img_hdr {
+    char magic[16];
+    uint64_t count, data_offset, data_bytes, chunk;
+};
+struct img_ent {
+    uint64_t base, size, offset;
+    int32_t device, kind;
+};
+
+/* The driver's functions, looked up by name on the driver's handle. */
+static struct drv {
+    CUresult (*ctx_set)(CUcontext);
+    CUresult (*ctx_sync)(void);
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*stream_destroy)(CUstream);
+    CUresult (*stream_sync)(CUstream);
+    CUresult (*host_alloc)(void **, size_t, unsigned);
+    CUresult (*host_free)(void *);
+    CUresult (*d2h)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*h2d)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*version)(int *);
+    CUresult (*dev_name)(char *, int, CUdevice);
+    CUresult (*dev_uuid)(CUuuid *, CUdevice);
+} D;
+
+static int drv_load(void)
+{
+#define SYM(field, name) *(void **)&D.field = shim_driver_sym(name)
+    SYM(ctx_set, "cuCtxSetCurrent");
+    SYM(ctx_sync, "cuCtxSynchronize");
+    SYM(stream_create, "cuStreamCreate");
+    SYM(stream_destroy, "cuStreamDestroy_v2");
+    SYM(stream_sync, "cuStreamSynchronize");
+    SYM(host_alloc, "cuMemHostAlloc");
+    SYM(host_free, "cuMemFreeHost");
+    SYM(d2h, "cuMemcpyDtoHAsync_v2");
+    SYM(h2d, "cuMemcpyHtoDAsync_v2");
+    SYM(version, "cuDriverGetVersion");
+    SYM(dev_name, "cuDeviceGetName");
+    SYM(dev_uuid, "cuDeviceGetUuid");
+#undef SYM
+    return D.ctx_set && D.ctx_sync && D.stream_create && D.stream_destroy && D.stream_sync && D.host_alloc &&
+           D.host_free && D.d2h && D.h2d;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * What is saved: device memory the program can address.  Plain, pitched, stream-ordered and managed
+ * allocations, and VMM mappings the program has made readable (the data of a cuMemCreate handle is
+ * reached through its mappings; a handle mapped nowhere cannot be read and is counted as skipped). */
+
+struct item {
+    uint64_t base, size, off, ctx;
+    int device, kind;
+};
+
+struct collect {
+    struct item *v;
+    int n, cap, oom, skipped;
+    uint64_t ctxs[64]; /* contexts seen, and the device of each */
+    int ctx_dev[64], nctx;
+};
+
+static int c_ctx(struct rec *r, void *arg)
+{
+    struct collect *c = arg;
+    if (c->nctx < 64) {
+        c->ctx_dev[c->nctx] = r->device;
+        c->ctxs[c->nctx++] = r->key;
+    }
+    return 0;
+}
+
+static int c_alloc(struct rec *r, void *arg)
+{
+    struct collect *c = arg;
+    if (r->type == R_PHYS) {
+        c->skipped++; /* counted back out below for each mapping found */
+        return 0;
+    }
+    if (r->type != R_MEM && !(r->type == R_MAP && (r->access & CU_MEM_ACCESS_FLAGS_PROT_READ)))
+        return 0;
+    if (c->n == c->cap) {
+        int cap = c->cap ? c->cap * 2 : 64;
+        struct item *v = realloc(c->v, (size_t)cap * sizeof *v);
+        if (!v) {
+            c->oom = 1;
+            return 0;
+        }
+        c->v = v;
+        c->cap = cap;
+    }
+    c->v[c->n++] = (struct item){.base = r->key, .size = r->size, .ctx = r->ctx, .device = r->device, .kind = r->kind};
+    if (r->type == R_MAP)
+        c->skipped--;
+    return 0;
+}
+
+static int by_base(const void *a, const void *b)
+{
+    const struct item *x = a, *y = b;
+    return x->base < y->base ? -1 : x->base > y->base;
+}
+
+/* The live allocations, in address order, each with a context to copy it in. */
+static int collect(struct collect *c)
+{
+    memset(c, 0, sizeof *c);
+    reg_scan(R_CTX, c_ctx, c);
+    reg_scan(0, c_alloc, c);
+    if (c->oom)
+        return -1;
+    if (c->skipped < 0)
+        c->skipped = 0;
+    qsort(c->v, (size_t)c->n, sizeof *c->v, by_base);
+    for (int i = 0; i < c->n; i++)
+        if (!c->v[i].ctx)
+            for (int k = 0; k < c->nctx; k++)
+                if (c->ctx_dev[k] == c->v[i].device) {
+                    c->v[i].ctx = c->ctxs[k];
+                    break;
+                }
+    return 0;
+}
+
+static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* ------------------------------------------------------------------------------------------------
+ * The copy engine */
+
+struct piece {
+    uint64_t dev, off, len, ctx;
+};
+
+struct job {
+    int restore, fd;
+    struct piece *p;
+    size_t np;
+    size_t chunk;
+    atomic_size_t next;
+    atomic_int failed;
+    char err[160];
+    pthread_mutex_t err_mu;
+};
+
+struct lane {
+    struct job *j;
+    void *buf[2];
+    pthread_t t;
+};
+
+static void job_fail(struct job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void job_fail(struct job *j, const char *fmt, ...)
+{
+    pthread_mutex_lock(&j->err_mu);
+    if (!atomic_exchange(&j->failed, 1)) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(j->err, sizeof j->err, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&j->err_mu);
+}
+
+static int io_all(int restore, int fd, void *buf, size_t n, uint64_t off)
+{
+    char *p = buf;
+    while (n) {
+        ssize_t r = restore ? pread(fd, p, n, (off_t)off) : pwrite(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return errno;
+        if (r == 0)
+            return restore ? EIO : ENOSPC; /* a short file; a write that makes no progress */
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+#define DRV(call, what, ...)                                                                                     \
+    do {                                                                                                         \
+        CUresult r_ = (call);                                                                                    \
+        if (r_ != CUDA_SUCCESS) {                                                                                \
+            job_fail(j, "driver: " what " failed: CUresult %d", ##__VA_ARGS__, (int)r_);                          \
+            goto out;                                                                                            \
+        }                                                                                                        \
+    } while (0)
+
+static void *lane_run(void *arg)
+{
+    struct lane *L = arg;
+    struct job *j = L->j;
+    CUstream s[2] = {NULL, NULL};
+    uint64_t ctx = 0;
+    size_t pend[2] = {(size_t)-1, (size_t)-1}; /* dump: piece whose data sits in buf[b] */
+    int b = 0;
+    for (;;) {
+        size_t i = atomic_load(&j->failed) ? j->np : atomic_fetch_add(&j->next, 1);
+        int done = i >= j->np;
+        if (done || j->p[i].ctx != ctx) {
+            /* Drain what this lane has in flight before it leaves or changes context. */
+            for (int x = 0; x < 2; x++) {
+                if (s[x])
+                    DRV(D.stream_sync(s[x]), "cuStreamSynchronize");
+                if (!j->restore && pend[x] != (size_t)-1) {
+                    struct piece *q = &j->p[pend[x]];
+                    int e = io_all(0, j->fd, L->buf[x], q->len, q->off);
+                    if (e) {
+                        job_fail(j, "writing the image: %s", strerror(e));
+                        goto out;
+                    }
+                    pend[x] = (size_t)-1;
+                }
+            }
+            if (done)
+                break;
+            for (int k = 0; k < 2; k++)
+                if (s[k]) {
+                    D.stream_destroy(s[k]);
+                    s[k] = NULL;
+                }
+            ctx = j->p[i].ctx;
+            DRV(D.ctx_set((CUcontext)(uintptr_t)ctx), "cuCtxSetCurrent");
+            DRV(D.stream_create(&s[0], CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+            DRV(D.stream_create(&s[1], CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        }
+        struct piece *p = &j->p[i];
+        if (j->restore) {
+            DRV(D.stream_sync(s[b]), "cuStreamSynchronize"); /* buf[b]'s last upload is done */
+            int e = io_all(1, j->fd, L->buf[b], p->len, p->off);
+            if (e) {
+                job_fail(j, "reading the image: %s", e == EIO ? "file too short" : strerror(e));
+                goto out;
+            }
+            DRV(D.h2d((CUdeviceptr)p->dev, L->buf[b], p->len, s[b]), "cuMemcpyHtoDAsync(%#llx, %llu)",
+                (unsigned long long)p->dev, (unsigned long long)p->len);
+        } else {
+            DRV(D.d2h(L->buf[b], (CUdeviceptr)p->dev, p->len, s[b]), "cuMemcpyDtoHAsync(%#llx, %llu)",
+                (unsigned long long)p->dev, (unsigned long long)p->len);
+            pend[b] = i;
+            int o = b ^ 1; /* meanwhile, write out the other buffer */
+            if (pend[o] != (size_t)-1) {
+                DRV(D.stream_sync(s[o]), "cuStreamSynchronize");
+                struct piece *q = &j->p[pend[o]];
+                int e = io_all(0, j->fd, L->buf[o], q->len, q->off);
+                if (e) {
+                    job_fail(j, "writing the image: %s", strerror(e));
+                    goto out;
+                }
+                pend[o] = (size_t)-1;
+            }
+        }
+        b ^= 1;
+    }
+out:
+    for (int k = 0; k < 2; k++)
+        if (s[k]) {
+            D.stream_sync(s[k]); /* never free a buffer a copy still uses */
+            D.stream_destroy(s[k]);
+        }
+    D.ctx_set(NULL);
+    return NULL;
+}
+
+/* Runs the job on `nl` lanes whose buffers are already pinned. */
+static void job_run(struct job *j, struct lane *L, int nl)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the lanes inherit it: signals belong to the program */
+    int started = 0;
+    for (int i = 0; i < nl; i++) {
+        L[i].j = j;
+        if (pthread_create(&L[i].t, NULL, lane_run, &L[i]) != 0)
+            break;
+        started++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!started) {
+        job_fail(j, "cannot start copy threads");
+        return;
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(L[i].t, NULL);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * The commands */
+
+struct opts {
+    int lanes;
+    size_t chunk;
+    int timeout_ms;
+};
+
+/* "lanes=N chunk=BYTES timeout=MS PATH" in any order; returns the path or NULL; -1 on a bad word. */
+static int parse_opts(char *args, struct opts *o, char **path)
+{
+    *o = (struct opts){.lanes = 4, .chunk = 8u << 20, .timeout_ms = 5000};
+    *path = NULL;
+    for (char *save = NULL, *w = strtok_r(args, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+        char *end;
+        if (!strncmp(w, "lanes=", 6)) {
+            long v = strtol(w + 6, &end, 10);
+            if (*end || v < 1 || v > MAX_LANES)
+                return -1;
+            o->lanes = (int)v;
+        } else if (!strncmp(w, "chunk=", 6)) {
+            unsigned long long v = strtoull(w + 6, &end, 10);
+            if (*end || v < MIN_CHUNK || v > MAX_CHUNK || v % IMG_ALIGN)
+                return -1;
+            o->chunk = (size_t)v;
+        } else if (!strncmp(w, "timeout=", 8)) {
+            long v = strtol(w + 8, &end, 10);
+            if (*end || v < 0 || v > 600000)
+                return -1;
+            o->timeout_ms = (int)v;
+        } else if (w[0] == '/' && !*path) {
+            *path = w;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void json_err(struct sbuf *b, const char *err, const char *detail)
+{
+    sb_printf(b, "{\"ok\": false, \"error\": \"%s\"", err);
+    if (detail) {
+        sb_printf(b, ", \"detail\": \"");
+        for (const char *c = detail; *c; c++)
+            if (*c == '"' || *c == '\\')
+                sb_printf(b, "\\%c", *c);
+            else
+                sb_printf(b, "%c", (unsigned char)*c < 0x20 ? '?' : *c);
+        sb_printf(b, "\"");
+    }
+    sb_printf(b, "}");
+}
+
+/* Cuts the items into pieces of at most `chunk` bytes. */
+static struct piece *cut(const struct item *v, int n, size_t chunk, size_t *np)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += (v[i].size + chunk - 1) / chunk;
+    struct piece *p = calloc(total ? total : 1, sizeof *p);
+    if (!p)
+        return NULL;
+    size_t k = 0;
+    for (int i = 0; i < n; i++)
+        for (uint64_t o = 0; o < v[i].size; o += chunk)
+            p[k++] = (struct piece){.dev = v[i].base + o, .off = v[i].off + o,
+                                    .len = v[i].size - o < chunk ? v[i].size - o : chunk, .ctx = v[i].ctx};
+    *np = k;
+    return p;
+}
+
+static int lanes_alloc(struct lane *L, int nl, size_t chunk, uint64_t ctx)
+{
+    memset(L, 0, sizeof *L * (size_t)nl);
+    if (D.ctx_set((CUcontext)(uintptr_t)ctx) != CUDA_SUCCESS)
+        return -1;
+    for (int i = 0; i < nl; i++)
+        for (int k = 0; k < 2; k++)
+            if (D.host_alloc(&L[i].buf[k], chunk, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) {
+                L[i].buf[k] = NULL;
+                D.ctx_set(NULL);
+                return -1;
+            }
+    D.ctx_set(NULL);
+    return 0;
+}
+
+static void lanes_free(struct lane *L, int nl)
+{
+    for (int i = 0; i < nl; i++)
+        for (int k = 0; k < 2; k++)
+            if (L[i].buf[k])
+                D.host_free(L[i].buf[k]);
+}
+
+/* Synchronizes every context the registry knows: work submitted before the gate closed finishes. */
+static int sync_all(const struct collect *c, char *err, size_t errlen)
+{
+    for (int k = 0; k < c->nctx; k++) {
+        CUresult r = D.ctx_set((CUcontext)(uintptr_t)c->ctxs[k]);
+        if (r == CUDA_SUCCESS)
+            r = D.ctx_sync();
+        if (r != CUDA_SUCCESS) {
+            snprintf(err, errlen, "driver: synchronizing context %#llx failed: CUresult %d",
+                     (unsigned long long)c->ctxs[k], (int)r);
+            D.ctx_set(NULL);
+            return -1;
+        }
+    }
+    D.ctx_set(NULL);
+    return 0;
+}
+
+static void identity_json(struct sbuf *b, const struct collect *c)
+{
+    int v = 0;
+    if (D.version)
+        D.version(&v);
+    sb_printf(b, ", \"driver_version\": %d, \"devices\": [", v);
+    int seen[64], ns = 0;
+    for (int k = 0; k < c->nctx; k++) {
+        int d = c->ctx_dev[k], dup = 0;
+        for (int x = 0; x < ns; x++)
+            dup |= seen[x] == d;
+        if (dup || ns == 64)
+            continue;
+        seen[ns++] = d;
+        char name[128] = "";
+        CUuuid u;
+        memset(&u, 0, sizeof u);
+        if (D.dev_name && D.dev_name(name, sizeof name, d) != CUDA_SUCCESS)
+            name[0] = 0;
+        if (D.dev_uuid)
+            D.dev_uuid(&u, d);
+        sb_printf(b, "%s{\"ordinal\": %d, \"name\": \"", ns > 1 ? ", " : "", d);
+        for (char *p = name; *p; p++)
+            sb_printf(b, "%c", (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20) ? '?' : *p);
+        sb_printf(b, "\", \"uuid\": \"");
+        for (int i = 0; i < 16; i++)
+            sb_printf(b, "%02x", (unsigned char)u.bytes[i]);
+        sb_printf(b, "\"}");
+    }
+    sb_printf(b, "]");
+}
+
+struct timing {
+    uint64_t setup, drain, sync, copy, freeze;
+};
+
+static void timing_json(struct sbuf *b, const struct timing *t)
+{
+    sb_printf(b, ", \"setup_ns\": %llu, \"drain_ns\": %llu, \"sync_ns\": %llu, \"copy_ns\": %llu, \"freeze_ns\": %llu",
+              (unsigned long long)t->setup, (unsigned long long)t->drain, (unsigned long long)t->sync,
+              (unsigned long long)t->copy, (unsigned long long)t->freeze);
+}
+
+/* Compares a checkpoint's entries with the live items (both in address order); describes up to a few
+ * differences in `b` (a JSON fragment) and returns how many there are. */
+static int diff(const struct img_ent *e, int ne, const struct item *v, int nv, struct sbuf *b)
+{
+    int i = 0, k = 0, nd = 0;
+    sb_printf(b, ", \"differences\": [");
+    while (i < ne || k < nv) {
+        const char *what = NULL;
+        uint64_t base = 0, want = 0, have = 0;
+        if (k >= nv || (i < ne && e[i].base < v[k].base)) {
+            what = "missing", base = e[i].base, want = e[i].size, i++;
+        } else if (i >= ne || v[k].base < e[i].base) {
+            what = "unexpected", base = v[k].base, have = v[k].size, k++;
+        } else {
+            if (e[i].size != v[k].size || e[i].device != v[k].device)
+                what = "size", base = e[i].base, want = e[i].size, have = v[k].size;
+            i++, k++;
+        }
+        if (!what)
+            continue;
+        if (nd < 8)
+            sb_printf(b, "%s{\"what\": \"%s\", \"base\": %llu, \"checkpoint_size\": %llu, \"live_size\": %llu}",
+                      nd ? ", " : "", what, (unsigned long long)base, (unsigned long long)want,
+                      (unsigned long long)have);
+        nd++;
+    }
+    sb_printf(b, "], \"difference_count\": %d", nd);
+    return nd;
+}
+
+/* Reads and checks a restore image's header and entries (malloc'ed into *out). */
+static const char *read_image(int fd, struct img_hdr *h, struct img_ent **out)
+{
+    *out = NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return "cannot stat the image";
+    if (io_all(1, fd, h, sizeof *h, 0) || memcmp(h->magic, IMG_MAGIC, sizeof h->magic))
+        return "not a gputrace image (bad magic)";
+    if (h->count > (1u << 24) || h->data_offset < sizeof *h + h->count * sizeof(struct img_ent) ||
+        h->data_offset + h->data_bytes != (uint64_t)st.st_size)
+        return "image header inconsistent with its size";
+    struct img_ent *e = calloc(h->count ? h->count : 1, sizeof *e);
+    if (!e)
+        return "out of memory";
+    if (h->count && io_all(1, fd, e, h->count * sizeof *e, sizeof *h)) {
+        free(e);
+        return "image too short for its entries";
+    }
+    for (uint64_t i = 0; i < h->count; i++)
+        if (e[i].offset < h->data_offset || e[i].offset + e[i].size > (uint64_t)st.st_size ||
+            (i && e[i].base <= e[i - 1].base)) {
+            free(e);
+            return "image entry out of range or out of order";
+        }
+    *out = e;
+    return NULL;
+}
+
+char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len)
+{
+    struct sbuf b = {0};
+    struct opts o;
+    char *path;
+    struct collect c = {0};
+    struct img_hdr h;
+    struct img_ent *ents = NULL;
+    struct lane L[MAX_LANES];
+    int nl = 0, own_fd = 0, paused = 0;
+    struct timing t = {0};
+    struct piece *pieces = NULL;
+    size_t np = 0;
+    char err[160] = "";
+
+    if (parse_opts(args, &o, &path) != 0) {
+        json_err(&b, restore ? "usage: restore [lanes=N] [chunk=BYTES] [timeout=MS] [/PATH] (or pass an fd)"
+                             : "usage: dump [lanes=N] [chunk=BYTES] [timeout=MS] [/PATH] (or pass an fd)", NULL);
+        goto reply;
+    }
+    if (path) {
+        if (fd >= 0)
+            close(fd);
+        fd = open(path, (restore ? O_RDONLY : O_RDWR | O_CREAT | O_TRUNC) | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0) {
+            json_err(&b, "cannot open the image file", strerror(errno));
+            goto reply;
+        }
+        own_fd = 1;
+    } else if (fd < 0) {
+        json_err(&b, "no image: pass a file descriptor with the command or name a /PATH", NULL);
+        goto reply;
+    } else {
+        own_fd = 1; /* a passed fd is ours to close */
+    }
+    if (!drv_load()) {
+        json_err(&b, "the driver lacks a function the copy needs", NULL);
+        goto reply;
+    }
+    if (restore) {
+        const char *e = read_image(fd, &h, &ents);
+        if (e) {
+            json_err(&b, "bad image", e);
+            goto reply;
+        }
+    }
+
+    /* Staging memory is pinned while the job still runs. */
+    uint64_t t0 = now_ns();
+    if (collect(&c) != 0) {
+        json_err(&b, "out of memory", NULL);
+        goto reply;
+    }
+    nl = c.n ? o.lanes : 0;
+    if (nl && !c.nctx) {
+        nl = 0;
+        json_err(&b, "unsupported", "device memory but no context to copy it in");
+        goto reply;
+    }
+    if (nl && lanes_alloc(L, nl, o.chunk, c.ctxs[0]) != 0) {
+        lanes_free(L, nl);
+        nl = 0;
+        json_err(&b, "cannot pin staging memory", "cuMemHostAlloc failed: try a smaller chunk= or fewer lanes=");
+        goto reply;
+    }
+    uint64_t t1 = now_ns();
+    t.setup = t1 - t0;
+
+    /* Freeze. */
+    if (!have_pause) {
+        int r = gputrace_shim_pause(o.timeout_ms);
+        if (r == -2) {
+            json_err(&b, "already paused", "another client holds a pause of this process");
+            goto reply;
+        }
+        if (r != 0) {
+            json_err(&b, "busy", "driver calls still in flight at the timeout; the gate is open again");
+            goto reply;
+        }
+        paused = 1;
+    }
+    uint64_t t2 = now_ns();
+    t.drain = t2 - t1;
+    free(c.v);
+    if (collect(&c) != 0) { /* now the registry cannot change */
+        json_err(&b, "out of memory", NULL);
+        goto reply;
+    }
+    if (c.n && !nl) { /* nothing was allocated before the gate closed, something is now */
+        json_err(&b, "busy", "the process allocated device memory meanwhile; try again");
+        goto reply;
+    }
+    if (restore) {
+        struct sbuf d = {0};
+        if (diff(ents, (int)h.count, c.v, c.n, &d)) {
+            sb_printf(&b, "{\"ok\": false, \"error\": \"mismatch\"%s}", d.p);
+            free(d.p);
+            goto reply;
+        }
+        free(d.p);
+        for (int i = 0; i < c.n; i++)
+            c.v[i].off = ents[i].offset;
+    } else {
+        uint64_t off = round_up(sizeof h + (uint64_t)c.n * sizeof(struct img_ent), IMG_ALIGN);
+        for (int i = 0; i < c.n; i++) {
+            c.v[i].off = off;
+            off = round_up(off + c.v[i].size, IMG_ALIGN);
+        }
+        memset(&h, 0, sizeof h);
+        memcpy(h.magic, IMG_MAGIC, sizeof h.magic);
+        h.count = (uint64_t)c.n;
+        h.data_offset = round_up(sizeof h + (uint64_t)c.n * sizeof(struct img_ent), IMG_ALIGN);
+        h.data_bytes = off - h.data_offset;
+        h.chunk = o.chunk;
+    }
+    for (int i = 0; i < c.n; i++)
+        if (!c.v[i].ctx) {
+            snprintf(err, sizeof err, "no context known for the allocation at %#llx", (unsigned long long)c.v[i].base);
+            json_err(&b, "unsupported", err);
+            goto reply;
+        }
+    if (sync_all(&c, err, sizeof err) != 0) {
+        json_err(&b, "driver error", err);
+        goto reply;
+    }
+    uint64_t t3 = now_ns();
+    t.sync = t3 - t2;
+    if (!(pieces = cut(c.v, c.n, o.chunk, &np))) {
+        json_err(&b, "out of memory", NULL);
+        goto reply;
+    }
+    if (!restore && ftruncate(fd, (off_t)(h.data_offset + h.data_bytes)) != 0) {
+        json_err(&b, "cannot size the image file", strerror(errno));
+        goto reply;
+    }
+    struct job j = {.restore = restore, .fd = fd, .p = pieces, .np = np, .chunk = o.chunk};
+    pthread_mutex_init(&j.err_mu, NULL);
+    if (np)
+        job_run(&j, L, nl < (int)np ? nl : (int)np);
+    pthread_mutex_destroy(&j.err_mu);
+    uint64_t t4 = now_ns();
+    t.copy = t4 - t3;
+    if (paused) {
+        gputrace_shim_resume(); /* the data is off the device (or back on it): let the job go */
+        paused = 0;
+    }
+    t.freeze = now_ns() - t1; /* from closing the gate to reopening it */
+    if (atomic_load(&j.failed)) {
+        json_err(&b, "copy failed", j.err);
+        goto reply;
+    }
+    if (!restore) {
+        struct img_ent *e = calloc(c.n ? (size_t)c.n : 1, sizeof *e);
+        int werr = e ? 0 : ENOMEM;
+        for (int i = 0; e && i < c.n; i++)
+            e[i] = (struct img_ent){.base = c.v[i].base, .size = c.v[i].size, .offset = c.v[i].off,
+                                    .device = c.v[i].device, .kind = c.v[i].kind};
+        if (!werr)
+            werr = io_all(0, fd, &h, sizeof h, 0);
+        if (!werr && c.n)
+            werr = io_all(0, fd, e, (size_t)c.n * sizeof *e, sizeof h);
+        free(e);
+        if (werr) {
+            json_err(&b, "writing the image header failed", strerror(werr));
+            goto reply;
+        }
+    }
+    uint64_t bytes = 0;
+    for (int i = 0; i < c.n; i++)
+        bytes += c.v[i].size;
+    sb_printf(&b, "{\"ok\": true, \"allocations\": %d, \"bytes\": %llu, \"image_bytes\": %llu, \"skipped\": %d, "
+                  "\"lanes\": %d, \"chunk\": %zu, \"pieces\": %zu",
+              c.n, (unsigned long long)bytes, (unsigned long long)(h.data_offset + h.data_bytes), c.skipped, nl,
+              o.chunk, np);
+    timing_json(&b, &t);
+    if (!restore)
+        identity_json(&b, &c);
+    sb_printf(&b, "}");
+
+reply:
+    if (paused)
+        gputrace_shim_resume();
+    lanes_free(L, nl);
+    if (own_fd && fd >= 0)
+        close(fd);
+    free(pieces);
+    free(ents);
+    free(c.v);
+    if (b.oom || !b.p) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}
