@@ -1,0 +1,163 @@
+"""`gputrace top` (the live dashboard, or one snapshot with --once) and `gputrace record`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..cli import add_json, command
+from ..errors import GputraceError, UsageError
+from .attach import parse_budget
+
+TOP_EPILOG = """examples:
+  sudo gputrace top                         every CUDA process on the host, live (q quits, ? for keys)
+  sudo gputrace top --once --json           one snapshot of the same data, averaged over -d seconds
+  sudo gputrace record -o run.jsonl -d 60   save a session
+  gputrace top --replay run.jsonl           show a saved session (no root needed)
+
+Each process is traced within --budget of its CPU time, as `gputrace attach` does. The predicted
+overhead is what an interception layer of the chosen preset would add (lower: hidden in the time
+the job waits for the GPU; upper: fully exposed); `p` in the dashboard switches the preset.
+"""
+
+RECORD_EPILOG = """examples:
+  sudo gputrace record -o run.jsonl           until Ctrl-C
+  sudo gputrace record -o run.jsonl -d 60     one minute
+  gputrace top --replay run.jsonl
+
+The file is JSON lines: a gputrace.record header, then one gputrace.top.frame per refresh (schema 1,
+the same objects `top --once --json` prints).
+"""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    p.add_argument("--budget", default="1%", help="the tracer's cost cap per process, share of its CPU (default 1%%)")
+    p.add_argument("--attach-mode", choices=["auto", "multi", "perf"], default="auto", help=argparse.SUPPRESS)
+
+
+def configure_top(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit (with --json: as JSON)")
+    p.add_argument("-d", "--duration", type=float, default=3.0,
+                   help="with --once: seconds to measure before printing (default 3)")
+    p.add_argument("--replay", metavar="FILE", help="show a session saved by `gputrace record`")
+    p.add_argument("--speed", type=float, default=1.0, help="replay speed factor (default 1; 0: no pauses)")
+    p.add_argument("--preset", default="shim", help="interception layer for the predicted overhead (shim, proxy)")
+    add_json(p)
+
+
+def _options(args: argparse.Namespace):
+    from ..tracer.session import Options
+
+    if args.interval <= 0:
+        raise UsageError("--interval must be positive", "e.g. -i 1")
+    return Options(interval_s=args.interval, budget=parse_budget(args.budget), attach_mode=args.attach_mode)
+
+
+def _live(args: argparse.Namespace, cumulative: bool = False):
+    from ..procs import require_root
+    from ..tui.actions import CheckpointerAdapter
+    from ..tui.live import LiveSource
+
+    require_root("tracing")
+    say = lambda msg: print(f"gputrace: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    return LiveSource(_options(args), args.interval, cumulative=cumulative, checkpointer=CheckpointerAdapter(), warn=say)
+
+
+def once(args: argparse.Namespace) -> int:
+    """Waits -d seconds (and until every process found has been measured), then prints one frame."""
+    from ..tui.model import host_dict
+    from ..tui.text import render_host
+
+    if args.duration <= 0:
+        raise UsageError("--duration must be positive", "e.g. --once -d 3")
+    src = _live(args, cumulative=True)
+    print("gputrace: compiling the BPF program and calibrating the probe cost ...", file=sys.stderr, flush=True)
+    src.start()
+    t0, last, initial = time.monotonic(), None, None
+    try:
+        for frame in src.frames():
+            last = frame
+            if initial is None:
+                initial = set(frame.pending) | {r.pid for r in frame.processes}
+            waited = time.monotonic() - t0
+            # Waits for the processes there at the start to be measured, not for ones that keep coming
+            # (a test suite's), and never without bound: --once must end.
+            if waited >= args.duration and (not initial & set(frame.pending) or waited >= args.duration + 30):
+                break
+    finally:
+        src.close()
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(host_dict(last), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
+    else:
+        sys.stdout.write(render_host(last, args.preset))
+    sys.stdout.flush()
+    return 0
+
+
+@command("top", "live dashboard of every CUDA process: cost of interception, checkpoint at a key", TOP_EPILOG)(configure_top)
+def top(args: argparse.Namespace) -> int:
+    from ..tracer.audit import PRESETS
+
+    if args.preset not in PRESETS:
+        raise UsageError(f"unknown preset {args.preset!r}", f"choose one of {', '.join(PRESETS)}")
+    if args.replay and args.once:
+        raise UsageError("--once reads the live host; a recording is shown with --replay alone",
+                         "gputrace top --replay FILE")
+    if args.json and not args.once:
+        raise UsageError("--json goes with --once", "gputrace top --once --json")
+    if args.once:
+        return once(args)
+    if args.replay:
+        from ..tui.actions import NoCheckpointer
+        from ..tui.source import ReplaySource
+
+        source, actions = ReplaySource(args.replay, args.speed), NoCheckpointer()
+    else:
+        source = _live(args)
+        actions = source.checkpointer
+    if not sys.stdout.isatty():
+        raise UsageError("`gputrace top` needs a terminal", "use `gputrace top --once --json` in scripts and pipes")
+    from ..tui.app import TopApp
+
+    TopApp(source, actions, preset=args.preset).run()
+    return 0
+
+
+def configure_record(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("-o", "--output", required=True, help="file to write (JSON lines)")
+    p.add_argument("-d", "--duration", type=float, help="seconds to record (default: until Ctrl-C)")
+
+
+@command("record", "record what `top` shows to a file, for `top --replay`", RECORD_EPILOG)(configure_record)
+def record(args: argparse.Namespace) -> int:
+    from ..tui.source import Recorder
+
+    if args.duration is not None and args.duration <= 0:
+        raise UsageError("--duration must be positive", "e.g. -d 60")
+    src = _live(args)
+    try:
+        out = open(args.output, "wb")
+    except OSError as exc:
+        raise GputraceError(f"cannot write {args.output}: {exc.strerror}", "choose a writable path for -o") from None
+    print(f"gputrace: recording to {args.output} (Ctrl-C ends it) ...", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    with out:
+        rec = Recorder(out, {"interval_s": args.interval, "budget": src.options.budget})
+        try:
+            for frame in src.frames():
+                if frame.processes or frame.pending:
+                    rec.frame(frame)
+                if args.duration is not None and time.monotonic() - t0 >= args.duration:
+                    break
+        except KeyboardInterrupt:
+            pass
+        finally:
+            src.close()
+    print(f"gputrace: {rec.frames} frames written to {args.output}", file=sys.stderr)
+    return 0

@@ -1,0 +1,121 @@
+"""`top`'s data layer without root: the frame codec, recordings and their replay, the text view, the
+checkpointer adapter's fallbacks, and the CLI's argument checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import orjson
+import pytest
+
+from gputrace.tui import actions
+from gputrace.tui.model import SCHEMA, host_dict, host_from_dict
+from gputrace.tui.source import ReplaySource, read_record, write_record
+from gputrace.tui.text import render_host, sort_rows, sparkline
+
+from topdata import frame, frames
+
+CLI = [sys.executable, "-m", "gputrace"]
+
+
+def test_frame_round_trips_through_json():
+    h = frame(1)
+    d = orjson.loads(orjson.dumps(host_dict(h), option=orjson.OPT_NON_STR_KEYS))
+    assert d["schema"] == SCHEMA and d["kind"] == "gputrace.top.frame"
+    back = host_from_dict(d)
+    assert back == h
+    row = d["processes"][0]
+    assert set(row["audits"]) == {"shim", "proxy"}
+    assert row["audits"]["shim"]["slowdown_upper"] >= row["audits"]["shim"]["slowdown_lower"]
+
+
+def test_replay_yields_the_recorded_frames(tmp_path):
+    path = tmp_path / "s.jsonl"
+    write_record(str(path), frames(4), {"interval_s": 1.0})
+    header, got = read_record(str(path))
+    assert header["kind"] == "gputrace.record" and header["options"] == {"interval_s": 1.0}
+    assert got == frames(4)
+    assert list(ReplaySource(str(path), speed=0).frames()) == frames(4)
+
+
+def test_replay_close_ends_the_iteration(tmp_path):
+    path = tmp_path / "s.jsonl"
+    write_record(str(path), frames(3))
+    src = ReplaySource(str(path), speed=1e-6)  # a pause of days between frames, unless closed
+    it = src.frames()
+    assert next(it) == frames(1)[0]
+    src.close()
+    assert list(it) == []
+
+
+@pytest.mark.parametrize("content, msg", [
+    (b"", "not a gputrace recording"),
+    (b"{not json\n", "not a gputrace recording"),
+    (b'{"schema": 1, "kind": "gputrace.attach"}\n', "no gputrace.record header"),
+    (b'{"schema": 99, "kind": "gputrace.record"}\n', "newer than this gputrace reads"),
+    (b'{"schema": 1, "kind": "gputrace.record"}\n{"kind": "gputrace.top.frame", "t": 1}\n', "malformed frame"),
+])
+def test_bad_recordings_are_refused_with_a_reason(tmp_path, content, msg):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    p = subprocess.run(CLI + ["top", "--replay", str(path)], capture_output=True, text=True)
+    assert p.returncode == 2 and msg in p.stderr and "hint:" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_a_recording_cut_mid_line_reads_up_to_its_last_whole_frame(tmp_path):
+    path = tmp_path / "cut.jsonl"
+    write_record(str(path), frames(2))
+    data = path.read_bytes()
+    path.write_bytes(data + data.splitlines()[-1][:40])
+    assert read_record(str(path))[1] == frames(2)
+
+
+def test_text_view_sorts_by_predicted_overhead():
+    text = render_host(frame(0), "shim")
+    lines = text.splitlines()
+    assert lines[0].startswith("gpu-host-7  GPUs: 0: NVIDIA H200 87%")
+    order = [ln.split()[1] for ln in lines[3:7]]
+    assert order == ["train_big", "infer", "notebook", "idle_job"], text
+    assert "3.0 GiB" in text and "froze 210.00 ms" in text
+
+
+def test_sorting_by_any_column_and_reversed():
+    rows = frame(0).processes
+    assert [r.pid for r in sort_rows(rows, "pid", "shim")] == [1111, 2222, 3333, 4242]
+    assert [r.pid for r in sort_rows(rows, "pid", "shim", reverse=True)] == [4242, 3333, 2222, 1111]
+    assert [r.comm for r in sort_rows(rows, "wait", "shim")][0] == "notebook"
+
+
+def test_sparkline_scales_to_the_largest_value():
+    assert sparkline((0.0, 5.0, 10.0)) == "▁▅█"
+    assert sparkline(()) == "" and sparkline((0.0, 0.0)) == "▁▁"
+
+
+def test_adapter_says_not_available_for_what_the_checkpointer_lacks(monkeypatch):
+    mod = types.ModuleType("fake_ckpt")
+    mod.checkpoint = lambda pid, progress: {"path": f"/c/{pid}", "taken_at": 5.0, "size_bytes": 10, "freeze_s": 0.5}
+    monkeypatch.setitem(sys.modules, "fake_ckpt", mod)
+    a = actions.CheckpointerAdapter("fake_ckpt")
+    assert a.available("checkpoint") and not a.available("suspend")
+    res = a.checkpoint(7, lambda f, m: None)
+    assert res.freeze_s == 0.5 and res.checkpoint.id == "/c/7"
+    with pytest.raises(actions.ActionUnavailable, match="not available yet"):
+        a.suspend(7, lambda f, m: None)
+    assert a.list_checkpoints(7) == []
+    mod.resume = lambda pid, progress: 1 / 0  # a bug in the library must reach the UI as an error, not a crash
+    with pytest.raises(actions.GputraceError, match="ZeroDivisionError"):
+        a.resume(7, lambda f, m: None)
+    assert not actions.CheckpointerAdapter("no_such_module_here").available("checkpoint")
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["top", "--json"], "--json goes with --once"),
+    (["top", "--once", "--replay", "x"], "--once reads the live host"),
+    (["top", "--preset", "nope"], "unknown preset"),
+])
+def test_top_usage_errors(args, msg):
+    p = subprocess.run(CLI + args, capture_output=True, text=True)
+    assert p.returncode == 2 and msg in p.stderr, p.stderr

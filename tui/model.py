@@ -1,0 +1,144 @@
+"""What `top` shows, as frozen data: one HostSnapshot per refresh, free of any UI.
+
+The same objects come from a live host (tui/live.py), from a recorded session (tui/source.py), and
+go out as JSON (`top --once --json`, `record`): `host_dict`/`host_from_dict` are the codec, versioned
+by SCHEMA. As in the tracer's model, `None` in a float field means one thing: not measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from gputrace.tracer.audit import PRESETS, Audit, audit
+from gputrace.tracer.classify import FunctionClass
+from gputrace.tracer.model import ClassTotals, FunctionStats, ProcessSnapshot
+
+SCHEMA = 1
+KIND_FRAME = "gputrace.top.frame"
+KIND_RECORD = "gputrace.record"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint of a process, as the checkpointer lists it."""
+
+    id: str                        # what restore takes (a directory, for the checkpointer)
+    taken_at: float                # unix time
+    size_bytes: int | None
+    freeze_s: float | None         # how long the job was gated for it
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    util_pct: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    pid: int
+    comm: str
+    snapshot: ProcessSnapshot      # the latest interval (or the whole span, for `--once`)
+    shimmed: bool
+    last_checkpoint: Checkpoint | None = None
+    calls_history: tuple[float, ...] = ()   # calls/s of recent intervals, oldest first (sparklines)
+    library: str = ""
+
+    def audit(self, preset: str) -> Audit:
+        return audit(self.snapshot, PRESETS[preset])
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    t: float                       # unix time of the refresh
+    host: str
+    gpus: tuple[Gpu, ...]
+    gpu_note: str                  # why there are no GPUs shown, or ""
+    budget: float                  # the tracer's cost cap, fraction of each target's CPU
+    processes: tuple[ProcessRow, ...]
+    pending: tuple[int, ...] = ()  # found, not measured yet (attaching)
+    notes: tuple[str, ...] = ()    # processes that could not be traced, and why
+
+    @property
+    def tracer_cost_s(self) -> float:
+        return sum(p.snapshot.tracer_cost_s for p in self.processes)
+
+    @property
+    def tracer_overhead(self) -> float | None:
+        """The tracer's probe cost as a fraction of the traced processes' CPU time."""
+        cpu = sum(p.snapshot.target_cpu_s or 0.0 for p in self.processes)
+        return self.tracer_cost_s / cpu if cpu > 0 else None
+
+
+# --- codec ------------------------------------------------------------------------------------
+def snapshot_dict(s: ProcessSnapshot) -> dict:
+    d = dataclasses.asdict(s)
+    d["calls_hz"] = s.calls_hz
+    d["tracer_overhead"] = s.tracer_overhead
+    return d
+
+
+def snapshot_from_dict(d: dict) -> ProcessSnapshot:
+    funcs = tuple(
+        FunctionStats(**{**{k: v for k, v in f.items() if k in _FUNC_FIELDS}, "cls": FunctionClass(f["cls"]),
+                         "hist": tuple(f.get("hist", ()))})
+        for f in d["functions"]
+    )
+    classes = tuple(ClassTotals(FunctionClass(c["cls"]), c["rate_hz"], c["time_s_per_s"]) for c in d.get("classes", ()))
+    fields = {k: v for k, v in d.items() if k in _SNAP_FIELDS}
+    return ProcessSnapshot(**{**fields, "functions": funcs, "classes": classes})
+
+
+_FUNC_FIELDS = {f.name for f in dataclasses.fields(FunctionStats)}
+_SNAP_FIELDS = {f.name for f in dataclasses.fields(ProcessSnapshot)}
+
+
+def row_dict(r: ProcessRow) -> dict:
+    return {
+        "pid": r.pid,
+        "comm": r.comm,
+        "library": r.library,
+        "shimmed": r.shimmed,
+        "last_checkpoint": dataclasses.asdict(r.last_checkpoint) if r.last_checkpoint else None,
+        "calls_history": list(r.calls_history),
+        "snapshot": snapshot_dict(r.snapshot),
+        "audits": {name: dataclasses.asdict(r.audit(name)) for name in PRESETS},
+    }
+
+
+def row_from_dict(d: dict) -> ProcessRow:
+    ck = d.get("last_checkpoint")
+    return ProcessRow(
+        pid=d["pid"], comm=d["comm"], snapshot=snapshot_from_dict(d["snapshot"]), shimmed=bool(d["shimmed"]),
+        last_checkpoint=Checkpoint(**ck) if ck else None, calls_history=tuple(d.get("calls_history", ())),
+        library=d.get("library", ""),
+    )
+
+
+def host_dict(h: HostSnapshot) -> dict:
+    return {
+        "schema": SCHEMA,
+        "kind": KIND_FRAME,
+        "t": h.t,
+        "host": h.host,
+        "gpus": [dataclasses.asdict(g) for g in h.gpus],
+        "gpu_note": h.gpu_note,
+        "budget": h.budget,
+        "tracer_cost_s": h.tracer_cost_s,
+        "tracer_overhead": h.tracer_overhead,
+        "pending": list(h.pending),
+        "notes": list(h.notes),
+        "processes": [row_dict(r) for r in h.processes],
+    }
+
+
+def host_from_dict(d: dict) -> HostSnapshot:
+    return HostSnapshot(
+        t=d["t"], host=d["host"], gpus=tuple(Gpu(**g) for g in d.get("gpus", ())), gpu_note=d.get("gpu_note", ""),
+        budget=d["budget"], processes=tuple(row_from_dict(r) for r in d["processes"]),
+        pending=tuple(d.get("pending", ())), notes=tuple(d.get("notes", ())),
+    )

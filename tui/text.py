@@ -1,0 +1,101 @@
+"""Cells and sort keys shared by the dashboard's table and `top --once`'s plain text."""
+
+from __future__ import annotations
+
+import time
+
+from gputrace.report import fmt_ns, fmt_pct, fmt_rate
+
+from .model import Checkpoint, HostSnapshot, ProcessRow
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    x = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if x < 1024 or unit == "TiB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return str(n)
+
+
+def fmt_ago(t: float, now: float | None = None) -> str:
+    s = max(0.0, (now or time.time()) - t)
+    if s < 60:
+        return f"{s:.0f}s ago"
+    if s < 3600:
+        return f"{s / 60:.0f}m ago"
+    if s < 86400:
+        return f"{s / 3600:.1f}h ago"
+    return f"{s / 86400:.1f}d ago"
+
+
+def fmt_checkpoint(c: Checkpoint | None, now: float | None = None) -> str:
+    if c is None:
+        return "-"
+    return f"{fmt_ago(c.taken_at, now)}, {fmt_bytes(c.size_bytes)}, froze {fmt_ns(c.freeze_s * 1e9 if c.freeze_s is not None else None)}"
+
+
+def sparkline(values: tuple[float, ...], width: int = 10) -> str:
+    vals = values[-width:]
+    if not vals:
+        return ""
+    hi = max(vals)
+    if hi <= 0:
+        return SPARK[0] * len(vals)
+    return "".join(SPARK[min(len(SPARK) - 1, int(v / hi * (len(SPARK) - 1) + 0.5))] for v in vals)
+
+
+def overhead_cell(r: ProcessRow, preset: str, now: float | None = None) -> str:
+    a = r.audit(preset)
+    return f"{fmt_pct(a.slowdown_lower)}–{fmt_pct(a.slowdown_upper)}"
+
+
+# Column key -> (title, cell(row, preset, now), sort key(row, preset)); the table and text share these.
+COLUMNS = {
+    "pid": ("PID", lambda r, p, now: str(r.pid), lambda r, p: r.pid),
+    "comm": ("COMMAND", lambda r, p, now: r.comm, lambda r, p: r.comm),
+    "calls": ("CALLS/S", lambda r, p, now: fmt_rate(r.snapshot.calls_hz), lambda r, p: r.snapshot.calls_hz),
+    "trend": ("TREND", lambda r, p, now: sparkline(r.calls_history), None),
+    "cpu": ("DRIVER CPU", lambda r, p, now: fmt_pct(r.snapshot.driver_cpu_s_per_s, 1), lambda r, p: r.snapshot.driver_cpu_s_per_s),
+    "wait": ("WAIT", lambda r, p, now: fmt_pct(r.snapshot.wait_s_per_s, 1), lambda r, p: r.snapshot.wait_s_per_s),
+    "overhead": ("OVERHEAD", overhead_cell, lambda r, p: (r.audit(p).slowdown_upper, r.audit(p).slowdown_lower)),
+    "shim": ("SHIM", lambda r, p, now: "yes" if r.shimmed else "no", lambda r, p: r.shimmed),
+    "ckpt": ("LAST CHECKPOINT", lambda r, p, now: fmt_checkpoint(r.last_checkpoint, now),
+             lambda r, p: r.last_checkpoint.taken_at if r.last_checkpoint else 0.0),
+}
+SORTABLE = tuple(k for k, (_, _, key) in COLUMNS.items() if key is not None)
+DESCENDING = frozenset({"calls", "cpu", "wait", "overhead", "ckpt", "shim"})  # biggest first is what one looks for
+
+
+def sort_rows(rows: tuple[ProcessRow, ...], key: str, preset: str, reverse: bool = False) -> list[ProcessRow]:
+    k = COLUMNS[key][2]
+    desc = (key in DESCENDING) != reverse
+    return sorted(rows, key=lambda r: (k(r, preset), -r.pid if desc else r.pid), reverse=desc)
+
+
+def matches(r: ProcessRow, text: str) -> bool:
+    t = text.strip().lower()
+    return not t or t in r.comm.lower() or t in str(r.pid) or (t == "shim" and r.shimmed)
+
+
+def render_host(h: HostSnapshot, preset: str) -> str:
+    now = h.t
+    gpus = "; ".join(f"{g.index}: {g.name} {g.util_pct or 0:.0f}% {fmt_bytes(g.mem_used_bytes)}/{fmt_bytes(g.mem_total_bytes)}"
+                     for g in h.gpus) or f"none ({h.gpu_note})"
+    lines = [f"{h.host}  GPUs: {gpus}",
+             f"tracer: {fmt_pct(h.tracer_overhead)} of the traced processes' CPU (budget {fmt_pct(h.budget, 1)} each); "
+             f"overhead preset {preset}"]
+    keys = [k for k in COLUMNS if k != "trend"]
+    rows = [[COLUMNS[k][1](r, preset, now) for k in keys] for r in sort_rows(h.processes, "overhead", preset)]
+    heads = [COLUMNS[k][0] for k in keys]
+    widths = [max(len(x) for x in col) for col in zip(heads, *rows)]
+    for row in [heads, *rows]:
+        lines.append("  ".join(c.ljust(w) if i in (1, len(keys) - 1) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    if not h.processes:
+        lines.append("(no CUDA process measured)")
+    lines += [f"attaching: pid {p}" for p in h.pending] + list(h.notes)
+    return "\n".join(lines) + "\n"
