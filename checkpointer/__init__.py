@@ -1,1 +1,11 @@
-"""gputrace.checkpointer."""
+"""gputrace.checkpointer: a shimmed process's GPU device memory to a checkpoint directory and back.
+
+No user interface here (the CLI is gputrace/commands/checkpoint.py).  `checkpoint(pid, dir)` and
+`restore(pid, dir)` (checkpointer/ops.py) talk to the shim's control socket; the directory format is
+in checkpointer/store.py, the shim's image format in checkpointer/image.py.
+"""
+
+from .ops import CheckpointReport, RestoreReport, checkpoint, compare, restore
+from .store import SCHEMA, read_manifest
+
+__all__ = ["CheckpointReport", "RestoreReport", "SCHEMA", "checkpoint", "compare", "read_manifest", "restore"]

@@ -55,3 +55,29 @@ class ShimUnavailable(GputraceError):
 
 class NotYetAvailable(GputraceError):
     exit_code = 9
+
+
+class CheckpointError(GputraceError):
+    """A checkpoint or restore that could not be done; the job is left running as it was."""
+
+    exit_code = 10
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint directory that is incomplete, truncated or fails its checksums."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """A checkpoint whose allocations are not the ones the process holds."""
+
+
+class CheckpointBusy(CheckpointError):
+    """Another checkpoint or restore of the process is in progress, or its gate cannot close now."""
+
+
+class DiskFull(CheckpointError):
+    """No space left where the checkpoint is written."""
+
+
+class TargetLost(CheckpointError):
+    """The target process exited (or its shim stopped answering) during the operation."""

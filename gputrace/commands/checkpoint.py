@@ -1,0 +1,130 @@
+"""`gputrace checkpoint` and `gputrace restore`: a shimmed job's device memory to a directory and back."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..cli import add_json, add_pid, command
+from .shim import _dump_json, fmt_bytes
+
+CHECKPOINT_EPILOG = """examples:
+  gputrace checkpoint -p 1234                   into ./gputrace-ckpt-1234-TIME
+  gputrace checkpoint -p 1234 -o /ckpt/step100  into a new directory /ckpt/step100
+  gputrace checkpoint -p 1234 --json            the report as JSON
+
+The job must run with the shim (gputrace run --checkpointable -- CMD).  It is frozen only while its
+device memory is copied to host memory; the data are then checksummed and written while it runs on.
+The directory appears only once complete (written as .NAME.partial-PID, synced, then renamed).
+"""
+
+RESTORE_EPILOG = """examples:
+  gputrace restore -p 1234 /ckpt/step100
+  gputrace restore -p 1234 /ckpt/step100 --json
+
+Rolls the job's device memory back to the checkpoint.  The checkpoint's checksums, and that the job
+holds the same allocations (addresses and sizes), are checked before the job is touched; on any
+mismatch nothing changes.
+"""
+
+
+def _tuning(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lanes", type=int, default=4, help="copy threads, each with its own streams (default 4)")
+    p.add_argument("--chunk", type=int, default=8 << 20,
+                   help="bytes per staged copy, a multiple of 4096 (default 8 MiB)")
+    p.add_argument("--timeout-ms", type=int, default=5000,
+                   help="how long to wait for driver calls in flight before giving up the freeze (default 5000)")
+
+
+def configure_checkpoint(p: argparse.ArgumentParser) -> None:
+    add_pid(p)
+    p.add_argument("-o", "--output", help="new directory to write (default ./gputrace-ckpt-PID-TIME)")
+    _tuning(p)
+    add_json(p)
+
+
+def configure_restore(p: argparse.ArgumentParser) -> None:
+    add_pid(p)
+    p.add_argument("dir", help="checkpoint directory written by `gputrace checkpoint`")
+    _tuning(p)
+    add_json(p)
+
+
+class _Progress:
+    """A progress line on stderr, for a terminal only, at most ten updates a second."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.enabled or phase == "freeze":
+            return
+        now = time.monotonic()
+        if done < total and now - self.last < 0.1:
+            return
+        self.last = now
+        pct = 100.0 * done / total if total else 100.0
+        sys.stderr.write(f"\r{phase}: {fmt_bytes(done)} of {fmt_bytes(total)} ({pct:.0f}%)  ")
+        sys.stderr.flush()
+        self.shown = True
+
+    def end(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            self.shown = False
+
+
+def _gbps(nbytes: int, ns: int) -> str:
+    return f"{nbytes / ns:.2f} GB/s" if ns else "-"
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.1f} ms"
+
+
+@command("checkpoint", "checkpoint a shimmed process's GPU memory to a directory", CHECKPOINT_EPILOG)(
+    configure_checkpoint)
+def checkpoint_cmd(args: argparse.Namespace) -> int:
+    from ..checkpointer import checkpoint
+
+    prog = _Progress(not args.json and sys.stderr.isatty())
+    try:
+        r = checkpoint(args.pid, args.output, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
+                       progress=prog)
+    finally:
+        prog.end()
+    if args.json:
+        _dump_json({"schema": 1, **r.to_dict()})
+        return 0
+    print(f"checkpoint of pid {r.pid}: {r.path}")
+    print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
+    print(f"  freeze   {_ms(r.freeze_ns)} (drain {_ms(r.drain_ns)}, sync {_ms(r.sync_ns)}, "
+          f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)})")
+    print(f"  write    {_ms(r.write_ns)} at {_gbps(r.image_bytes, r.write_ns)} (job running)")
+    print(f"  total    {_ms(r.total_ns)}")
+    return 0
+
+
+@command("restore", "roll a shimmed process's GPU memory back to a checkpoint", RESTORE_EPILOG)(configure_restore)
+def restore_cmd(args: argparse.Namespace) -> int:
+    from ..checkpointer import restore
+
+    prog = _Progress(not args.json and sys.stderr.isatty())
+    try:
+        r = restore(args.pid, args.dir, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
+                    progress=prog)
+    finally:
+        prog.end()
+    if args.json:
+        _dump_json({"schema": 1, **r.to_dict()})
+        return 0
+    print(f"restored pid {r.pid} from {r.path}")
+    print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
+    print(f"  verify   {_ms(r.verify_ns)} at {_gbps(r.bytes, r.verify_ns)} (job running)")
+    print(f"  freeze   {_ms(r.freeze_ns)} (drain {_ms(r.drain_ns)}, sync {_ms(r.sync_ns)}, "
+          f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)})")
+    print(f"  total    {_ms(r.total_ns)}")
+    return 0

@@ -1,0 +1,242 @@
+"""Checkpoint and restore of a shimmed simcuda process (the `pattern` workload, which fills device
+memory of every saved kind from a seed and reports a checksum on command): device memory comes back
+byte for byte, and every way it can go wrong gives a clear error, keeps no checkpoint that claims to
+be valid, and never leaves the job gated or changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gputrace import simcuda
+from gputrace.checkpointer import checkpoint, read_manifest, restore
+from gputrace.errors import CheckpointBusy, CheckpointMismatch, CorruptCheckpoint, DiskFull, TargetLost
+from gputrace.shim import client
+
+from ckpttest import small_fs, target  # noqa: F401  (fixtures)
+from shimtest import procs, shim_dir, start  # noqa: F401  (fixtures)
+
+
+def leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if ".partial" in p.name]
+
+
+def test_restore_returns_device_memory_to_the_checkpoint_byte_for_byte(target, tmp_path):
+    t = target(6 << 20)
+    saved = t.ready["sum"]
+    rep = checkpoint(t.pid, tmp_path / "ck", lanes=3, chunk=1 << 20)
+    assert rep.bytes == t.ready["bytes"] and rep.allocations == 5
+    assert 0 < rep.freeze_ns and rep.copy_ns <= rep.freeze_ns
+    assert t.gate_open()
+    overwritten = t.cmd("fill 9")["sum"]
+    assert overwritten != saved
+    rr = restore(t.pid, tmp_path / "ck", lanes=2, chunk=256 << 10)
+    assert rr.bytes == rep.bytes and rr.allocations == 5
+    assert t.sum() == saved
+    assert t.gate_open()
+    # The workload carries on from the restored state: it can overwrite and restore again.
+    assert t.cmd("fill 10")["sum"] != saved
+    restore(t.pid, tmp_path / "ck")
+    assert t.sum() == saved
+
+
+def test_the_manifest_describes_what_the_process_held(target, tmp_path):
+    t = target()
+    checkpoint(t.pid, tmp_path / "ck")
+    m = read_manifest(tmp_path / "ck")
+    assert sorted(os.listdir(tmp_path / "ck")) == ["data.img", "manifest.json"] and leftovers(tmp_path) == []
+    assert m["schema"] == 1 and m["complete"] is True and m["target"]["pid"] == t.pid
+    got = [(a["base"], a["size"]) for a in m["allocations"]]
+    assert got == sorted((a["base"], a["size"]) for a in t.ready["allocations"])
+    assert {a["kind"] for a in m["allocations"]} == {"device", "pitch", "async", "vmm_map"}
+    assert m["devices"][0]["name"] and m["driver"]["version"] > 0
+    assert m["registry"]["contexts"] == 1 and m["registry"]["streams"] == 1
+    d = m["data"]
+    assert d["hash"] == "xxh3_64" and d["bytes"] == (tmp_path / "ck" / "data.img").stat().st_size
+    assert len(d["chunks"]) == -(-d["bytes"] // d["chunk_bytes"])
+    assert set(m["timings"]) >= {"drain_ns", "sync_ns", "copy_ns", "freeze_ns", "write_ns"}
+
+
+def test_a_process_without_device_memory_checkpoints_and_restores(procs, shim_dir, tmp_path):
+    p = start(procs, simcuda.workload("alloc_free") + ["--steps", "1", "--hold"])
+    for want in (1, 2, 3, 4):  # hold point 4 comes after teardown: nothing held
+        held = json.loads(p.stdout.readline())
+        assert held["hold"] == want
+        if want < 4:
+            p.stdin.write("\n")
+            p.stdin.flush()
+    rep = checkpoint(p.pid, tmp_path / "ck")
+    assert rep.allocations == 0 and rep.bytes == 0
+    assert restore(p.pid, tmp_path / "ck").allocations == 0
+    assert client.status(p.pid)["paused"] is False
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.wait(timeout=60) == 0
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_a_corrupted_chunk_is_refused_before_the_process_is_touched(target, tmp_path):
+    t = target(8 << 20)
+    checkpoint(t.pid, tmp_path / "ck")
+    now = t.cmd("fill 3")["sum"]
+    m = read_manifest(tmp_path / "ck")
+    assert len(m["data"]["chunks"]) >= 2
+    _flip(tmp_path / "ck" / "data.img", m["data"]["chunk_bytes"] + 12345)
+    with pytest.raises(CorruptCheckpoint, match=r"chunk 1 of .* fails its xxh3_64 checksum") as e:
+        restore(t.pid, tmp_path / "ck")
+    assert "not touched" in e.value.hint
+    assert t.sum() == now and t.gate_open()
+
+
+def test_a_truncated_data_file_is_refused(target, tmp_path):
+    t = target()
+    checkpoint(t.pid, tmp_path / "ck")
+    now = t.cmd("fill 3")["sum"]
+    data = tmp_path / "ck" / "data.img"
+    os.truncate(data, data.stat().st_size - 4096)
+    with pytest.raises(CorruptCheckpoint, match="truncated"):
+        restore(t.pid, tmp_path / "ck")
+    assert t.sum() == now and t.gate_open()
+
+
+def test_a_missing_or_damaged_manifest_is_refused(target, tmp_path):
+    t = target()
+    checkpoint(t.pid, tmp_path / "ck")
+    now = t.cmd("fill 3")["sum"]
+    (tmp_path / "ck" / "manifest.json").write_bytes(b'{"schema": 1, "format": "gputrace-checkpoint"')
+    with pytest.raises(CorruptCheckpoint, match="not valid JSON"):
+        restore(t.pid, tmp_path / "ck")
+    (tmp_path / "ck" / "manifest.json").unlink()
+    with pytest.raises(CorruptCheckpoint, match="no manifest.json: it is not a complete checkpoint"):
+        restore(t.pid, tmp_path / "ck")
+    assert t.sum() == now and t.gate_open()
+
+
+def test_a_checkpoint_of_another_process_is_refused_with_what_differs(target, tmp_path):
+    a, b = target(1 << 20), target(2 << 20)
+    checkpoint(a.pid, tmp_path / "ck")
+    now = b.sum()
+    with pytest.raises(CheckpointMismatch, match=r"does not match what process \d+ holds: .*bytes") as e:
+        restore(b.pid, tmp_path / "ck")
+    assert "not touched" in e.value.hint
+    assert b.sum() == now and b.gate_open()
+
+
+def test_a_process_that_allocated_since_is_refused_by_the_shim_under_the_gate(target, tmp_path):
+    t = target()
+    checkpoint(t.pid, tmp_path / "ck")
+    extra = t.cmd("alloc 8192")
+    # What the library checks first, before asking the process:
+    with pytest.raises(CheckpointMismatch, match=f"holds 8192 bytes at {extra['base']:#x} that the checkpoint lacks"):
+        restore(t.pid, tmp_path / "ck")
+    # And what the shim checks again under the closed gate, when handed the image directly:
+    fd = os.open(tmp_path / "ck" / "data.img", os.O_RDONLY)
+    try:
+        with client.Connection(t.pid) as c:
+            r = c.request("restore", fd=fd)
+    finally:
+        os.close(fd)
+    assert r["ok"] is False and r["error"] == "mismatch" and r["difference_count"] == 1
+    assert r["differences"][0] == {"what": "unexpected", "base": extra["base"], "checkpoint_size": 0, "live_size": 8192}
+    assert t.sum() == extra["sum"] and t.gate_open()
+
+
+def test_a_full_disk_during_the_write_keeps_nothing(target, small_fs):
+    t = target(4 << 20)
+    with pytest.raises(DiskFull, match="no space left") as e:
+        checkpoint(t.pid, small_fs / "ck")
+    assert "nothing was kept" in e.value.hint
+    assert os.listdir(small_fs) == []
+    assert t.gate_open() and t.sum() == t.ready["sum"]
+
+
+def test_a_target_killed_mid_checkpoint_leaves_no_checkpoint(target, tmp_path):
+    t = target()
+
+    def kill(phase, done, total):
+        if phase == "freeze":
+            t.p.kill()
+            t.p.wait()
+
+    with pytest.raises(TargetLost, match=f"process {t.pid} exited during the checkpoint"):
+        checkpoint(t.pid, tmp_path / "ck", progress=kill)
+    assert not (tmp_path / "ck").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_target_killed_mid_restore_is_reported(target, tmp_path):
+    t = target()
+    checkpoint(t.pid, tmp_path / "ck")
+
+    def kill(phase, done, total):
+        if phase == "freeze":
+            t.p.kill()
+            t.p.wait()
+
+    with pytest.raises(TargetLost, match="exited during the restore"):
+        restore(t.pid, tmp_path / "ck", progress=kill)
+    read_manifest(tmp_path / "ck")  # the checkpoint itself is untouched
+
+
+def test_two_checkpoints_at_once_one_waits_for_nothing_and_says_busy(target, tmp_path):
+    t = target(4 << 20)
+    checkpoint(t.pid, tmp_path / "c0")
+    writing, release = threading.Event(), threading.Event()
+    result: dict = {}
+
+    def slow(phase, done, total):
+        if phase == "write" and not writing.is_set():
+            writing.set()
+            release.wait(60)
+
+    def first():
+        try:
+            result["rep"] = checkpoint(t.pid, tmp_path / "a", progress=slow)
+        except Exception as exc:  # surfaced below
+            result["exc"] = exc
+
+    th = threading.Thread(target=first)
+    th.start()
+    assert writing.wait(60)
+    try:
+        with pytest.raises(CheckpointBusy, match=f"another checkpoint or restore of process {t.pid} is in progress"):
+            checkpoint(t.pid, tmp_path / "b")
+        with pytest.raises(CheckpointBusy):
+            restore(t.pid, tmp_path / "c0")  # a valid checkpoint, but the process is busy
+        # The one being written is nowhere to be mistaken for a valid checkpoint yet.
+        with pytest.raises(CorruptCheckpoint, match="not a checkpoint directory"):
+            restore(t.pid, tmp_path / "a")
+        (partial,) = leftovers(tmp_path)
+        with pytest.raises(CorruptCheckpoint, match="no manifest.json"):
+            restore(t.pid, tmp_path / partial)
+        assert t.gate_open()  # the first one's freeze is over: the job runs while it writes
+    finally:
+        release.set()
+        th.join(60)
+    assert "exc" not in result, result.get("exc")
+    assert not (tmp_path / "b").exists()
+    read_manifest(tmp_path / "a")
+    assert result["rep"].bytes == t.ready["bytes"]
+
+
+def test_the_kinds_saved_agree_between_shim_and_library(target, tmp_path):
+    t = target()
+    checkpoint(t.pid, tmp_path / "ck")
+    st = client.status(t.pid)
+    m = read_manifest(tmp_path / "ck")
+    from gputrace.checkpointer import compare
+
+    assert compare(m, st) == []
+    assert orjson.loads(orjson.dumps(m))["bytes"] == t.ready["bytes"]

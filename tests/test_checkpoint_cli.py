@@ -1,0 +1,68 @@
+"""`gputrace checkpoint` and `gputrace restore` from the command line: reports, and `error:`/`hint:` for
+what goes wrong (no such pid, no shim, a damaged checkpoint, an existing output directory)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import orjson
+
+from gputrace import simcuda
+
+from shimtest import procs, shim_dir, start  # noqa: F401  (fixtures)
+
+
+def gputrace(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gputrace", *args], capture_output=True, text=True, timeout=120)
+
+
+def cmd(p, line: str) -> dict:
+    p.stdin.write(line + "\n")
+    p.stdin.flush()
+    return json.loads(p.stdout.readline())
+
+
+def test_checkpoint_and_restore_from_the_cli(procs, shim_dir, tmp_path):
+    p = start(procs, simcuda.workload("pattern") + ["--size", str(2 << 20)])
+    ready = json.loads(p.stdout.readline())
+    r = gputrace("checkpoint", "-p", str(p.pid), "-o", str(tmp_path / "ck"), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = orjson.loads(r.stdout)
+    assert rep["schema"] == 1 and rep["bytes"] == ready["bytes"] and rep["path"] == str(tmp_path / "ck")
+    assert rep["freeze_ns"] > 0 and rep["copy_gbps"] > 0 and rep["write_ns"] > 0
+    assert cmd(p, "fill 4")["sum"] != ready["sum"]
+    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"))
+    assert r.returncode == 0, r.stderr
+    assert f"restored pid {p.pid}" in r.stdout and "freeze" in r.stdout and "verify" in r.stdout
+    assert cmd(p, "sum")["sum"] == ready["sum"]
+    text = gputrace("checkpoint", "-p", str(p.pid), "-o", str(tmp_path / "ck2"))
+    assert text.returncode == 0 and "freeze" in text.stdout and "GB/s" in text.stdout
+    again = gputrace("checkpoint", "-p", str(p.pid), "-o", str(tmp_path / "ck2"))
+    assert again.returncode == 10 and "already exists" in again.stderr and "hint:" in again.stderr
+
+
+def test_cli_errors_say_what_and_what_to_do(procs, shim_dir, tmp_path):
+    r = gputrace("checkpoint", "-p", "999999999")
+    assert r.returncode == 3 and "error: no process with pid 999999999" in r.stderr and "hint:" in r.stderr
+    plain = subprocess.Popen(["sleep", "120"])
+    procs.append(plain)
+    r = gputrace("checkpoint", "-p", str(plain.pid), "-o", str(tmp_path / "x"))
+    assert r.returncode == 8 and "does not have the gputrace shim loaded" in r.stderr
+    assert "gputrace run --checkpointable" in r.stderr and not (tmp_path / "x").exists()
+    r = gputrace("restore", "-p", str(plain.pid), str(tmp_path / "nothing"))
+    assert r.returncode == 10 and "is not a checkpoint directory" in r.stderr and "hint:" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_refuses_a_damaged_checkpoint(procs, shim_dir, tmp_path):
+    p = start(procs, simcuda.workload("pattern"))
+    json.loads(p.stdout.readline())
+    assert gputrace("checkpoint", "-p", str(p.pid), "-o", str(tmp_path / "ck")).returncode == 0
+    with open(tmp_path / "ck" / "data.img", "r+b") as f:
+        f.seek(5000)
+        f.write(b"\0\1\2\3")
+    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"))
+    assert r.returncode == 10 and "fails its xxh3_64 checksum" in r.stderr
+    assert "hint: the checkpoint is damaged; the process was not touched" in r.stderr
