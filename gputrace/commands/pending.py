@@ -6,8 +6,6 @@ from ..cli import add_pid, command, not_yet
 
 
 for _name, _help, _issue in [
-    ("top", "live dashboard of every CUDA process (not yet available)", "the `top` dashboard (issue 6)"),
-    ("record", "record a tracing session to a file for replay (not yet available)", "the `top` dashboard (issue 6)"),
     ("suspend", "take a job's device memory off the GPU (not yet available)", "the checkpointer (issue 5)"),
     ("resume", "bring a suspended job's device memory back (not yet available)", "the checkpointer (issue 5)"),
 ]:
