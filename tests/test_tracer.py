@@ -260,7 +260,7 @@ def test_sampled_rates_within_budget(tmp_path):
     tracer's own cost stays near the budget, and probes were attached for only part of the run."""
     out = tmp_path / "report.json"
     report, wl = run_attach(["--interval", "0.5", "-q", "--json", "-o", str(out), "--",
-                             *launch_bound("--seconds", "5", "--scale", "0.05", "--launch-ns", "1000000")], out)
+                             *launch_bound("--seconds", "8", "--scale", "0.05", "--launch-ns", "1000000")], out)
     s = report["summary"]
     assert report["options"]["budget"] == pytest.approx(0.01) and report["options"]["exact"] is False
     got = by_name(report)

@@ -413,3 +413,12 @@ def test_rawstats_arithmetic():
     assert (a - b) + b == a
     assert a - bpfprog.ZERO == a
     assert math.isclose(sum((a - b).hist), (a - b).timed)
+
+
+def test_probes_everything_until_something_is_seen():
+    """A first window before the job's first driver call sees nothing: the next must not probe nothing."""
+    p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=10)
+    p.observe(p.plan().window_s, {}, 1.0)
+    assert p.plan().probe == frozenset({0, 1})
+    p.observe(0.01, {1: 5}, 1.0)
+    assert p.plan().probe == frozenset({1})  # once calls are seen, only those, until the next rescan

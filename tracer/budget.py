@@ -92,7 +92,8 @@ class Policy:
         return f
 
     def _probe(self) -> frozenset[int]:
-        if self.exact or self.windows % self.rescan_every == 0:
+        # Nothing seen yet (a window before the job's first driver call): keep looking everywhere.
+        if self.exact or not self.seen or self.windows % self.rescan_every == 0:
             return frozenset(self.classes)
         return frozenset(self.seen)
 
