@@ -89,26 +89,44 @@ def test_sorting_by_any_column_and_reversed():
     assert [r.comm for r in sort_rows(rows, "wait", "shim")][0] == "notebook"
 
 
-def test_sparkline_scales_to_the_largest_value():
+def test_sparkline_scales_between_the_extremes():
     assert sparkline((0.0, 5.0, 10.0)) == "▁▅█"
+    assert sparkline((100.0, 101.0, 150.0)) == "▁▁█" and sparkline((100.0, 100.5)) == "▄▄"
     assert sparkline(()) == "" and sparkline((0.0, 0.0)) == "▁▁"
 
 
-def test_adapter_says_not_available_for_what_the_checkpointer_lacks(monkeypatch):
+def test_adapter_says_not_available_for_what_the_checkpointer_lacks(monkeypatch, tmp_path):
     mod = types.ModuleType("fake_ckpt")
-    mod.checkpoint = lambda pid, progress: {"path": f"/c/{pid}", "taken_at": 5.0, "size_bytes": 10, "freeze_s": 0.5}
+
+    def checkpoint(pid, out, progress):  # the shape of gputrace.checkpointer.checkpoint
+        progress("write", 5, 10)
+        return types.SimpleNamespace(path=out, bytes=10, freeze_ns=500_000_000)
+
+    mod.checkpoint = checkpoint
     monkeypatch.setitem(sys.modules, "fake_ckpt", mod)
-    a = actions.CheckpointerAdapter("fake_ckpt")
+    a = actions.CheckpointerAdapter("fake_ckpt", root=tmp_path)
     assert a.available("checkpoint") and not a.available("suspend")
-    res = a.checkpoint(7, lambda f, m: None)
-    assert res.freeze_s == 0.5 and res.checkpoint.id == "/c/7"
+    seen = []
+    res = a.checkpoint(7, lambda f, m: seen.append((f, m)))
+    assert seen == [(0.5, "write 5 B of 10 B")]
+    assert res.freeze_s == 0.5 and res.checkpoint.id.startswith(f"{tmp_path}/7-") and res.checkpoint.size_bytes == 10
+    ck = tmp_path / "7-20260101T000000"
+    ck.mkdir()
+    (ck / "manifest.json").write_bytes(orjson.dumps({"complete": True, "target": {"pid": 7}, "created_unix": 9.0,
+                                                     "bytes": 4096, "timings": {"freeze_ns": 2_000_000}}))
+    (tmp_path / "7-partial").mkdir()  # no manifest: not a checkpoint
+    assert a.list_checkpoints(7) == [actions.Checkpoint(str(ck), 9.0, 4096, 0.002)]
     with pytest.raises(actions.ActionUnavailable, match="not available yet"):
         a.suspend(7, lambda f, m: None)
-    assert a.list_checkpoints(7) == []
     mod.resume = lambda pid, progress: 1 / 0  # a bug in the library must reach the UI as an error, not a crash
     with pytest.raises(actions.GputraceError, match="ZeroDivisionError"):
         a.resume(7, lambda f, m: None)
     assert not actions.CheckpointerAdapter("no_such_module_here").available("checkpoint")
+
+
+def test_adapter_fits_the_real_checkpointer():
+    a = actions.CheckpointerAdapter()
+    assert a.available("checkpoint") and a.available("restore")
 
 
 @pytest.mark.parametrize("args, msg", [

@@ -6,7 +6,7 @@ from gputrace.tracer.classify import CLASS_ORDER, FunctionClass
 from gputrace.tracer.model import ClassTotals, FunctionStats, ProcessSnapshot
 from gputrace.tui.model import Checkpoint, Gpu, HostSnapshot, ProcessRow
 
-T0 = 1_800_000_000.0
+T0 = 1_700_000_000.0
 
 # pid, comm, launches/s, getters/s, sync mean ns (wait), shimmed
 PROCS = [

@@ -9,9 +9,11 @@ Every method blocks: the UI calls them from a thread worker, never from its even
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 from gputrace.errors import GputraceError, NotYetAvailable
@@ -128,12 +130,23 @@ class NoCheckpointer:
         return []
 
 
-class CheckpointerAdapter:
-    """Calls gputrace.checkpointer's module-level functions of the same names, where it has them:
-    checkpoint(pid, progress=...) / restore(pid, checkpoint_id, progress=...) / suspend / resume
-    returning an ActionResult-like object or dict, and list_checkpoints(pid) -> Checkpoint-likes."""
+def default_checkpoint_dir() -> Path:
+    """Where `top` puts checkpoints: $GPUTRACE_CKPT_DIR, else $XDG_DATA_HOME (or ~/.local/share)/gputrace/checkpoints.
+    Not /tmp: that is often memory, and a checkpoint is the size of the job's device memory."""
+    if os.environ.get("GPUTRACE_CKPT_DIR"):
+        return Path(os.environ["GPUTRACE_CKPT_DIR"])
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "gputrace" / "checkpoints"
 
-    def __init__(self, module: str = "gputrace.checkpointer") -> None:
+
+class CheckpointerAdapter:
+    """Calls gputrace.checkpointer's functions where it has them: checkpoint(pid, out, progress=),
+    restore(pid, path, progress=), suspend(pid, progress=), resume(pid, progress=), with progress
+    called as (phase, done, total); list_checkpoints(pid) if it has one, else the complete checkpoints
+    of that pid under `root` (directories named PID-TIME, as this adapter names them)."""
+
+    def __init__(self, module: str = "gputrace.checkpointer", root: Path | None = None) -> None:
+        self.root = root or default_checkpoint_dir()
         try:
             self._mod = importlib.import_module(module)
         except ImportError:
@@ -150,9 +163,17 @@ class CheckpointerAdapter:
         fn = self._fn(action)
         if fn is None:
             raise ActionUnavailable(f"{action} is not available yet", "it arrives with the checkpointer (issue 5)")
+
+        def report(*a) -> None:
+            if len(a) == 3:  # the checkpointer's (phase, done, total)
+                phase, done, total = a
+                progress(done / total if total else 0.0, f"{phase} {fmt_size(done)} of {fmt_size(total)}")
+            elif len(a) == 2:
+                progress(float(a[0]), str(a[1]))
+
         t0 = time.monotonic()
         try:
-            out = fn(pid, *args, progress=progress)
+            out = fn(pid, *args, progress=report)
         except GputraceError:
             raise
         except Exception as exc:  # a library still being written: show it, do not crash the UI
@@ -160,7 +181,13 @@ class CheckpointerAdapter:
         return _as_result(action, pid, out, time.monotonic() - t0)
 
     def checkpoint(self, pid: int, progress: Progress) -> ActionResult:
-        return self._call("checkpoint", pid, progress)
+        out = self.root / f"{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise GputraceError(f"cannot create {self.root}: {exc.strerror}",
+                                "set GPUTRACE_CKPT_DIR or --checkpoint-dir to a writable directory") from None
+        return self._call("checkpoint", pid, progress, str(out))
 
     def restore(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
         return self._call("restore", pid, progress, checkpoint_id)
@@ -173,12 +200,41 @@ class CheckpointerAdapter:
 
     def list_checkpoints(self, pid: int) -> list[Checkpoint]:
         fn = self._fn("list_checkpoints")
-        if fn is None:
-            return []
         try:
-            return [_as_checkpoint(c) for c in fn(pid)]
+            if fn is not None:
+                return [_as_checkpoint(c) for c in fn(pid)]
+            return self._scan(pid)
         except Exception:  # listing is decoration in the table; an error there must not hide the row
             return []
+
+    def _scan(self, pid: int) -> list[Checkpoint]:
+        import orjson
+
+        out = []
+        try:
+            names = [n for n in os.listdir(self.root) if n.startswith(f"{pid}-")]
+        except OSError:
+            return []
+        for n in names:
+            try:
+                m = orjson.loads((self.root / n / "manifest.json").read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                continue  # incomplete (no manifest yet) or not ours
+            if not m.get("complete") or m.get("target", {}).get("pid") != pid:
+                continue
+            t = m.get("timings", {})
+            freeze = t.get("freeze_ns")
+            out.append(Checkpoint(str(self.root / n), float(m.get("created_unix", 0.0)), m.get("bytes"),
+                                  freeze / 1e9 if freeze is not None else None))
+        return out
+
+
+def fmt_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
 
 
 def _get(obj, name, default=None):
@@ -193,11 +249,20 @@ def _as_checkpoint(c) -> Checkpoint:
 
 
 def _as_result(action: str, pid: int, out, elapsed_s: float) -> ActionResult:
+    """From what the checkpointer returns (its CheckpointReport/RestoreReport: path, bytes,
+    freeze_ns; or anything with freeze_s/message) to what the UI shows."""
     if isinstance(out, ActionResult):
         return out
     freeze = _get(out, "freeze_s") if out is not None else None
+    if freeze is None and _get(out, "freeze_ns") is not None:
+        freeze = _get(out, "freeze_ns") / 1e9
+    nbytes = _get(out, "bytes") if out is not None else None
     msg = _get(out, "message") if out is not None else None
+    if msg is None:
+        where = _get(out, "path")
+        msg = f"{fmt_size(nbytes) if nbytes is not None else '?'}" + (f" {'to' if action == 'checkpoint' else 'from'} {where}" if where else "") \
+            + f" in {elapsed_s:.2f} s"
     ck = None
     if action == "checkpoint" and out is not None and (_get(out, "id") or _get(out, "path")):
-        ck = _as_checkpoint(out)
-    return ActionResult(action, pid, msg or f"{action} done in {elapsed_s:.2f} s", freeze, ck)
+        ck = Checkpoint(str(_get(out, "id") or _get(out, "path")), time.time(), nbytes if nbytes is not None else _get(out, "size_bytes"), freeze)
+    return ActionResult(action, pid, msg, freeze, ck)

@@ -43,10 +43,13 @@ def sparkline(values: tuple[float, ...], width: int = 10) -> str:
     vals = values[-width:]
     if not vals:
         return ""
-    hi = max(vals)
+    lo, hi = min(vals), max(vals)
     if hi <= 0:
         return SPARK[0] * len(vals)
-    return "".join(SPARK[min(len(SPARK) - 1, int(v / hi * (len(SPARK) - 1) + 0.5))] for v in vals)
+    if hi - lo < 0.02 * hi:  # flat within 2%: a mid line, not noise blown up to full height
+        return SPARK[3] * len(vals)
+    # Scaled between the window's extremes: the trend is what this column is for.
+    return "".join(SPARK[int((v - lo) / (hi - lo) * (len(SPARK) - 1) + 0.5)] for v in vals)
 
 
 def overhead_cell(r: ProcessRow, preset: str, now: float | None = None) -> str:

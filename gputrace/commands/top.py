@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from ..cli import add_json, command
 from ..errors import GputraceError, UsageError
@@ -44,6 +45,8 @@ def configure_top(p: argparse.ArgumentParser) -> None:
                    help="with --once: seconds to measure before printing (default 3)")
     p.add_argument("--replay", metavar="FILE", help="show a session saved by `gputrace record`")
     p.add_argument("--speed", type=float, default=1.0, help="replay speed factor (default 1; 0: no pauses)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="where the c key writes checkpoints (default $GPUTRACE_CKPT_DIR, else ~/.local/share/gputrace/checkpoints)")
     p.add_argument("--preset", default="shim", help="interception layer for the predicted overhead (shim, proxy)")
     add_json(p)
 
@@ -63,7 +66,9 @@ def _live(args: argparse.Namespace, cumulative: bool = False):
 
     require_root("tracing")
     say = lambda msg: print(f"gputrace: {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    return LiveSource(_options(args), args.interval, cumulative=cumulative, checkpointer=CheckpointerAdapter(), warn=say)
+    root = getattr(args, "checkpoint_dir", None)
+    adapter = CheckpointerAdapter(root=Path(root).absolute() if root else None)
+    return LiveSource(_options(args), args.interval, cumulative=cumulative, checkpointer=adapter, warn=say)
 
 
 def once(args: argparse.Namespace) -> int:

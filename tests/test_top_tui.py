@@ -1,0 +1,190 @@
+"""The dashboard driven with Textual's Pilot over a replayed session, actions against a fake
+checkpointer: no root, no GPU. Waits are on the app's own state (frames seen, workers done), never on
+a clock."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gputrace.errors import GputraceError
+from gputrace.tui.actions import FakeCheckpointer, NoCheckpointer
+from gputrace.tui.app import TopApp
+from gputrace.tui.screens.detail import DetailScreen
+from gputrace.tui.screens.dialogs import ConfirmScreen, HelpScreen, RestoreScreen
+from gputrace.tui.screens.main import MainScreen
+from gputrace.tui.source import ReplaySource, write_record
+from gputrace.tui.widgets import ProcessTable
+
+from topdata import frames
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def recording(tmp_path):
+    path = tmp_path / "session.jsonl"
+    write_record(str(path), frames(3))
+    return str(path)
+
+
+async def until(pilot, cond) -> None:
+    while not cond():
+        await pilot.pause()
+
+
+async def started(pilot) -> MainScreen:
+    await until(pilot, lambda: pilot.app.ended and isinstance(pilot.app.screen, MainScreen))
+    await pilot.pause()
+    return pilot.app.screen
+
+
+def pids(screen: MainScreen) -> list[int]:
+    return screen.query_one(ProcessTable).pids
+
+
+def app_for(recording, checkpointer=None) -> TopApp:
+    return TopApp(ReplaySource(recording, speed=0), checkpointer or FakeCheckpointer())
+
+
+async def test_rows_sorted_by_predicted_overhead_by_default(recording):
+    app = app_for(recording)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        assert app.frames_seen == 3
+        assert pids(main) == [4242, 1111, 2222, 3333]
+        assert main.query_one(ProcessTable).shown[:3] == ("pid", "comm", "calls")
+        assert "replay ended" in str(main.query_one("#header").render())
+
+
+async def test_sorting_keys_and_header_click(recording):
+    app = app_for(recording)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        await pilot.press("i")
+        assert pids(main) == [3333, 2222, 1111, 4242]
+        await pilot.press("<")  # overhead -> wait (the column before it)
+        assert main.sort == "wait" and pids(main)[0] == 2222
+        table = main.query_one(ProcessTable)
+        table.post_message(table.HeaderSelected(table, table.columns["pid"].key, 0, table.columns["pid"].label))
+        await pilot.pause()
+        assert main.sort == "pid" and pids(main) == [1111, 2222, 3333, 4242]
+
+
+async def test_filter_by_command_pid_or_shim(recording):
+    app = app_for(recording)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        await pilot.press("slash", *"infer")
+        assert pids(main) == [1111]
+        await pilot.press("enter")
+        assert main.filter == "infer" and main.query_one(ProcessTable).has_focus
+        await pilot.press("slash", "ctrl+u", *"shim", "enter")
+        assert pids(main) == [4242, 3333]
+        await pilot.press("escape")
+        assert main.filter == "" and len(pids(main)) == 4
+
+
+async def test_detail_screen_functions_histogram_and_audit(recording):
+    app = app_for(recording)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await started(pilot)
+        await pilot.press("enter")
+        detail = app.screen
+        assert isinstance(detail, DetailScreen) and detail.pid == 4242
+        assert detail.names[0] == "cuCtxGetDevice_v2"
+        audit = str(detail.query_one("#audit").render())
+        assert "pid 4242 (train_big)" in audit and "predicted slowdown" in audit and "preset shim" in audit
+        await pilot.press("down")
+        assert detail.selected_name() == "cuLaunchKernel"
+        assert "cuLaunchKernel: time per call" in str(detail.query_one("#hist").render())
+        await pilot.press("p")
+        assert "preset proxy" in str(detail.query_one("#audit").render())
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
+
+
+async def test_checkpoint_asks_shows_progress_then_the_freeze_time(recording):
+    gate = threading.Event()
+    fake = FakeCheckpointer(gate=gate)
+    app = app_for(recording, fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        await pilot.press("c")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert fake.calls == [] and isinstance(app.screen, MainScreen)
+        await pilot.press("c", "y")
+        await until(pilot, lambda: fake.calls)
+        await until(pilot, lambda: "checkpoint started" in str(main.query_one("#status").render()))
+        await pilot.press("c")  # a second action on a busy process is refused, not queued
+        assert isinstance(app.screen, MainScreen)
+        gate.set()
+        await until(pilot, lambda: not app.busy)
+        status = str(main.query_one("#status").render())
+        assert "checkpoint of pid 4242 done, froze the job 12.0 ms" in status, status
+        assert fake.calls == [("checkpoint", 4242, "")]
+        assert "0s ago" in str(main.query_one(ProcessTable).get_row("4242")[-1])
+
+
+async def test_restore_picks_a_checkpoint(recording):
+    fake = FakeCheckpointer()
+    app = app_for(recording, fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await started(pilot)
+        await pilot.press("r")
+        await until(pilot, lambda: app.last_results)  # none yet: the failure says so
+        assert "no checkpoint to restore" in app.last_results[-1].error
+        await pilot.press("c", "y")
+        await until(pilot, lambda: len(app.last_results) == 2)
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RestoreScreen))
+        await pilot.press("enter")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await until(pilot, lambda: len(app.last_results) == 3)
+        assert fake.calls[-1] == ("restore", 4242, "/tmp/fake-ckpt/4242/0")
+
+
+async def test_failures_and_refusals_show_in_the_ui(recording):
+    fake = FakeCheckpointer(fail={"suspend": GputraceError("the gate did not close in 5 s", "try again")})
+    app = app_for(recording, fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        await pilot.press("s", "y")
+        await until(pilot, lambda: app.last_results)
+        assert "suspend of pid 4242 FAILED: the gate did not close" in str(main.query_one("#status").render())
+        await pilot.press("down")  # 1111 runs without the shim
+        await pilot.press("c")
+        assert isinstance(app.screen, MainScreen) and len(fake.calls) == 1
+        assert app.is_running
+
+
+async def test_replay_has_no_actions_but_says_why(recording):
+    app = TopApp(ReplaySource(recording, speed=0), NoCheckpointer())
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        await pilot.press("c")
+        assert "checkpoint is not available yet" in str(main.query_one("#status").render())
+
+
+async def test_help_and_quit(recording):
+    app = app_for(recording)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await started(pilot)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
+        await pilot.press("q")
+    assert not app.is_running
+
+
+async def test_small_terminal_keeps_the_essential_columns(recording):
+    app = app_for(recording)
+    async with app.run_test(size=(50, 12)) as pilot:
+        main = await started(pilot)
+        shown = main.query_one(ProcessTable).shown
+        assert shown == ("pid", "comm", "overhead"), shown
+        assert pids(main)[0] == 4242

@@ -1,0 +1,207 @@
+"""`gputrace top`: a thin App. It runs the source in a thread worker, hands frames to its screens,
+and runs actions in thread workers; everything blocking happens off the event loop."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+
+from gputrace.errors import GputraceError
+from gputrace.tracer.audit import DEFAULT_PRESET, PRESETS
+
+from .actions import ActionResult, Checkpointer
+from .messages import ActionDone, ActionFailed, ActionProgress, FrameArrived, SourceEnded
+from .model import Checkpoint, HostSnapshot, ProcessRow
+from .screens.dialogs import ConfirmScreen, HelpScreen, RestoreScreen
+from .screens.main import MainScreen
+from .source import Source
+
+QUESTIONS = {
+    "checkpoint": "Checkpoint pid {pid} ({comm})? The job is frozen while its device memory is copied out.",
+    "suspend": "Suspend pid {pid} ({comm})? Its device memory is moved off the GPU until you resume it.",
+    "resume": "Resume pid {pid} ({comm})? Its device memory is brought back to the GPU.",
+    "restore": "Roll pid {pid} ({comm}) back to {ckpt}? Device memory written since is lost.",
+}
+
+
+class TopApp(App):
+    TITLE = "gputrace top"
+    BINDINGS = [Binding("q", "quit", "quit"), Binding("question_mark", "help", "help")]
+
+    def __init__(self, source: Source, checkpointer: Checkpointer, preset: str = DEFAULT_PRESET) -> None:
+        super().__init__()
+        self.source = source
+        self.checkpointer = checkpointer
+        self.preset = preset
+        self.frame: HostSnapshot | None = None
+        self.frames_seen = 0
+        self.ended = False
+        self.state = ""
+        self.busy: dict[int, str] = {}               # pid -> the action running on it
+        self.last_results: list[ActionResult | ActionFailed] = []
+        self._checkpoints: dict[int, Checkpoint] = {}  # taken here, until the source lists them
+
+    def on_mount(self) -> None:
+        self.push_screen(MainScreen())
+        self.read_source()
+
+    def on_unmount(self) -> None:
+        self.source.close()
+
+    # --- the source --------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="source")
+    def read_source(self) -> None:
+        try:
+            for frame in self.source.frames():
+                self.post_message(FrameArrived(frame))
+        except GputraceError as exc:
+            self.post_message(SourceEnded(exc.msg, exc.hint))
+            return
+        except Exception as exc:  # the tracer failing must not take the screen with it
+            self.post_message(SourceEnded(f"{type(exc).__name__}: {exc}", "report this with the message above"))
+            return
+        self.post_message(SourceEnded())
+
+    def on_frame_arrived(self, msg: FrameArrived) -> None:
+        self.frame = msg.frame
+        self.frames_seen += 1
+        self._refresh_screens()
+
+    def on_source_ended(self, msg: SourceEnded) -> None:
+        self.ended = True
+        if msg.error:
+            self.state = f"tracing stopped: {msg.error}"
+            self.notify(f"{msg.error}\n{msg.hint}", title="tracing stopped", severity="error", timeout=30)
+        else:
+            self.state = "replay ended" if not self.source.live else "source ended"
+        self._refresh_screens()
+
+    def _refresh_screens(self) -> None:
+        for screen in self.screen_stack:
+            show = getattr(screen, "show_frame", None)
+            if show is not None:
+                show(self.frame)
+
+    def with_overrides(self, row: ProcessRow) -> ProcessRow:
+        """A row with the checkpoint taken here if the source does not list a newer one yet."""
+        mine = self._checkpoints.get(row.pid)
+        if mine and (row.last_checkpoint is None or row.last_checkpoint.taken_at < mine.taken_at):
+            return dataclasses.replace(row, last_checkpoint=mine)
+        return row
+
+    def next_preset(self) -> None:
+        names = list(PRESETS)
+        self.preset = names[(names.index(self.preset) + 1) % len(names)]
+        self.notify(f"overhead predicted for the {self.preset} preset: {PRESETS[self.preset].cost_source}",
+                    title=f"preset {self.preset}", timeout=4)
+        self._refresh_screens()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    # --- actions -----------------------------------------------------------------------------
+    def _status(self, text: str) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                screen.set_status(text)
+
+    def request_action(self, action: str, row: ProcessRow) -> None:
+        """Checks, asks, then runs `action` on the row's process in a worker."""
+        if not row.shimmed:
+            self.notify(f"pid {row.pid} ({row.comm}) runs without the shim; start it with "
+                        "`gputrace run --checkpointable -- COMMAND` to checkpoint it", title=f"cannot {action}",
+                        severity="warning")
+            return
+        if row.pid in self.busy:
+            self.notify(f"pid {row.pid} is busy: {self.busy[row.pid]} in progress", severity="warning")
+            return
+        if not self.checkpointer.available(action):
+            self._failed(ActionFailed(row.pid, action, f"{action} is not available yet",
+                                      "it arrives with the checkpointer (issue 5)"))
+            return
+        fmt = {"pid": row.pid, "comm": row.comm}
+        if action == "restore":
+            self._pick_checkpoint(row, fmt)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.start_action(action, row.pid)
+
+        self.push_screen(ConfirmScreen(QUESTIONS[action].format(**fmt)), answered)
+
+    @work(thread=True, group="actions")
+    def _pick_checkpoint(self, row: ProcessRow, fmt: dict) -> None:
+        try:
+            cks = self.checkpointer.list_checkpoints(row.pid)
+        except GputraceError as exc:
+            self.post_message(ActionFailed(row.pid, "restore", exc.msg, exc.hint))
+            return
+        self.call_from_thread(self._ask_restore, row, fmt, cks)
+
+    def _ask_restore(self, row: ProcessRow, fmt: dict, cks: list[Checkpoint]) -> None:
+        if not cks:
+            self._failed(ActionFailed(row.pid, "restore", f"pid {row.pid} has no checkpoint to restore",
+                                      "take one first with c"))
+            return
+
+        def confirmed(ck_id: str, yes: bool | None) -> None:
+            if yes:
+                self.start_action("restore", row.pid, ck_id)
+
+        def picked(ck_id: str | None) -> None:
+            if ck_id:
+                self.push_screen(ConfirmScreen(QUESTIONS["restore"].format(ckpt=ck_id, **fmt)),
+                                 lambda yes: confirmed(ck_id, yes))
+
+        self.push_screen(RestoreScreen(row.pid, row.comm, cks), picked)
+
+    def start_action(self, action: str, pid: int, arg: str | None = None) -> None:
+        self.busy[pid] = action
+        self._status(f"{action} of pid {pid}: starting ...")
+        self._action_worker(action, pid, arg)
+
+    @work(thread=True, group="actions")
+    def _action_worker(self, action: str, pid: int, arg: str | None) -> None:
+        def progress(fraction: float, text: str) -> None:
+            self.post_message(ActionProgress(pid, action, fraction, text))
+
+        try:
+            fn = getattr(self.checkpointer, action)
+            result = fn(pid, arg, progress) if action == "restore" else fn(pid, progress)
+        except GputraceError as exc:
+            self.post_message(ActionFailed(pid, action, exc.msg, exc.hint))
+            return
+        except Exception as exc:  # whatever the checkpointer does, the dashboard stays up
+            self.post_message(ActionFailed(pid, action, f"{action} failed: {type(exc).__name__}: {exc}"))
+            return
+        self.post_message(ActionDone(result))
+
+    def on_action_progress(self, msg: ActionProgress) -> None:
+        self._status(f"{msg.action} of pid {msg.pid}: {100 * msg.fraction:.0f}% {msg.text}")
+
+    def on_action_done(self, msg: ActionDone) -> None:
+        r = msg.result
+        self.busy.pop(r.pid, None)
+        self.last_results.append(r)
+        if r.checkpoint is not None:
+            self._checkpoints[r.pid] = r.checkpoint
+        froze = f", froze the job {r.freeze_s * 1e3:.1f} ms" if r.freeze_s is not None else ""
+        text = f"{r.action} of pid {r.pid} done{froze}: {r.message}"
+        self._status(text)
+        self.notify(text, title=f"{r.action} done", timeout=6)
+        self._refresh_screens()
+
+    def on_action_failed(self, msg: ActionFailed) -> None:
+        self._failed(msg)
+
+    def _failed(self, msg: ActionFailed) -> None:
+        self.busy.pop(msg.pid, None)
+        self.last_results.append(msg)
+        self._status(f"{msg.action} of pid {msg.pid} FAILED: {msg.error}")
+        self.notify(f"{msg.error}\n{msg.hint}" if msg.hint else msg.error, title=f"{msg.action} failed",
+                    severity="error", timeout=10)

@@ -1,0 +1,1 @@
+"""The dashboard's screens: main (all processes), detail (one process), and the modal dialogs."""

@@ -1,0 +1,125 @@
+"""One process: its driver functions, the latency histogram of the selected one, the audit."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from gputrace.report import fmt_ns, fmt_pct, fmt_rate
+from gputrace.tracer.model import FunctionStats
+
+from ..model import HostSnapshot, ProcessRow
+from ..text import fmt_checkpoint
+
+
+def histogram(f: FunctionStats, width: int = 30) -> Text:
+    """The log2 buckets with any count, as bars: slot k holds calls of [2^(k-1), 2^k) ns."""
+    t = Text(f"{f.name}: time per call (log2 buckets, {sum(f.hist)} calls timed)\n", style="bold")
+    used = [k for k, n in enumerate(f.hist) if n]
+    if not used:
+        t.append("not timed in this interval", style="dim")
+        return t
+    top = max(f.hist)
+    for k in range(used[0], used[-1] + 1):
+        n = f.hist[k]
+        lo = fmt_ns(2 ** (k - 1) if k else 0)
+        hi = fmt_ns(2**k)
+        t.append(f"{lo:>9} – {hi:<9} ")
+        t.append("█" * max(1 if n else 0, round(n / top * width)), style="cyan")
+        t.append(f" {n}\n")
+    return t
+
+
+def audit_text(row: ProcessRow, preset: str, now: float | None = None) -> Text:
+    s, a = row.snapshot, row.audit(preset)
+    t = Text()
+    t.append(f"pid {row.pid} ({row.comm})", style="bold")
+    t.append(f"  shimmed: {'yes' if row.shimmed else 'no'}  last checkpoint: {fmt_checkpoint(row.last_checkpoint, now)}\n")
+    t.append(f"libcuda {row.library or '?'}\n", style="dim")
+    t.append(f"driver calls {fmt_rate(s.calls_hz)}/s; driver CPU {fmt_pct(s.driver_cpu_s_per_s, 1)}; "
+             f"wait {fmt_pct(s.wait_s_per_s, 1)}; probes attached {fmt_pct(s.window_s / s.interval_s if s.interval_s else 0, 0)} "
+             f"of {s.interval_s:.1f} s; tracer {fmt_pct(s.tracer_overhead)} of its CPU\n")
+    t.append(f"preset {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")
+    t.append(f"{fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second; ")
+    t.append(f"predicted slowdown {fmt_pct(a.slowdown_lower)} (hidden in the wait) – {fmt_pct(a.slowdown_upper)} (exposed)",
+             style="bold")
+    return t
+
+
+class DetailScreen(Screen):
+    BINDINGS = [Binding("escape,backspace", "app.pop_screen", "back"), Binding("p", "preset", "preset"),
+                Binding("c", "act('checkpoint')", "checkpoint"), Binding("r", "act('restore')", "restore"),
+                Binding("s", "act('suspend')", "suspend"), Binding("u", "act('resume')", "resume")]
+    DEFAULT_CSS = """
+    DetailScreen #audit { height: auto; padding: 0 1; background: $boost; }
+    DetailScreen Horizontal { height: 1fr; }
+    DetailScreen #functions { width: 2fr; }
+    DetailScreen #hist-box { width: 1fr; min-width: 30; }
+    """
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid = pid
+        self.row: ProcessRow | None = None
+        self.names: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="audit")
+        with Horizontal():
+            yield DataTable(id="functions", cursor_type="row", zebra_stripes=True)
+            with VerticalScroll(id="hist-box"):
+                yield Static(id="hist")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        t = self.query_one("#functions", DataTable)
+        for key, title in (("name", "FUNCTION"), ("cls", "CLASS"), ("rate", "CALLS/S"), ("mean", "MEAN"), ("p99", "P99 <")):
+            t.add_column(title, key=key)
+        self.show_frame(self.app.frame)
+        t.focus()
+
+    def show_frame(self, frame: HostSnapshot | None) -> None:
+        row = next((r for r in frame.processes if r.pid == self.pid), None) if frame else None
+        audit = self.query_one("#audit", Static)
+        if row is None:
+            if self.row is not None:
+                audit.update(Text(f"pid {self.pid} is gone (exited, or no longer measured); last figures below",
+                                  style="yellow"))
+            return
+        self.row = self.app.with_overrides(row)
+        audit.update(audit_text(self.row, self.app.preset, frame.t))
+        t = self.query_one("#functions", DataTable)
+        keep = self.selected_name()
+        t.clear()
+        self.names = [f.name for f in row.snapshot.functions]
+        for f in row.snapshot.functions:
+            t.add_row(f.name, f.cls.value, Text(fmt_rate(f.rate_hz), justify="right"),
+                      Text(fmt_ns(f.mean_ns), justify="right"), Text(fmt_ns(f.p99_ns), justify="right"), key=f.name)
+        if keep in self.names:
+            t.move_cursor(row=self.names.index(keep))
+        self._show_hist()
+
+    def selected_name(self) -> str | None:
+        t = self.query_one("#functions", DataTable)
+        if not self.names or not 0 <= t.cursor_row < len(self.names):
+            return None
+        return self.names[t.cursor_row]
+
+    def _show_hist(self) -> None:
+        name = self.selected_name()
+        f = next((f for f in self.row.snapshot.functions if f.name == name), None) if self.row else None
+        self.query_one("#hist", Static).update(histogram(f) if f else Text("no function selected", style="dim"))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_hist()
+
+    def action_preset(self) -> None:
+        self.app.next_preset()
+
+    def action_act(self, action: str) -> None:
+        if self.row is not None:
+            self.app.request_action(action, self.row)

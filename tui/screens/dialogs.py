@@ -1,0 +1,95 @@
+"""Modal dialogs: confirm an action, pick a checkpoint to restore, the key help."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+from ..model import Checkpoint
+from ..text import fmt_checkpoint
+
+_CSS = """
+{name} {{ align: center middle; }}
+{name} > Vertical {{ width: auto; max-width: 90%; height: auto; max-height: 90%; border: thick $accent;
+                    background: $surface; padding: 1 2; }}
+{name} Horizontal {{ height: auto; align-horizontal: right; margin-top: 1; }}
+{name} Button {{ margin-left: 2; }}
+"""
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    DEFAULT_CSS = _CSS.format(name="ConfirmScreen")
+    BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.question, id="question")
+            with Horizontal():
+                yield Button("No [n]", id="no")
+                yield Button("Yes [y]", id="yes", variant="warning")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class RestoreScreen(ModalScreen["str | None"]):
+    DEFAULT_CSS = _CSS.format(name="RestoreScreen")
+    BINDINGS = [Binding("escape,n", "cancel", "cancel")]
+
+    def __init__(self, pid: int, comm: str, checkpoints: list[Checkpoint]) -> None:
+        super().__init__()
+        self.pid, self.comm = pid, comm
+        self.checkpoints = sorted(checkpoints, key=lambda c: -c.taken_at)
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(f"Roll pid {self.pid} ({self.comm}) back to which checkpoint? (enter picks, esc cancels)")
+            yield OptionList(*(Option(f"{c.id}  ({fmt_checkpoint(c)})", id=c.id) for c in self.checkpoints),
+                             id="checkpoints")
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+HELP = """\
+[b]gputrace top[/b] — every CUDA process, what interception would cost it, checkpoints at a key
+
+[b]moving[/b]      ↑ ↓ PgUp PgDn   select a process      enter  its detail screen
+[b]sorting[/b]     < >  previous / next sort column      i  invert the order   (or click a header)
+[b]filtering[/b]   /  filter by command or pid ("shim": shimmed only)      esc  clear it
+[b]preset[/b]      p  switch the interception preset the OVERHEAD column predicts for
+[b]actions[/b]     on a shimmed process (started with `gputrace run --checkpointable`):
+            c  checkpoint     r  restore (pick a checkpoint)     s  suspend     u  resume
+            each asks first, shows progress below the table, then the freeze time
+[b]other[/b]       ?  this help      q  quit      escape  back
+
+OVERHEAD is lower–upper: the predicted slowdown if the layer's added CPU time hides in the time the
+job waits for the GPU (lower), or shows in full (upper). DRIVER CPU and WAIT are shares of one
+second spent in non-synchronizing and in synchronizing driver calls.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = _CSS.format(name="HelpScreen")
+    BINDINGS = [Binding("escape,q,question_mark", "close", "close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(HELP)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

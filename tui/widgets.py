@@ -1,0 +1,102 @@
+"""The dashboard's widgets: the host header, the process table, the action status line."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.widgets import DataTable, Static
+
+from gputrace.report import fmt_pct
+
+from .model import HostSnapshot, ProcessRow
+from .text import COLUMNS, fmt_bytes
+
+# Columns in the order they are dropped as the terminal narrows (last dropped first).
+PRIORITY = ("pid", "comm", "overhead", "calls", "shim", "wait", "cpu", "ckpt", "trend")
+WIDTHS = {"pid": 8, "comm": 16, "overhead": 16, "calls": 9, "shim": 5, "wait": 7, "cpu": 11, "ckpt": 30, "trend": 11}
+ORDER = tuple(COLUMNS)  # display order
+
+
+def columns_for(width: int) -> tuple[str, ...]:
+    shown, used = [], 0
+    for k in PRIORITY:
+        need = WIDTHS[k] + 2
+        if shown and used + need > width:
+            break
+        shown.append(k)
+        used += need
+    return tuple(k for k in ORDER if k in shown)
+
+
+class HostHeader(Static):
+    DEFAULT_CSS = "HostHeader { height: auto; padding: 0 1; background: $boost; }"
+
+    def show(self, h: HostSnapshot | None, preset: str, sort: str, reverse: bool, filt: str, state: str) -> None:
+        if h is None:
+            self.update(Text(f"gputrace top — {state or 'starting: compiling the BPF program and calibrating ...'}"))
+            return
+        t = Text()
+        t.append(h.host, style="bold")
+        t.append("  ")
+        if h.gpus:
+            t.append("  ".join(f"GPU{g.index} {g.name} {g.util_pct if g.util_pct is not None else '-':>3}% "
+                               f"{fmt_bytes(g.mem_used_bytes)}/{fmt_bytes(g.mem_total_bytes)}" for g in h.gpus))
+        else:
+            t.append(f"GPUs: none ({h.gpu_note})", style="dim")
+        t.append("\n")
+        t.append(f"tracer {fmt_pct(h.tracer_overhead)} of traced CPU (budget {fmt_pct(h.budget, 1)})  ")
+        t.append(f"{len(h.processes)} processes", style="bold")
+        if h.pending:
+            t.append(f", {len(h.pending)} attaching")
+        if h.notes:
+            t.append(f", {len(h.notes)} not traceable", style="yellow")
+        t.append(f"  preset {preset}  sort {COLUMNS[sort][0].lower()}{' ↑' if reverse else ''}")
+        if filt:
+            t.append(f"  filter '{filt}'", style="cyan")
+        t.append(f"  {time.strftime('%H:%M:%S', time.localtime(h.t))}")
+        if state:
+            t.append(f"  {state}", style="yellow")
+        self.update(t)
+
+
+class ProcessTable(DataTable):
+    """One row per process, keyed by pid so the cursor stays on its process across refreshes."""
+
+    DEFAULT_CSS = "ProcessTable { height: 1fr; }"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kw)
+        self.shown: tuple[str, ...] = ()
+        self.pids: list[int] = []
+
+    def set_columns(self, keys: tuple[str, ...], sort: str, reverse: bool) -> None:
+        self.clear(columns=True)
+        self.shown = keys
+        for k in keys:
+            title = COLUMNS[k][0] + ((" ▲" if reverse else " ▼") if k == sort else "")
+            left = k in ("comm", "ckpt", "trend")
+            self.add_column(Text(title, justify="left" if left else "right"), key=k)
+
+    def show(self, rows: list[ProcessRow], preset: str, now: float) -> None:
+        selected = self.selected_pid()
+        self.clear()
+        self.pids = [r.pid for r in rows]
+        for r in rows:
+            cells = []
+            for k in self.shown:
+                c = COLUMNS[k][1](r, preset, now)
+                style = "green" if k == "shim" and r.shimmed else ("bold" if k == "overhead" else "")
+                cells.append(Text(c, style=style, justify="left" if k in ("comm", "ckpt", "trend") else "right"))
+            self.add_row(*cells, key=str(r.pid))
+        if selected in self.pids:
+            self.move_cursor(row=self.pids.index(selected))
+
+    def selected_pid(self) -> int | None:
+        if not self.pids or self.cursor_row is None or not 0 <= self.cursor_row < len(self.pids):
+            return None
+        return self.pids[self.cursor_row]
+
+
+class StatusLine(Static):
+    DEFAULT_CSS = "StatusLine { height: auto; padding: 0 1; background: $panel; }"
