@@ -159,7 +159,7 @@ def verified_copy(path: Path, manifest: dict, out_fd: int, progress: Progress | 
                                 f"{'truncated' if actual < size else 'too long'}", "the checkpoint is damaged; take a new one")
     if chunk <= 0 or len(sums) != (size + chunk - 1) // chunk:
         raise CorruptCheckpoint(f"{path / MANIFEST} lists {len(sums)} checksums for {size} bytes", "take a new checkpoint")
-    os.ftruncate(out_fd, size)
+    os.posix_fallocate(out_fd, 0, size)  # its pages allocated once, up front
     with open(f, "rb", buffering=0) as src:
         buf = bytearray(chunk)
         for i, want in enumerate(sums):

@@ -418,6 +418,8 @@ static int lanes_alloc(struct lane *L, int nl, size_t chunk, uint64_t ctx)
                 L[i].buf[k] = NULL;
                 D.ctx_set(NULL);
                 return -1;
+            } else {
+                memset(L[i].buf[k], 0, chunk); /* fault it in now, not during the freeze */
             }
     D.ctx_set(NULL);
     return 0;
@@ -615,6 +617,18 @@ char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len)
         nl = 0;
         json_err(&b, "cannot pin staging memory", "cuMemHostAlloc failed: try a smaller chunk= or fewer lanes=");
         goto reply;
+    }
+    if (!restore && c.n) {
+        /* Reserve the image's space while the job runs: page allocation (tmpfs, memfd) or block
+         * allocation (a disk) leaves the freeze, and a full filesystem fails here, before it. */
+        uint64_t est = round_up(sizeof h + (uint64_t)c.n * sizeof(struct img_ent), IMG_ALIGN);
+        for (int i = 0; i < c.n; i++)
+            est = round_up(est + c.v[i].size, IMG_ALIGN);
+        int e = posix_fallocate(fd, 0, (off_t)est);
+        if (e == ENOSPC || e == EDQUOT) {
+            json_err(&b, "cannot reserve space for the image", strerror(e));
+            goto reply;
+        }
     }
     uint64_t t1 = now_ns();
     t.setup = t1 - t0;
