@@ -1,0 +1,94 @@
+"""`top` on this host's kernel: `top --once --json` over two simcuda workloads, with rates checked against the
+counts the workloads report, and the live source picking up a process started after it.
+
+Needs root and bcc (CI has both). The workloads' knobs keep probe perturbation moderate on a small VM: short
+launches (0.2 ms of CPU each) and 3 ms kernels, so the processes mostly wait in cuStreamSynchronize (which
+also gives the WAIT column something to show). No sleeps: the test waits on processes and on frames.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from gputrace import simcuda
+
+pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("bpf_host"), pytest.mark.timeout(240)]
+
+CLI = [sys.executable, "-m", "gputrace"]
+KNOBS = ["--scale", "0.05", "--launch-ns", "200000", "--kernel-ns", "3000000"]
+
+
+def workload(seconds: float) -> subprocess.Popen:
+    return subprocess.Popen(simcuda.workload("launch_bound") + ["--seconds", str(seconds), *KNOBS], env=simcuda.env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def report(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    doc = json.loads(lines[-1])
+    assert doc.get("check", "ok") == "ok", doc
+    return doc
+
+
+def test_once_json_shows_both_processes_with_rates_within_10_percent(spawned):
+    procs = [workload(40), workload(40)]
+    spawned.extend(procs)
+    top = subprocess.run(CLI + ["top", "--once", "--json", "-i", "0.5", "-d", "10"], capture_output=True, timeout=180)
+    assert top.returncode == 0, top.stderr.decode()
+    assert b"Traceback" not in top.stderr, top.stderr.decode()
+    # Measured while both ran, or the comparison below means nothing.
+    assert all(p.poll() is None for p in procs), "the workloads ended before top had measured them"
+    doc = orjson.loads(top.stdout)
+    assert doc["schema"] == 1 and doc["kind"] == "gputrace.top.frame"
+    rows = {r["pid"]: r for r in doc["processes"]}
+    for p in procs:
+        assert p.pid in rows, (p.pid, sorted(rows), doc["pending"], doc["notes"])
+    results = []
+    for p in procs:
+        wl = report(p)
+        row = rows[p.pid]
+        assert row["comm"] == "launch_bound" and row["shimmed"] is False
+        got = {f["name"]: f["rate_hz"] for f in row["snapshot"]["functions"]}
+        hot = {n: c / wl["elapsed_s"] for n, c in wl["calls"].items() if c / wl["elapsed_s"] > 300}
+        assert hot, wl
+        for name, rate in hot.items():
+            assert name in got, (name, sorted(got))
+            results.append((p.pid, name, got[name], rate))
+        shim = row["audits"]["shim"]
+        assert 0 <= shim["slowdown_lower"] <= shim["slowdown_upper"]
+    assert doc["tracer_overhead"] is not None and doc["tracer_overhead"] < 0.02 * 2
+    # Seen on the 2-CPU VM: within 1-9%, the larger errors on the first process measured (the fewest windows);
+    # until the marker has counted enough, the tracer takes probe time out of the windows as if it were not
+    # hidden in waits, which overstates the rate of a process that mostly waits.
+    for pid, name, g, rate in results:
+        assert abs(g - rate) <= 0.10 * rate, (pid, name, g, rate)
+
+
+def test_a_process_started_later_appears(spawned):
+    from gputrace.tracer.session import Options
+    from gputrace.tui.live import LiveSource
+
+    first = workload(60)
+    spawned.append(first)
+    src = LiveSource(Options(interval_s=0.5), refresh_s=0.5)
+    later = None
+    try:
+        for frame in src.frames():
+            seen = {r.pid for r in frame.processes}
+            if later is None and first.pid in seen:
+                later = workload(60)  # starts only once top is already showing the first
+                spawned.append(later)
+            if later is not None and later.pid in seen:
+                row = next(r for r in frame.processes if r.pid == later.pid)
+                assert row.comm == "launch_bound" and row.snapshot.calls_hz > 0
+                break
+    finally:
+        src.close()
+    assert later is not None and later.poll() is None
