@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from gputrace.errors import BpfUnavailable, PermissionDenied
+from gputrace.errors import BpfUnavailable, NoSuchProcess, PermissionDenied
 
 SYS_BPF = 321  # x86-64
 SYS_PERF_EVENT_OPEN = 298
@@ -44,6 +44,8 @@ def _bpf(cmd: int, attr: bytearray) -> int:
 
 
 def _raise_for(err: int, what: str) -> None:
+    if err == errno.ESRCH:  # the pid filter names a process that has exited
+        raise NoSuchProcess(f"{what}: the process has exited", "it ended before its probes were attached")
     if err in (errno.EPERM, errno.EACCES):
         raise PermissionDenied(
             f"{what}: {os.strerror(err)}",

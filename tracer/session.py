@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from gputrace.errors import BpfUnavailable, NoLibcuda
+from gputrace.errors import BpfUnavailable, NoLibcuda, NoSuchProcess
 
 from . import links
 from .bpfprog import COOKIE_MARKER, COOKIE_STEPPED, COOKIE_TIMED, ZERO, Program, RawStats
@@ -182,6 +182,10 @@ class Session:
             self._links.append(self.program.attach(
                 self.library, [self.ids[i].offset for i in ids],
                 [self._cookie(i, i in timed) for i in ids], retprobe=False, pid=self.pid))
+        except NoSuchProcess:
+            self._detach()  # it exited between the last wait and this attach: end as it would have
+            self.exited = True
+            return
         except BaseException:
             self._detach()
             raise
@@ -231,8 +235,12 @@ class Session:
         m = self.policy.choose_marker(cpu_s_per_s)
         if m is None:
             return
-        self._marker_link = self.program.attach(
-            self.library, [self.ids[m].offset], [self._cookie(m) | COOKIE_MARKER], retprobe=False, pid=self.pid)
+        try:
+            self._marker_link = self.program.attach(
+                self.library, [self.ids[m].offset], [self._cookie(m) | COOKIE_MARKER], retprobe=False, pid=self.pid)
+        except NoSuchProcess:
+            self.exited = True
+            return
         self.marker = m
 
     def _perturbation(self) -> tuple[float, float] | None:
