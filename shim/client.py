@@ -5,13 +5,14 @@ $XDG_RUNTIME_DIR/gputrace, else /tmp/gputrace-<euid> (see shim/control.c); this 
 same candidates from the target's /proc entries.  One command per line, one JSON line back.
 
 `status` (schema 1) is an object with:
-  schema, pid, paused (gate closed), in_flight (threads inside a gated call), waiting (threads stopped
+  schema, pid, paused (gate closed), suspended (device memory released by `suspend`), in_flight (threads inside a gated call), waiting (threads stopped
   at the closed gate), threads (threads that made an intercepted call), membarrier (whether the hot
   path runs fence-free), driver (the libcuda file), socket,
   calls: {wrapper name: calls so far},
   contexts: [{handle, device, primary, refs, flags}],
   allocations: [{kind, base, size, device, ctx, [handle], [offset, access], [flags]}] where kind is
-    device | pitch | async | managed (device memory), host | host_registered (pinned host memory),
+    device | pitch | async | managed (device memory; a device allocation served through the VMM API,
+    GPUTRACE_SHIM_VMM=1, also has handle, reserved and suspended), host | host_registered (pinned host memory),
     va_reserve (address space only), vmm_phys (cuMemCreate backing; base 0, handle), vmm_map (a mapped
     piece: base, handle, offset, access),
   modules: [{kind: module | library, handle, ctx, image_bytes, [path]}],
@@ -24,6 +25,7 @@ Handles and addresses are integers.  Other replies: {"ok": true|false, ...; "err
 (:meth:`Connection.request` with `fd=`); their replies: ok, allocations, bytes, image_bytes, skipped,
 lanes, chunk, pieces, setup_ns, drain_ns, sync_ns, copy_ns, freeze_ns, and for dump driver_version and
 devices [{ordinal, name, uuid}]; on failure error (and detail, or differences for a mismatch).
+`suspend` adds reserved_bytes and release_ns, `unsuspend` remap_ns and suspended_ns.
 """
 
 from __future__ import annotations

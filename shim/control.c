@@ -18,6 +18,12 @@
  *                 /PATH), reopen the gate; see dump.c for the image and the reply
  *   restore [...] the reverse: copy an image back, after checking under the gate that the process
  *                 holds exactly the allocations the image describes
+ *   suspend [...] a dump (fd only), then release the memory of every allocation (all must be served
+ *                 through the VMM API: GPUTRACE_SHIM_VMM=1), keeping the addresses and the image;
+ *                 the gate stays closed, owned by no connection, until
+ *   unsuspend [lanes=N] [chunk=BYTES]
+ *                 maps new memory at the same addresses, copies the image back, reopens the gate.
+ *                 While suspended, `resume` and a closing connection leave the gate closed.
  * The server is one thread, so a dump or restore in progress holds later commands of every client
  * until it ends (two checkpoints at once run one after the other).
  * The thread blocks every signal (they belong to the program) and calls nothing the program could
@@ -140,6 +146,18 @@ struct client {
 
 static int g_pauser = -1; /* index of the connection holding the pause */
 
+static const char *const dump_words[] = {"dump", "restore", "suspend", "unsuspend"}; /* enum dump_mode */
+
+static int dump_mode_of(const char *line)
+{
+    for (int m = 0; m < 4; m++) {
+        size_t n = strlen(dump_words[m]);
+        if (!strncmp(line, dump_words[m], n) && (line[n] == 0 || line[n] == ' '))
+            return m;
+    }
+    return -1;
+}
+
 static void command(struct client *cl, int idx, char *line)
 {
     while (*line == ' ')
@@ -176,20 +194,26 @@ static void command(struct client *cl, int idx, char *line)
                   ms, gputrace_shim_in_flight());
         }
     } else if (!strcmp(line, "resume")) {
+        if (dump_suspended()) {
+            reply(cl->fd, "{\"ok\": false, \"error\": \"suspended\", \"detail\": \"the device memory is off the GPU: "
+                          "unsuspend brings it back and reopens the gate\"}");
+            return;
+        }
         int r = gputrace_shim_resume();
         g_pauser = -1;
         if (r == 0)
             reply(cl->fd, "{\"ok\": true, \"paused\": false}");
         else
             reply(cl->fd, "{\"ok\": false, \"error\": \"not paused\"}");
-    } else if ((!strncmp(line, "dump", 4) && (line[4] == 0 || line[4] == ' ')) ||
-               (!strncmp(line, "restore", 7) && (line[7] == 0 || line[7] == ' '))) {
-        int restore = line[0] == 'r';
-        char *args = line + (restore ? 7 : 4);
+    } else if (dump_mode_of(line) >= 0) {
+        int mode = dump_mode_of(line);
+        char *args = line + strlen(dump_words[mode]);
         int fd = cl->passed;
         cl->passed = -1;
         size_t n = 0;
-        char *buf = dump_command(restore, args, fd, g_pauser == idx, &n);
+        char *buf = dump_command(mode, args, fd, g_pauser == idx, &n);
+        if (dump_suspended() && g_pauser == idx)
+            g_pauser = -1; /* the gate is the suspension's now, not this connection's */
         if (!buf) {
             reply(cl->fd, "{\"ok\": false, \"error\": \"out of memory\"}");
             return;
@@ -199,7 +223,7 @@ static void command(struct client *cl, int idx, char *line)
         free(buf);
     } else {
         reply(cl->fd, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
-                      "restore\"}");
+                      "restore, suspend, unsuspend\"}");
     }
 }
 
@@ -212,7 +236,8 @@ static void drop(struct client *cls, int i)
     cls[i].fd = -1;
     cls[i].len = 0;
     if (g_pauser == i) { /* the pausing connection went away: never leave the job stopped */
-        gputrace_shim_resume();
+        if (!dump_suspended())
+            gputrace_shim_resume();
         g_pauser = -1;
     }
 }

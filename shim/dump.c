@@ -97,7 +97,7 @@ static uint64_t now_ns(void)
  * reached through its mappings; a handle mapped nowhere cannot be read and is counted as skipped). */
 
 struct item {
-    uint64_t base, size, off, ctx;
+    uint64_t base, size, off, ctx, reserved;
     int device, kind;
 };
 
@@ -137,7 +137,8 @@ static int c_alloc(struct rec *r, void *arg)
         c->v = v;
         c->cap = cap;
     }
-    c->v[c->n++] = (struct item){.base = r->key, .size = r->size, .ctx = r->ctx, .device = r->device, .kind = r->kind};
+    c->v[c->n++] = (struct item){.base = r->key, .size = r->size, .ctx = r->ctx, .device = r->device, .kind = r->kind,
+                                 .reserved = r->type == R_MEM ? r->reserved : 0};
     if (r->type == R_MAP)
         c->skipped--;
     return 0;
@@ -332,6 +333,51 @@ static void job_run(struct job *j, struct lane *L, int nl)
     }
     for (int i = 0; i < started; i++)
         pthread_join(L[i].t, NULL);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Suspension: between `suspend` and `unsuspend` the gate stays closed (owned by no connection), the
+ * image stays open here, and the VMM-served allocations have no memory behind their addresses. */
+
+static int g_suspended;
+static int g_susp_fd = -1;
+static uint64_t g_susp_ns;
+
+int dump_suspended(void) { return g_suspended; }
+
+struct vmm_walk {
+    int remap; /* 0: release the backing of live allocations; 1: map new backing for released ones */
+    CUresult err;
+    uint64_t at;
+    uint64_t bytes;
+};
+
+static int vmm_walk(struct rec *r, void *arg)
+{
+    struct vmm_walk *w = arg;
+    if (w->err || !r->reserved || r->suspended != w->remap)
+        return 0;
+    CUresult e = w->remap ? vmm_remap(r) : vmm_release(r);
+    if (e) {
+        w->err = e;
+        w->at = r->key;
+    } else {
+        w->bytes += r->reserved;
+    }
+    return 0;
+}
+
+/* Every suspended allocation gets memory again (or, on failure, none does). */
+static CUresult remap_all(uint64_t *at)
+{
+    struct vmm_walk w = {.remap = 1};
+    reg_scan(R_MEM, vmm_walk, &w);
+    if (w.err) {
+        struct vmm_walk undo = {.remap = 0};
+        reg_scan(R_MEM, vmm_walk, &undo);
+        *at = w.at;
+    }
+    return w.err;
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -553,8 +599,12 @@ static const char *read_image(int fd, struct img_hdr *h, struct img_ent **out)
     return NULL;
 }
 
-char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len)
+static const char *const mode_name[] = {"dump", "restore", "suspend", "unsuspend"};
+
+char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
 {
+    int restore = mode == M_RESTORE || mode == M_UNSUSPEND;
+    uint64_t remap_ns = 0, release_ns = 0, reserved = 0;
     struct sbuf b = {0};
     struct opts o;
     char *path;
@@ -568,12 +618,29 @@ char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len)
     size_t np = 0;
     char err[160] = "";
 
-    if (parse_opts(args, &o, &path) != 0) {
-        json_err(&b, restore ? "usage: restore [lanes=N] [chunk=BYTES] [timeout=MS] [/PATH] (or pass an fd)"
-                             : "usage: dump [lanes=N] [chunk=BYTES] [timeout=MS] [/PATH] (or pass an fd)", NULL);
+    if (parse_opts(args, &o, &path) != 0 || (path && mode == M_UNSUSPEND)) {
+        snprintf(err, sizeof err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS]%s", mode_name[mode],
+                 mode == M_UNSUSPEND ? "" : " [/PATH] (or pass an fd)");
+        json_err(&b, err, NULL);
         goto reply;
     }
-    if (path) {
+    if (mode == M_UNSUSPEND) {
+        if (fd >= 0)
+            close(fd);
+        fd = -1;
+        if (!g_suspended) {
+            json_err(&b, "not suspended", NULL);
+            goto reply;
+        }
+        fd = g_susp_fd; /* stays ours (g_susp_fd) until the data are back */
+        have_pause = 1; /* the gate has been closed since the suspend */
+    } else if (g_suspended) {
+        json_err(&b, "suspended", "the process's device memory is off the GPU; unsuspend it first");
+        goto reply;
+    }
+    if (mode == M_UNSUSPEND) {
+        /* nothing to open */
+    } else if (path) {
         if (fd >= 0)
             close(fd);
         fd = open(path, (restore ? O_RDONLY : O_RDWR | O_CREAT | O_TRUNC) | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -586,7 +653,7 @@ char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len)
         json_err(&b, "no image: pass a file descriptor with the command or name a /PATH", NULL);
         goto reply;
     } else {
-        own_fd = 1; /* a passed fd is ours to close */
+        own_fd = 1; /* a passed fd is ours to close (a suspend keeps it) */
     }
     if (!drv_load()) {
         json_err(&b, "the driver lacks a function the copy needs", NULL);
@@ -653,6 +720,27 @@ char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len)
         json_err(&b, "out of memory", NULL);
         goto reply;
     }
+    if (mode == M_SUSPEND)
+        for (int i = 0; i < c.n; i++)
+            if (!c.v[i].reserved) {
+                snprintf(err, sizeof err, "the %s allocation at %#llx is not served through the VMM API",
+                         c.v[i].kind == K_DEVICE ? "device" : c.v[i].kind == K_PITCH ? "pitched"
+                         : c.v[i].kind == K_ASYNC ? "stream-ordered" : c.v[i].kind == K_VMM_MAP ? "program's VMM"
+                         : "managed", (unsigned long long)c.v[i].base);
+                json_err(&b, "unsupported", err);
+                goto reply;
+            }
+    if (mode == M_UNSUSPEND) {
+        uint64_t at = 0, tr = now_ns();
+        CUresult e = remap_all(&at);
+        remap_ns = now_ns() - tr;
+        if (e) {
+            snprintf(err, sizeof err, "mapping memory at %#llx failed: CUresult %d; still suspended",
+                     (unsigned long long)at, (int)e);
+            json_err(&b, "cannot map device memory again", err);
+            goto reply;
+        }
+    }
     if (c.n && !nl) { /* nothing was allocated before the gate closed, something is now */
         json_err(&b, "busy", "the process allocated device memory meanwhile; try again");
         goto reply;
@@ -707,11 +795,6 @@ char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len)
     pthread_mutex_destroy(&j.err_mu);
     uint64_t t4 = now_ns();
     t.copy = t4 - t3;
-    if (paused) {
-        gputrace_shim_resume(); /* the data is off the device (or back on it): let the job go */
-        paused = 0;
-    }
-    t.freeze = now_ns() - t1; /* from closing the gate to reopening it */
     if (atomic_load(&j.failed)) {
         json_err(&b, "copy failed", j.err);
         goto reply;
@@ -732,6 +815,42 @@ char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len)
             goto reply;
         }
     }
+    if (mode == M_SUSPEND) {
+        uint64_t tr = now_ns();
+        struct vmm_walk w = {.remap = 0};
+        reg_scan(R_MEM, vmm_walk, &w);
+        release_ns = now_ns() - tr;
+        reserved = w.bytes;
+        if (w.err) { /* put everything back as it was: new memory, the data from the image */
+            uint64_t at = 0;
+            remap_all(&at);
+            struct job k = {.restore = 1, .fd = fd, .p = pieces, .np = np, .chunk = o.chunk};
+            pthread_mutex_init(&k.err_mu, NULL);
+            job_run(&k, L, nl < (int)np ? nl : (int)np);
+            pthread_mutex_destroy(&k.err_mu);
+            snprintf(err, sizeof err, "releasing the memory at %#llx failed: CUresult %d; nothing was suspended%s",
+                     (unsigned long long)w.at, (int)w.err, atomic_load(&k.failed) ? " (and copying back failed)" : "");
+            json_err(&b, "driver error", err);
+            goto reply;
+        }
+        g_suspended = 1;
+        g_susp_fd = fd;
+        g_susp_ns = now_ns();
+        own_fd = 0;
+        paused = 0; /* the gate stays closed until unsuspend */
+    }
+    if (mode == M_UNSUSPEND) {
+        reserved = (uint64_t)(now_ns() - g_susp_ns); /* reported as suspended_ns */
+        close(g_susp_fd);
+        g_susp_fd = -1;
+        g_suspended = 0;
+        paused = 1; /* reopened just below */
+    }
+    if (paused) {
+        gputrace_shim_resume(); /* the data is off the device (or back on it): let the job go */
+        paused = 0;
+    }
+    t.freeze = now_ns() - t1; /* from closing the gate to reopening it */
     uint64_t bytes = 0;
     for (int i = 0; i < c.n; i++)
         bytes += c.v[i].size;
@@ -740,11 +859,21 @@ char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len)
               c.n, (unsigned long long)bytes, (unsigned long long)(h.data_offset + h.data_bytes), c.skipped, nl,
               o.chunk, np);
     timing_json(&b, &t);
+    if (mode == M_SUSPEND)
+        sb_printf(&b, ", \"reserved_bytes\": %llu, \"release_ns\": %llu", (unsigned long long)reserved,
+                  (unsigned long long)release_ns);
+    if (mode == M_UNSUSPEND)
+        sb_printf(&b, ", \"remap_ns\": %llu, \"suspended_ns\": %llu", (unsigned long long)remap_ns,
+                  (unsigned long long)reserved);
     if (!restore)
         identity_json(&b, &c);
     sb_printf(&b, "}");
 
 reply:
+    if (mode == M_UNSUSPEND && g_suspended) { /* failed: back to no memory, the data in the image */
+        struct vmm_walk w = {.remap = 0};
+        reg_scan(R_MEM, vmm_walk, &w);
+    }
     if (paused)
         gputrace_shim_resume();
     lanes_free(L, nl);

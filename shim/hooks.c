@@ -129,9 +129,16 @@ void post_cuCtxDestroy_v2(CUresult r, struct hold *h, CUcontext ctx)
 void pre_cuMemAlloc_v2(struct hold *h, CUdeviceptr *dptr, size_t bytes) { (void)h, (void)dptr, (void)bytes; }
 void post_cuMemAlloc_v2(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes)
 {
-    (void)h;
-    if (r == CUDA_SUCCESS && dptr)
+    if (r != CUDA_SUCCESS || !dptr)
+        return;
+    if (h->found != 2) {
         put_object(R_MEM, K_DEVICE, *dptr, bytes, 0);
+        return;
+    }
+    CUcontext c = shim_current_ctx(); /* served through the VMM API (vmm.c) */
+    struct rec m = {.type = R_MEM, .kind = K_DEVICE, .key = *dptr, .size = bytes, .ctx = (uintptr_t)c,
+                    .device = device_of(c), .handle = h->rec.handle, .reserved = h->rec.reserved};
+    reg_put(&m);
 }
 
 void pre_cuMemAllocPitch_v2(struct hold *h, CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,

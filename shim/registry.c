@@ -255,6 +255,9 @@ static int j_alloc(struct rec *r, void *arg)
         sb_printf(j->b, ", \"offset\": %llu, \"access\": %d", (unsigned long long)r->offset, r->access);
     if (r->type == R_HOST)
         sb_printf(j->b, ", \"flags\": %u", r->flags);
+    if (r->type == R_MEM && r->reserved)
+        sb_printf(j->b, ", \"handle\": %llu, \"reserved\": %llu, \"suspended\": %s", (unsigned long long)r->handle,
+                  (unsigned long long)r->reserved, r->suspended ? "true" : "false");
     sb_printf(j->b, "}");
     switch (r->type) {
     case R_MEM:

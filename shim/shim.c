@@ -472,7 +472,8 @@ void *gputrace_shim_real(const char *name)
 
 #define HOOKS(name, params, args)                                                                                \
     HIDDEN void pre_##name(struct hold *hold_, UNPAREN params);                                                      \
-    HIDDEN void post_##name(CUresult r_, struct hold *hold_, UNPAREN params);
+    HIDDEN void post_##name(CUresult r_, struct hold *hold_, UNPAREN params);                                        \
+    HIDDEN int alt_##name(CUresult *r_, struct hold *hold_, UNPAREN params) __attribute__((weak));
 SHIM_STATE(HOOKS)
 #undef HOOKS
 
@@ -498,7 +499,9 @@ SHIM_SUBMIT(SUBMIT_WRAPPER)
         struct hold h_;                                                                                          \
         h_.found = 0;                                                                                            \
         pre_##name(&h_, UNPAREN args);                                                                           \
-        CUresult r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                       \
+        CUresult r_;                                                                                             \
+        if (!alt_##name || !alt_##name(&r_, &h_, UNPAREN args)) /* an alternative implementation (hooks.c) */    \
+            r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                            \
         post_##name(r_, &h_, UNPAREN args);                                                                      \
         gate_leave(s_);                                                                                          \
         return r_;                                                                                               \
@@ -620,10 +623,10 @@ char *shim_status_alloc(size_t *len)
     void *any = atomic_load(&g_real[F_cuGetProcAddress]);
     if (any && dladdr(any, &di) && di.dli_fname)
         driver = di.dli_fname;
-    sb_printf(&b, "{\"schema\": %d, \"pid\": %d, \"paused\": %s, \"in_flight\": %d, \"waiting\": %d, \"threads\": %d, "
-                  "\"membarrier\": %s, \"driver\": ",
-              SCHEMA, (int)getpid(), gate_paused() ? "true" : "false", busy_threads(), atomic_load(&g_waiting), used,
-              g_membarrier ? "true" : "false");
+    sb_printf(&b, "{\"schema\": %d, \"pid\": %d, \"paused\": %s, \"suspended\": %s, \"in_flight\": %d, \"waiting\": %d, "
+                  "\"threads\": %d, \"membarrier\": %s, \"driver\": ",
+              SCHEMA, (int)getpid(), gate_paused() ? "true" : "false", dump_suspended() ? "true" : "false",
+              busy_threads(), atomic_load(&g_waiting), used, g_membarrier ? "true" : "false");
     sb_json_str(&b, driver);
     sb_printf(&b, ", \"socket\": ");
     sb_json_str(&b, control_path());

@@ -50,6 +50,8 @@ struct rec {
     void *image; /* modules and libraries: a private copy of the image */
     size_t image_len;
     char *path;  /* cuModuleLoad: the file */
+    uint64_t reserved; /* R_MEM served through the VMM API (vmm.c): bytes reserved and mapped; else 0 */
+    int suspended;     /* ... and its backing released by `suspend` (the address stays reserved) */
 };
 
 /* What a state wrapper's pre hook hands its post hook: a record taken out before a free. */
@@ -79,10 +81,18 @@ HIDDEN void reg_json(struct sbuf *b);
 /* ---- gate (shim.c) */
 HIDDEN int gate_paused(void);
 
-/* ---- dump.c: the `dump` and `restore` commands (restore=1).  `args` is the rest of the command line,
+/* ---- dump.c: the `dump`, `restore`, `suspend` and `unsuspend` commands.  `args` is the rest of the command line,
  * `fd` a file passed with it (-1: none; taken over), `have_pause` whether the caller's connection
  * already holds the gate.  Returns the JSON reply, malloc'ed (NULL: out of memory). */
-HIDDEN char *dump_command(int restore, char *args, int fd, int have_pause, size_t *len);
+enum dump_mode { M_DUMP, M_RESTORE, M_SUSPEND, M_UNSUSPEND };
+HIDDEN char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len);
+HIDDEN int dump_suspended(void); /* between a suspend and its unsuspend: the gate must stay closed */
+
+/* ---- vmm.c: cuMemAlloc_v2 through the VMM API when GPUTRACE_SHIM_VMM=1, so `suspend` can release
+ * an allocation's memory and `unsuspend` map new memory at the same address. */
+HIDDEN int vmm_enabled(void);
+HIDDEN CUresult vmm_release(struct rec *r); /* unmap and release the backing; the address stays */
+HIDDEN CUresult vmm_remap(struct rec *r);   /* new backing at r->key; updates r->handle */
 
 /* ---- control.c */
 HIDDEN void control_start(void);     /* once per process (and again in a forked child) */

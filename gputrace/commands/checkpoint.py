@@ -128,3 +128,57 @@ def restore_cmd(args: argparse.Namespace) -> int:
           f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)})")
     print(f"  total    {_ms(r.total_ns)}")
     return 0
+
+
+SUSPEND_EPILOG = """examples:
+  gputrace suspend -p 1234          free the job's GPU memory (its data wait in host memory)
+  gputrace resume -p 1234           bring it back at the same addresses; the job continues
+
+Needs a job started with `gputrace run --checkpointable --suspendable -- CMD`, whose cuMemAlloc
+memory the shim serves through the VMM API (rounded up to the allocation granularity).  While
+suspended, the job waits at its next GPU submission.
+"""
+
+
+def configure_suspend(p: argparse.ArgumentParser) -> None:
+    add_pid(p)
+    _tuning(p)
+    add_json(p)
+
+
+@command("suspend", "take a job's device memory off the GPU, keeping it in host memory", SUSPEND_EPILOG)(
+    configure_suspend)
+def suspend_cmd(args: argparse.Namespace) -> int:
+    from ..checkpointer import suspend
+
+    r = suspend(args.pid, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms)
+    if args.json:
+        _dump_json({"schema": 1, **r.to_dict()})
+        return 0
+    print(f"suspended pid {r.pid}: {r.allocations} allocation(s), {fmt_bytes(r.bytes)} copied to host memory, "
+          f"{fmt_bytes(r.reserved_bytes)} of GPU memory freed")
+    print(f"  copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}, release {_ms(r.release_ns)}; "
+          f"resume with: gputrace resume -p {r.pid}")
+    return 0
+
+
+def configure_resume(p: argparse.ArgumentParser) -> None:
+    add_pid(p)
+    p.add_argument("--lanes", type=int, default=4, help="copy threads (default 4)")
+    p.add_argument("--chunk", type=int, default=8 << 20, help="bytes per staged copy (default 8 MiB)")
+    add_json(p)
+
+
+@command("resume", "bring a suspended job's device memory back to the same addresses", SUSPEND_EPILOG)(
+    configure_resume)
+def resume_cmd(args: argparse.Namespace) -> int:
+    from ..checkpointer import resume
+
+    r = resume(args.pid, lanes=args.lanes, chunk=args.chunk)
+    if args.json:
+        _dump_json({"schema": 1, **r.to_dict()})
+        return 0
+    print(f"resumed pid {r.pid}: {r.allocations} allocation(s), {fmt_bytes(r.bytes)} back on the GPU "
+          f"after {r.suspended_ns / 1e9:.1f} s suspended")
+    print(f"  remap {_ms(r.remap_ns)}, copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}")
+    return 0

@@ -13,6 +13,7 @@ from ..errors import GputraceError, UsageError
 RUN_EPILOG = """examples:
   gputrace run --checkpointable -- python train.py --epochs 3
   GPUTRACE_SHIM_DIR=/run/ckpt gputrace run --checkpointable -- ./job
+  gputrace run --checkpointable --suspendable -- python train.py   (then: gputrace suspend / resume)
 
 The command runs in place of gputrace (same pid) with the shim preloaded (LD_PRELOAD), which its
 child processes inherit.  The shim does nothing until the process's first CUDA driver call; from
@@ -25,6 +26,9 @@ def configure_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpointable", action="store_true",
                    help="preload the checkpointing shim (required: it is what `run` is for)")
     p.add_argument("--shim-dir", help="directory for the control socket (sets GPUTRACE_SHIM_DIR)")
+    p.add_argument("--suspendable", action="store_true",
+                   help="serve cuMemAlloc through the VMM API so `gputrace suspend` can free it (sets "
+                        "GPUTRACE_SHIM_VMM=1; each allocation is rounded up to the allocation granularity)")
 
 
 @command("run", "start a command with the checkpointing shim preloaded", RUN_EPILOG)(configure_run)
@@ -44,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     env = preload_env()  # builds the shim first (cached), so a build error surfaces here, not in the job
     if args.shim_dir:
         env["GPUTRACE_SHIM_DIR"] = os.path.abspath(args.shim_dir)
+    if args.suspendable:
+        env["GPUTRACE_SHIM_VMM"] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -5,12 +5,15 @@
  * Allocations (S = --size, default 1 MiB, a multiple of 4): cuMemAlloc_v2 of S and of S/2 + 4,
  * cuMemAllocPitch_v2 (1000 bytes x (S/4000 + 1) rows), cuMemAllocAsync of S/4, and one VMM mapping of
  * the allocation granularity (cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess RW).
+ * --plain: only the two cuMemAlloc_v2 allocations (what `suspend` can release).
  * Everything is filled from seed 1, then one JSON line on stdout:
  *   {"ready": true, "sum": "<hex>", "bytes": N, "allocations": [{"base", "size", "kind"}...]}
  * Then one command per line on stdin, one JSON line back for each:
  *   fill SEED    overwrite every byte from SEED        -> {"sum": "<hex>"}
  *   sum          checksum of all device memory held    -> {"sum": "<hex>"}
  *   alloc BYTES  one more cuMemAlloc_v2 (filled)       -> {"sum": "<hex>", "base": N}
+ *   meminfo      cuMemGetInfo_v2 (not a gated call: answers while the process is suspended)
+ *                                                      -> {"free": N, "total": N}
  *   quit         free everything and exit 0
  * The checksum is FNV-1a over 64-bit words of every allocation, in allocation order, read back with
  * cuMemcpyDtoH_v2. */
@@ -72,6 +75,14 @@ int main(int argc, char **argv)
 {
     wl.workload = "pattern";
     wl.size = 1 << 20;
+    int plain = 0;
+    for (int i = 1; i < argc; i++) /* our own option, taken out before the common parser sees it */
+        if (!strcmp(argv[i], "--plain")) {
+            plain = 1;
+            memmove(argv + i, argv + i + 1, (size_t)(argc - i) * sizeof *argv);
+            argc--;
+            break;
+        }
     wl_parse(argc, argv, WL_OPT_SIZE);
     if (wl.size <= 0 || wl.size % 4) {
         fprintf(stderr, "pattern: --size must be a positive multiple of 4\n");
@@ -94,7 +105,10 @@ int main(int argc, char **argv)
     add(p, S, SIMCUDA_ALLOC_DEVICE);
     CU(cuMemAlloc_v2, &p, S / 2 + 4);
     add(p, S / 2 + 4, SIMCUDA_ALLOC_DEVICE);
-    size_t rows = S / 4000 + 1;
+    size_t rows = S / 4000 + 1, gran = 0;
+    CUmemGenericAllocationHandle h = 0;
+    if (plain)
+        goto filled;
     CU(cuMemAllocPitch_v2, &p, &pitch, 1000, rows, 4);
     add(p, pitch * rows, SIMCUDA_ALLOC_PITCH);
     CU(cuMemAllocAsync, &p, S / 4, s);
@@ -104,8 +118,6 @@ int main(int argc, char **argv)
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev;
-    size_t gran;
-    CUmemGenericAllocationHandle h;
     CUdeviceptr va;
     CU(cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     CU(cuMemCreate, &h, gran, &prop, 0);
@@ -115,6 +127,7 @@ int main(int argc, char **argv)
     CU(cuMemSetAccess, va, gran, &acc, 1);
     add(va, gran, SIMCUDA_ALLOC_VMM_MAP);
 
+filled:;
     size_t total = 0;
     for (int i = 0; i < nbufs; i++) {
         fill_one(i, 1);
@@ -142,6 +155,10 @@ int main(int argc, char **argv)
             add(p, (size_t)v, SIMCUDA_ALLOC_DEVICE);
             fill_one(nbufs - 1, 7);
             printf("{\"sum\": \"%016llx\", \"base\": %llu}\n", (unsigned long long)checksum(), (unsigned long long)p);
+        } else if (!strncmp(line, "meminfo", 7)) {
+            size_t fr, tot;
+            CU(cuMemGetInfo_v2, &fr, &tot);
+            printf("{\"free\": %zu, \"total\": %zu}\n", fr, tot);
         } else if (!strncmp(line, "sum", 3)) {
             printf("{\"sum\": \"%016llx\"}\n", (unsigned long long)checksum());
         } else {
@@ -159,7 +176,8 @@ int main(int argc, char **argv)
         } else {
             CU(cuMemFree_v2, bufs[i].p);
         }
-    CU(cuMemRelease, h);
+    if (h)
+        CU(cuMemRelease, h);
     CU(cuStreamSynchronize, s);
     CU(cuStreamDestroy_v2, s);
     CU(cuDevicePrimaryCtxRelease_v2, dev);
