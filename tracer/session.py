@@ -55,6 +55,15 @@ def select_functions(funcs: Sequence[Function], patterns: Iterable[str]) -> tupl
     return chosen
 
 
+def _stamped(flip: Callable[[], None]) -> float:
+    """Runs a counting-state change and returns when it took effect: the midpoint of the clock read
+    before and after, so that being preempted around the map update (seen on a loaded 2-core VM)
+    skews the counted spans both ways rather than one."""
+    t0 = time.monotonic()
+    flip()
+    return (t0 + time.monotonic()) / 2
+
+
 def process_cpu_s(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -170,8 +179,7 @@ class Session:
         ids = sorted(self.ids if probe is None else probe)
         self._probed = frozenset(ids)
         if not ids:
-            self.program.open()
-            self._opened_at = time.monotonic()
+            self._opened_at = _stamped(self.program.open)
             return
         timed_ids = [i for i in ids if i in timed]
         try:
@@ -190,8 +198,7 @@ class Session:
             self._detach()
             raise
         self.attach_s.append(time.perf_counter() - t0)
-        self.program.open()
-        self._opened_at = time.monotonic()
+        self._opened_at = _stamped(self.program.open)
 
     def _reopen(self) -> float:
         """Exact mode: the span counted since the last call. Counting stays open from one interval
@@ -204,8 +211,7 @@ class Session:
         """Closes counting; returns the span it was open since the last call."""
         if self._opened_at is None:
             return 0.0
-        self.program.close_counting()
-        now = time.monotonic()
+        now = _stamped(self.program.close_counting)
         span, self._opened_at = now - self._opened_at, None
         return span
 
@@ -222,13 +228,11 @@ class Session:
 
     def _outside_begin(self) -> None:
         if self._marker_link is not None:
-            self.program.outside()
-            self._outside_since = time.monotonic()
+            self._outside_since = _stamped(self.program.outside)
 
     def _outside_end(self) -> None:
         if self._outside_since is not None:
-            self.program.close_counting()
-            self._outside_s += time.monotonic() - self._outside_since
+            self._outside_s += _stamped(self.program.close_counting) - self._outside_since
             self._outside_since = None
 
     def _choose_marker(self, cpu_s_per_s: float | None) -> None:
