@@ -62,11 +62,15 @@ async def test_sorting_keys_and_header_click(recording):
     app = app_for(recording)
     async with app.run_test(size=(160, 30)) as pilot:
         main = await started(pilot)
+        table = main.query_one(ProcessTable)
         await pilot.press("i")
         assert pids(main) == [3333, 2222, 1111, 4242]
+        assert table.selected_pid() == 3333  # untouched, the cursor stays on the top row
+        await pilot.press("down", "i")
+        assert pids(main) == [4242, 1111, 2222, 3333]
+        assert table.selected_pid() == 2222  # moved by the user, it follows its process
         await pilot.press("<")  # overhead -> wait (the column before it)
         assert main.sort == "wait" and pids(main)[0] == 2222
-        table = main.query_one(ProcessTable)
         table.post_message(table.HeaderSelected(table, table.columns["pid"].key, 0, table.columns["pid"].label))
         await pilot.pause()
         assert main.sort == "pid" and pids(main) == [1111, 2222, 3333, 4242]

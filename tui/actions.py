@@ -9,6 +9,7 @@ Every method blocks: the UI calls them from a thread worker, never from its even
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import threading
 import time
@@ -171,9 +172,10 @@ class CheckpointerAdapter:
             elif len(a) == 2:
                 progress(float(a[0]), str(a[1]))
 
+        kw = {"progress": report} if _takes(fn, "progress") else {}
         t0 = time.monotonic()
         try:
-            out = fn(pid, *args, progress=report)
+            out = fn(pid, *args, **kw)
         except GputraceError:
             raise
         except Exception as exc:  # a library still being written: show it, do not crash the UI
@@ -227,6 +229,14 @@ class CheckpointerAdapter:
             out.append(Checkpoint(str(self.root / n), float(m.get("created_unix", 0.0)), m.get("bytes"),
                                   freeze / 1e9 if freeze is not None else None))
         return out
+
+
+def _takes(fn, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def fmt_size(n: float) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from gputrace.report import fmt_ns, fmt_pct, fmt_rate
@@ -52,9 +53,24 @@ def sparkline(values: tuple[float, ...], width: int = 10) -> str:
     return "".join(SPARK[int((v - lo) / (hi - lo) * (len(SPARK) - 1) + 0.5)] for v in vals)
 
 
+def fmt_share(x: float | None) -> str:
+    """A percentage with two significant digits below 1%: a 15 ns layer on a quiet job costs
+    thousandths of a percent, and "0.00%" would hide the difference between jobs."""
+    if x is None:
+        return "-"
+    v = 100 * x
+    if v == 0:
+        return "0%"
+    if v >= 10:
+        return f"{v:.1f}%"
+    if v >= 1:
+        return f"{v:.2f}%"
+    return f"{v:.{max(2, 1 - math.floor(math.log10(v)))}f}%"  # two significant digits, never an exponent
+
+
 def overhead_cell(r: ProcessRow, preset: str, now: float | None = None) -> str:
     a = r.audit(preset)
-    return f"{fmt_pct(a.slowdown_lower)}–{fmt_pct(a.slowdown_upper)}"
+    return f"{fmt_share(a.slowdown_lower)}–{fmt_share(a.slowdown_upper)}"
 
 
 # Column key -> (title, cell(row, preset, now), sort key(row, preset)); the table and text share these.

@@ -69,8 +69,43 @@ class ProcessTable(DataTable):
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)
         self.shown: tuple[str, ...] = ()
         self.pids: list[int] = []
+        # Until the user moves the cursor it stays on the top row (the costliest process, as
+        # sorted); once moved, it follows the process it was put on through re-sorting.
+        self.user_moved = False
+        self._keep: int | None = None
+
+    def _moved(self) -> None:
+        self.user_moved = True
+
+    def action_cursor_up(self) -> None:
+        self._moved()
+        super().action_cursor_up()
+
+    def action_cursor_down(self) -> None:
+        self._moved()
+        super().action_cursor_down()
+
+    def action_page_up(self) -> None:
+        self._moved()
+        super().action_page_up()
+
+    def action_page_down(self) -> None:
+        self._moved()
+        super().action_page_down()
+
+    def action_scroll_home(self) -> None:
+        self._moved()
+        super().action_scroll_home()
+
+    def action_scroll_end(self) -> None:
+        self._moved()
+        super().action_scroll_end()
+
+    def on_click(self) -> None:
+        self._moved()
 
     def set_columns(self, keys: tuple[str, ...], sort: str, reverse: bool) -> None:
+        self._keep = self.selected_pid()  # clearing the columns resets the cursor
         self.clear(columns=True)
         self.shown = keys
         for k in keys:
@@ -79,7 +114,8 @@ class ProcessTable(DataTable):
             self.add_column(Text(title, justify="left" if left else "right"), key=k)
 
     def show(self, rows: list[ProcessRow], preset: str, now: float) -> None:
-        selected = self.selected_pid()
+        selected = self._keep if self._keep is not None else self.selected_pid()
+        self._keep = None
         self.clear()
         self.pids = [r.pid for r in rows]
         for r in rows:
@@ -89,7 +125,7 @@ class ProcessTable(DataTable):
                 style = "green" if k == "shim" and r.shimmed else ("bold" if k == "overhead" else "")
                 cells.append(Text(c, style=style, justify="left" if k in ("comm", "ckpt", "trend") else "right"))
             self.add_row(*cells, key=str(r.pid))
-        if selected in self.pids:
+        if self.user_moved and selected in self.pids:
             self.move_cursor(row=self.pids.index(selected))
 
     def selected_pid(self) -> int | None:

@@ -129,7 +129,10 @@ def top(args: argparse.Namespace) -> int:
         raise UsageError("`gputrace top` needs a terminal", "use `gputrace top --once --json` in scripts and pipes")
     from ..tui.app import TopApp
 
-    TopApp(source, actions, preset=args.preset).run()
+    app = TopApp(source, actions, preset=args.preset)
+    if source.live:  # the terminal is the app's now: warnings become notifications, not stray stderr lines
+        source.warn = lambda msg: app.call_from_thread(app.notify, msg, severity="warning", timeout=15)
+    app.run()
     return 0
 
 

@@ -84,7 +84,8 @@ second spent in non-synchronizing and in synchronizing driver calls.
 
 
 class HelpScreen(ModalScreen[None]):
-    DEFAULT_CSS = _CSS.format(name="HelpScreen")
+    # A Static in an auto-width box has no width to wrap to and collapses: give the box one.
+    DEFAULT_CSS = _CSS.format(name="HelpScreen") + "HelpScreen > Vertical { width: 108; }"
     BINDINGS = [Binding("escape,q,question_mark", "close", "close")]
 
     def compose(self) -> ComposeResult:

@@ -69,9 +69,12 @@ class MainScreen(Screen):
         self.rows = sort_rows(tuple(rows), self.sort, app.preset, self.reverse)
         table = self.query_one(ProcessTable)
         table.show(self.rows, app.preset, frame.t)
+        empty = "no CUDA process measured yet"
+        status = self.query_one("#status")
         if not frame.processes:
-            msg = "no CUDA process measured yet" + (f" ({len(frame.pending)} attaching)" if frame.pending else "")
-            self.set_status(msg)
+            self.set_status(empty + (f" ({len(frame.pending)} attaching)" if frame.pending else ""))
+        elif str(status.render()).startswith(empty):
+            self.set_status("")
 
     def set_status(self, text: str) -> None:
         self.query_one(StatusLine).update(text)
