@@ -324,10 +324,15 @@ static size_t mem_used;
 static __thread struct CUctx_st *tls_stack[CTX_STACK_MAX];
 static __thread int tls_depth;
 
+static atomic_int g_locked; /* cuCheckpointProcessLock from another process (see the end of this file) */
+static void ckpt_wait_unlocked(void);
+
 #define CHECK_INIT()                                                          \
     do {                                                                      \
         if (atomic_load_explicit(&g_init, memory_order_acquire) != 1)         \
             return CUDA_ERROR_NOT_INITIALIZED;                                \
+        if (atomic_load_explicit(&g_locked, memory_order_acquire))            \
+            ckpt_wait_unlocked();                                             \
     } while (0)
 
 static CUresult cur_ctx(struct CUctx_st **out)
@@ -960,6 +965,8 @@ __attribute__((constructor)) static void simcuda_ctor(void)
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
+static void ckpt_serve(void);
+
 CUresult cuInit(unsigned int Flags)
 {
     if (Flags != 0)
@@ -995,6 +1002,8 @@ CUresult cuInit(unsigned int Flags)
         }
     }
     pthread_mutex_unlock(&G);
+    if (!r && st == 0)
+        ckpt_serve();
     return r;
 }
 
@@ -1582,6 +1591,8 @@ CUresult cuMemFreeHost(void *p)
     return CUDA_SUCCESS;
 }
 
+static size_t ckpt_freed_bytes(void);
+
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
     CHECK_INIT();
@@ -1592,7 +1603,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     if (!free_bytes || !total)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&G);
-    *free_bytes = cfg.mem_bytes - mem_used;
+    *free_bytes = cfg.mem_bytes - mem_used + ckpt_freed_bytes();
     *total = cfg.mem_bytes;
     pthread_mutex_unlock(&G);
     return CUDA_SUCCESS;
@@ -2845,4 +2856,275 @@ int simcudaListAllocations(simcudaAllocation *out, int max)
 #undef EMIT
     pthread_mutex_unlock(&G);
     return n;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * cuCheckpointProcess*: the driver's own process checkpoint, driven from another process by pid.
+ *
+ * Each initialized simcuda process serves an abstract Unix socket "@simcuda-ckpt-<pid>" (no file,
+ * gone with the process) from one thread; the cuCheckpointProcess* calls of another process send it
+ * one command each.  lock: every driver call of the process waits at its entry (CHECK_INIT) and the
+ * work already queued is drained, or CUDA_ERROR_NOT_READY at the timeout; checkpoint: the data of
+ * every device allocation and VMM handle is copied to host memory and the device memory given
+ * back (cuMemGetInfo shows it free); restore: the reverse; unlock: calls run again.  A call already
+ * past its entry when the lock is taken may still finish during it (the real driver has no such
+ * window); the tests lock processes that are idle or waiting on stdin. */
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <linux/falloc.h>
+
+static pthread_mutex_t LK = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t LK_cv = PTHREAD_COND_INITIALIZER;
+static int g_ckpt_state; /* CUprocessState, under G */
+static size_t g_ckpt_freed;
+static struct saved {
+    struct saved *next;
+    void *data;
+    size_t n;
+    struct region *r; /* or */
+    struct phys *ph;
+} *g_saved;
+
+static size_t ckpt_freed_bytes(void) { return g_ckpt_freed; }
+
+static void ckpt_wait_unlocked(void)
+{
+    pthread_mutex_lock(&LK);
+    while (atomic_load(&g_locked))
+        pthread_cond_wait(&LK_cv, &LK);
+    pthread_mutex_unlock(&LK);
+}
+
+static void ckpt_set_locked(int on)
+{
+    pthread_mutex_lock(&LK);
+    atomic_store(&g_locked, on);
+    pthread_cond_broadcast(&LK_cv);
+    pthread_mutex_unlock(&LK);
+}
+
+static int ckpt_save(void *src, size_t n, struct region *r, struct phys *ph)
+{
+    struct saved *v = calloc(1, sizeof *v);
+    if (!v || !(v->data = malloc(n ? n : 1))) {
+        free(v);
+        return -1;
+    }
+    if (r)
+        memcpy(v->data, src, n);
+    else if (pread(ph->fd, v->data, n, 0) != (ssize_t)n) {
+        free(v->data);
+        free(v);
+        return -1;
+    }
+    v->n = n, v->r = r, v->ph = ph;
+    v->next = g_saved;
+    g_saved = v;
+    return 0;
+}
+
+/* Under G.  Returns a CUresult. */
+static int ckpt_do(const char *cmd, unsigned timeout_ms)
+{
+    if (!strcmp(cmd, "state"))
+        return g_ckpt_state;
+    if (!strcmp(cmd, "lock")) {
+        if (g_ckpt_state != CU_PROCESS_STATE_RUNNING)
+            return CUDA_ERROR_ILLEGAL_STATE;
+        ckpt_set_locked(1);
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+        if (dl.tv_nsec >= 1000000000) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000;
+        }
+        while (g_pending)
+            if (pthread_cond_timedwait(&G_done, &G, &dl) == ETIMEDOUT && g_pending) {
+                ckpt_set_locked(0);
+                return CUDA_ERROR_NOT_READY;
+            }
+        g_ckpt_state = CU_PROCESS_STATE_LOCKED;
+        return CUDA_SUCCESS;
+    }
+    if (!strcmp(cmd, "checkpoint")) {
+        if (g_ckpt_state != CU_PROCESS_STATE_LOCKED)
+            return CUDA_ERROR_ILLEGAL_STATE;
+        int bad = 0;
+        for (struct region *r = regions; r && !bad; r = r->next)
+            if (is_device_kind(r->kind) && r->usable)
+                bad = ckpt_save((void *)r->base, r->usable, r, NULL);
+        for (struct phys *ph = physs; ph && !bad; ph = ph->next)
+            bad = ckpt_save(NULL, ph->size, NULL, ph);
+        if (bad) {
+            while (g_saved) {
+                struct saved *v = g_saved;
+                g_saved = v->next;
+                free(v->data);
+                free(v);
+            }
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        for (struct saved *v = g_saved; v; v = v->next) { /* give the memory back */
+            if (v->r)
+                madvise((void *)v->r->base, v->n, MADV_DONTNEED);
+            else
+                fallocate(v->ph->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)v->n);
+            g_ckpt_freed += v->n;
+        }
+        g_ckpt_state = CU_PROCESS_STATE_CHECKPOINTED;
+        return CUDA_SUCCESS;
+    }
+    if (!strcmp(cmd, "restore")) {
+        if (g_ckpt_state != CU_PROCESS_STATE_CHECKPOINTED)
+            return CUDA_ERROR_ILLEGAL_STATE;
+        while (g_saved) {
+            struct saved *v = g_saved;
+            g_saved = v->next;
+            if (v->r)
+                memcpy((void *)v->r->base, v->data, v->n);
+            else if (pwrite(v->ph->fd, v->data, v->n, 0) != (ssize_t)v->n)
+                g_ckpt_state = CU_PROCESS_STATE_FAILED;
+            free(v->data);
+            free(v);
+        }
+        g_ckpt_freed = 0;
+        if (g_ckpt_state == CU_PROCESS_STATE_FAILED)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        g_ckpt_state = CU_PROCESS_STATE_LOCKED;
+        return CUDA_SUCCESS;
+    }
+    if (!strcmp(cmd, "unlock")) {
+        if (g_ckpt_state != CU_PROCESS_STATE_LOCKED)
+            return CUDA_ERROR_ILLEGAL_STATE;
+        g_ckpt_state = CU_PROCESS_STATE_RUNNING;
+        ckpt_set_locked(0);
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static socklen_t ckpt_addr(struct sockaddr_un *sa, int pid)
+{
+    memset(sa, 0, sizeof *sa);
+    sa->sun_family = AF_UNIX;
+    int n = snprintf(sa->sun_path + 1, sizeof sa->sun_path - 1, "simcuda-ckpt-%d", pid);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+static void *ckpt_thread(void *arg)
+{
+    int lfd = (int)(intptr_t)arg;
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            return NULL;
+        }
+        struct ucred cr;
+        socklen_t len = sizeof cr;
+        char line[64] = "";
+        ssize_t n = 0;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 && (cr.uid == 0 || cr.uid == geteuid()))
+            n = recv(fd, line, sizeof line - 1, 0);
+        if (n > 0) {
+            line[n] = 0;
+            char cmd[16] = "";
+            unsigned ms = 0;
+            sscanf(line, "%15s %u", cmd, &ms);
+            pthread_mutex_lock(&G);
+            int r = ckpt_do(cmd, ms);
+            pthread_mutex_unlock(&G);
+            char out[16];
+            int k = snprintf(out, sizeof out, "%d\n", r);
+            if (send(fd, out, (size_t)k, MSG_NOSIGNAL) < 0) { /* the caller is gone: nothing to tell */
+            }
+        }
+        close(fd);
+    }
+}
+
+static void ckpt_serve(void)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa;
+    socklen_t len = ckpt_addr(&sa, (int)getpid());
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, len) != 0 || listen(fd, 4) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return; /* no checkpoint API for this process; everything else works */
+    }
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, ckpt_thread, (void *)(intptr_t)fd) != 0)
+        close(fd);
+    pthread_attr_destroy(&at);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+static CUresult ckpt_call(int pid, const char *cmd, unsigned ms, int *value)
+{
+    if (pid <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa;
+    socklen_t len = ckpt_addr(&sa, pid);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (connect(fd, (struct sockaddr *)&sa, len) != 0) {
+        close(fd);
+        return CUDA_ERROR_INVALID_VALUE; /* no such CUDA process */
+    }
+    char line[48], out[16] = "";
+    int k = snprintf(line, sizeof line, "%s %u\n", cmd, ms);
+    ssize_t n = send(fd, line, (size_t)k, MSG_NOSIGNAL) == k ? recv(fd, out, sizeof out - 1, MSG_WAITALL) : -1;
+    close(fd);
+    if (n <= 0)
+        return CUDA_ERROR_INVALID_VALUE; /* the process went away */
+    out[n] = 0;
+    int v = atoi(out);
+    if (value) {
+        *value = v;
+        return CUDA_SUCCESS;
+    }
+    return (CUresult)v;
+}
+
+CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
+{
+    int v = 0;
+    if (!state)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = ckpt_call(pid, "state", 0, &v);
+    if (!r)
+        *state = (CUprocessState)v;
+    return r;
+}
+
+CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
+{
+    return ckpt_call(pid, "lock", args && args->timeoutMs ? args->timeoutMs : 0xFFFFFFFFu / 2, NULL);
+}
+CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
+{
+    (void)args;
+    return ckpt_call(pid, "checkpoint", 0, NULL);
+}
+CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
+{
+    (void)args;
+    return ckpt_call(pid, "restore", 0, NULL);
+}
+CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
+{
+    (void)args;
+    return ckpt_call(pid, "unlock", 0, NULL);
 }

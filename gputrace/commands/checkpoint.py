@@ -13,6 +13,7 @@ CHECKPOINT_EPILOG = """examples:
   gputrace checkpoint -p 1234                   into ./gputrace-ckpt-1234-TIME
   gputrace checkpoint -p 1234 -o /ckpt/step100  into a new directory /ckpt/step100
   gputrace checkpoint -p 1234 --json            the report as JSON
+  gputrace checkpoint -p 1234 --backend driver  NVIDIA's cuCheckpointProcess* on the same job, to compare
 
 The job must run with the shim (gputrace run --checkpointable -- CMD).  It is frozen only while its
 device memory is copied to host memory; the data are then checksummed and written while it runs on.
@@ -37,11 +38,26 @@ def _tuning(p: argparse.ArgumentParser) -> None:
                    help="how long to wait for driver calls in flight before giving up the freeze (default 5000)")
 
 
+def _backend(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["shim", "driver"], default="shim",
+                   help="shim: this project's path (needs `gputrace run --checkpointable`); driver: NVIDIA's "
+                        "cuCheckpointProcess* API, for any CUDA process (data stay in its host memory)")
+
+
 def configure_checkpoint(p: argparse.ArgumentParser) -> None:
     add_pid(p)
     p.add_argument("-o", "--output", help="new directory to write (default ./gputrace-ckpt-PID-TIME)")
+    _backend(p)
     _tuning(p)
     add_json(p)
+
+
+def _driver_report(r) -> None:
+    print(f"{r.action} of pid {r.pid} with the driver's checkpoint API ({r.driver}):")
+    steps = [("lock", r.lock_ns), ("checkpoint", r.checkpoint_ns), ("restore", r.restore_ns), ("unlock", r.unlock_ns)]
+    print("  " + ", ".join(f"{name} {_ms(ns)}" for name, ns in steps if ns))
+    print(f"  freeze   {_ms(r.freeze_ns)}" + (" (device state round-tripped through host memory; nothing written "
+                                                 "to disk)" if r.action == "checkpoint" else ""))
 
 
 def configure_restore(p: argparse.ArgumentParser) -> None:
@@ -90,6 +106,20 @@ def _ms(ns: int) -> str:
 def checkpoint_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import checkpoint
 
+    if args.backend == "driver":
+        from ..checkpointer import driver
+        from ..errors import UsageError
+
+        if args.output:
+            raise UsageError("--backend driver writes no directory: the driver keeps the data in the process",
+                             "drop -o, or use the shim backend to write a checkpoint directory")
+        r = driver.checkpoint(args.pid, timeout_ms=args.timeout_ms)
+        if args.json:
+            _dump_json({"schema": 1, **r.to_dict()})
+        else:
+            _driver_report(r)
+        return 0
+
     prog = _Progress(not args.json and sys.stderr.isatty())
     try:
         r = checkpoint(args.pid, args.output, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
@@ -133,6 +163,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
 SUSPEND_EPILOG = """examples:
   gputrace suspend -p 1234          free the job's GPU memory (its data wait in host memory)
   gputrace resume -p 1234           bring it back at the same addresses; the job continues
+  gputrace suspend --backend driver -p 1234   the same with NVIDIA's API, for a job without the shim
 
 Needs a job started with `gputrace run --checkpointable --suspendable -- CMD`, whose cuMemAlloc
 memory the shim serves through the VMM API (rounded up to the allocation granularity).  While
@@ -142,6 +173,7 @@ suspended, the job waits at its next GPU submission.
 
 def configure_suspend(p: argparse.ArgumentParser) -> None:
     add_pid(p)
+    _backend(p)
     _tuning(p)
     add_json(p)
 
@@ -150,6 +182,16 @@ def configure_suspend(p: argparse.ArgumentParser) -> None:
     configure_suspend)
 def suspend_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import suspend
+
+    if args.backend == "driver":
+        from ..checkpointer import driver
+
+        r = driver.suspend(args.pid, timeout_ms=args.timeout_ms)
+        if args.json:
+            _dump_json({"schema": 1, **r.to_dict()})
+        else:
+            _driver_report(r)
+        return 0
 
     r = suspend(args.pid, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms)
     if args.json:
@@ -164,6 +206,7 @@ def suspend_cmd(args: argparse.Namespace) -> int:
 
 def configure_resume(p: argparse.ArgumentParser) -> None:
     add_pid(p)
+    _backend(p)
     p.add_argument("--lanes", type=int, default=4, help="copy threads (default 4)")
     p.add_argument("--chunk", type=int, default=8 << 20, help="bytes per staged copy (default 8 MiB)")
     add_json(p)
@@ -173,6 +216,16 @@ def configure_resume(p: argparse.ArgumentParser) -> None:
     configure_resume)
 def resume_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import resume
+
+    if args.backend == "driver":
+        from ..checkpointer import driver
+
+        r = driver.resume(args.pid)
+        if args.json:
+            _dump_json({"schema": 1, **r.to_dict()})
+        else:
+            _driver_report(r)
+        return 0
 
     r = resume(args.pid, lanes=args.lanes, chunk=args.chunk)
     if args.json:
