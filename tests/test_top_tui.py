@@ -102,7 +102,7 @@ async def test_detail_screen_functions_histogram_and_audit(recording):
         assert "pid 4242 (train_big)" in audit and "predicted slowdown" in audit and "preset shim" in audit
         await pilot.press("down")
         assert detail.selected_name() == "cuLaunchKernel"
-        assert "cuLaunchKernel: time per call" in str(detail.query_one("#hist").render())
+        assert "cuLaunchKernel\ntime per call" in str(detail.query_one("#hist").render())
         await pilot.press("p")
         assert "preset proxy" in str(detail.query_one("#audit").render())
         await pilot.press("escape")

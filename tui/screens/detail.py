@@ -13,12 +13,13 @@ from gputrace.report import fmt_ns, fmt_pct, fmt_rate
 from gputrace.tracer.model import FunctionStats
 
 from ..model import HostSnapshot, ProcessRow
-from ..text import fmt_checkpoint
+from ..text import fmt_checkpoint, fmt_share
 
 
 def histogram(f: FunctionStats, width: int = 30) -> Text:
     """The log2 buckets with any count, as bars: slot k holds calls of [2^(k-1), 2^k) ns."""
-    t = Text(f"{f.name}: time per call (log2 buckets, {sum(f.hist)} calls timed)\n", style="bold")
+    t = Text(f"{f.name}\n", style="bold")
+    t.append(f"time per call, {sum(f.hist)} calls timed\n", style="dim")
     used = [k for k, n in enumerate(f.hist) if n]
     if not used:
         t.append("not timed in this interval", style="dim")
@@ -28,7 +29,7 @@ def histogram(f: FunctionStats, width: int = 30) -> Text:
         n = f.hist[k]
         lo = fmt_ns(2 ** (k - 1) if k else 0)
         hi = fmt_ns(2**k)
-        t.append(f"{lo:>9} – {hi:<9} ")
+        t.append(f"{lo:>9}–{hi:<9}")
         t.append("█" * max(1 if n else 0, round(n / top * width)), style="cyan")
         t.append(f" {n}\n")
     return t
@@ -45,7 +46,7 @@ def audit_text(row: ProcessRow, preset: str, now: float | None = None) -> Text:
              f"of {s.interval_s:.1f} s; tracer {fmt_pct(s.tracer_overhead)} of its CPU\n")
     t.append(f"preset {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")
     t.append(f"{fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second; ")
-    t.append(f"predicted slowdown {fmt_pct(a.slowdown_lower)} (hidden in the wait) – {fmt_pct(a.slowdown_upper)} (exposed)",
+    t.append(f"predicted slowdown {fmt_share(a.slowdown_lower)} (hidden in the wait) – {fmt_share(a.slowdown_upper)} (exposed)",
              style="bold")
     return t
 
@@ -112,7 +113,9 @@ class DetailScreen(Screen):
     def _show_hist(self) -> None:
         name = self.selected_name()
         f = next((f for f in self.row.snapshot.functions if f.name == name), None) if self.row else None
-        self.query_one("#hist", Static).update(histogram(f) if f else Text("no function selected", style="dim"))
+        box = self.query_one("#hist", Static)
+        width = max(6, (box.size.width or 60) - 34)  # what the labels and the count leave for the bars
+        box.update(histogram(f, width) if f else Text("no function selected", style="dim"))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_hist()

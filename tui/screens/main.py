@@ -124,7 +124,9 @@ class MainScreen(Screen):
         box = self.query_one(Input)
         box.add_class("shown")
         box.value = self.filter
-        box.focus()
+        # Focus now, not via focus()'s call_later: keys typed right after '/' (a paste, a fast typist,
+        # tmux send-keys) would otherwise reach the table and run its single-key actions.
+        self.set_focus(box)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.filter = event.value
