@@ -68,7 +68,7 @@ print(json.dumps(out))
     return json.loads(r.stdout)
 
 
-def one_size(size: int, reps: int, lanes: int, chunk: int, work: Path, sock_dir: str) -> dict:
+def one_size(size: int, reps: int, lanes: int, chunk: int, work: Path, sock_dir: str, direct: bool = False) -> dict:
     env = shim.preload_env(simcuda.env())
     env["GPUTRACE_SHIM_DIR"] = sock_dir
     p = subprocess.Popen(simcuda.workload("pattern") + ["--size", str(size)], env=env, stdin=subprocess.PIPE,
@@ -84,9 +84,9 @@ def one_size(size: int, reps: int, lanes: int, chunk: int, work: Path, sock_dir:
         runs = []
         for i in range(reps):
             d = work / f"ck-{size}-{i}"
-            c = checkpoint(p.pid, d, lanes=lanes, chunk=chunk)
+            c = checkpoint(p.pid, d, lanes=lanes, chunk=chunk, direct=direct)
             assert cmd(f"fill {i + 2}")["sum"] != ready["sum"]
-            r = restore(p.pid, d, lanes=lanes, chunk=chunk)
+            r = restore(p.pid, d, lanes=lanes, chunk=chunk, direct=direct)
             assert cmd("sum")["sum"] == ready["sum"], "restore did not bring the memory back"
             runs.append({"checkpoint": c.to_dict(), "restore": r.to_dict()})
             shutil.rmtree(d)
@@ -136,7 +136,8 @@ def markdown(doc: dict) -> str:
         f"Command: `{doc['command']}` ({doc['machine']}).",
         "simcuda keeps device memory in host memory: these are the shim's and the checkpointer's own costs on",
         "this machine against a plain pinned memcpy-speed copy in the same driver, not bus figures.",
-        f"Medians of {doc['reps']} runs; lanes {doc['lanes']}, chunk {doc['chunk'] >> 20} MiB; checkpoints written to {doc['dir_fs']}.",
+        f"Medians of {doc['reps']} runs; lanes {doc['lanes']}, chunk {doc['chunk'] >> 20} MiB, "
+        f"{'direct (no staging)' if doc.get('direct') else 'staged'}; checkpoints written to {doc['dir_fs']}.",
         "",
         "| device memory | ckpt freeze ms | copy GB/s | write GB/s | limit D2H ms | freeze / limit | verify GB/s "
         "| restore freeze ms | restore copy GB/s | limit H2D ms | restore / limit | driver ckpt ms | driver restore ms |",
@@ -176,6 +177,7 @@ def main() -> int:
     ap.add_argument("--lanes", type=int, default=2)
     ap.add_argument("--chunk-mib", type=int, default=8)
     ap.add_argument("--dir", default=None, help="where checkpoints are written (default: a temporary directory)")
+    ap.add_argument("--direct", action="store_true", help="copy straight into the pinned image (no staging)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ckbench-", dir=args.dir))
     sock = tempfile.mkdtemp(prefix="ckbench-rt-")
@@ -186,10 +188,11 @@ def main() -> int:
             "command": "python bench/checkpoint_sim.py " + " ".join(sys.argv[1:]),
             "machine": f"{platform.machine()}, kernel {platform.release()}, {os.cpu_count()} CPUs",
             "dir_fs": df[-1] if df else "?", "reps": args.reps, "lanes": args.lanes, "chunk": args.chunk_mib << 20,
+            "direct": args.direct,
             "when_unix": time.time(), "sizes": [],
         }
         for mib in (int(x) for x in args.sizes.split(",")):
-            r = one_size(mib << 20, args.reps, args.lanes, args.chunk_mib << 20, work, sock)
+            r = one_size(mib << 20, args.reps, args.lanes, args.chunk_mib << 20, work, sock, args.direct)
             doc["sizes"].append(r)
             print(json.dumps({"bytes": r["bytes"], **r["summary"]}), flush=True)
     finally:

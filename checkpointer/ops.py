@@ -44,6 +44,7 @@ class CheckpointReport:
     freeze_ns: int  # gate closed to gate open
     write_ns: int  # hashing and writing, after the gate reopened
     total_ns: int
+    direct: bool = False  # the copies went straight into the registered image (no staging)
 
     @property
     def copy_gbps(self) -> float:
@@ -69,6 +70,7 @@ class RestoreReport:
     copy_ns: int
     freeze_ns: int
     total_ns: int
+    direct: bool = False
 
     @property
     def verify_gbps(self) -> float:
@@ -146,10 +148,12 @@ def _copy_timeout(nbytes: int) -> float:
 
 
 def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
-               timeout_ms: int = 5000, progress: store.Progress | None = None) -> CheckpointReport:
+               timeout_ms: int = 5000, direct: bool = False, progress: store.Progress | None = None) -> CheckpointReport:
     """Checkpoints the device memory of shimmed process `pid` into the new directory `out` (default
     ./gputrace-ckpt-PID-TIME).  `progress(phase, done, total)` is called with phase "freeze" (once,
-    before the gate closes) and "write" (per chunk written)."""
+    before the gate closes) and "write" (per chunk written).  `direct`: the shim maps and pins the image
+    before the freeze and the copies go straight into it (no staging, no CPU copy); where the driver
+    cannot pin it, the staging path is used and the report says direct=False."""
     t0 = time.monotonic_ns()
     out = Path(out) if out is not None else Path.cwd() / f"gputrace-ckpt-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
     out = out.absolute()
@@ -161,7 +165,7 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
         try:
             if progress:
                 progress("freeze", 0, held)
-            r = s.request(f"dump lanes={lanes} chunk={chunk} timeout={timeout_ms}", fd=memfd,
+            r = s.request(f"dump lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
                           timeout_s=_copy_timeout(held))
             if not r.get("ok"):
                 raise _shim_failure(r, pid, "dump its device memory")
@@ -180,14 +184,15 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
                                 for e in hdr.entries],
                 "bytes": r["bytes"],
                 "timings": {k: r[k] for k in ("setup_ns", "drain_ns", "sync_ns", "copy_ns", "freeze_ns")},
-                "shim": {"lanes": r["lanes"], "chunk": r["chunk"], "skipped_unmapped_vmm": r.get("skipped", 0)},
+                "shim": {"lanes": r["lanes"], "chunk": r["chunk"], "direct": r.get("direct", False),
+                         "skipped_unmapped_vmm": r.get("skipped", 0)},
             }
             m = store.write(out, memfd, nbytes, manifest, progress)
         finally:
             os.close(memfd)
     t = m["timings"]
     return CheckpointReport(str(out), pid, len(hdr.entries), r["bytes"], nbytes, t["drain_ns"], t["sync_ns"],
-                            t["copy_ns"], t["freeze_ns"], t["write_ns"], time.monotonic_ns() - t0)
+                            t["copy_ns"], t["freeze_ns"], t["write_ns"], time.monotonic_ns() - t0, r.get("direct", False))
 
 
 def _describe(diffs: list[str], total: int) -> str:
@@ -218,7 +223,7 @@ def _mismatch(pid: int, path: Path, diffs: list[str]) -> CheckpointMismatch:
 
 
 def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
-            timeout_ms: int = 5000, progress: store.Progress | None = None) -> RestoreReport:
+            timeout_ms: int = 5000, direct: bool = False, progress: store.Progress | None = None) -> RestoreReport:
     """Rolls the device memory of shimmed process `pid` back to the checkpoint in `path`.
     `progress(phase, done, total)`: "verify" per chunk checked, "freeze" once before the gate closes."""
     t0 = time.monotonic_ns()
@@ -242,7 +247,7 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
             verify_ns = time.monotonic_ns() - tv
             if progress:
                 progress("freeze", 0, manifest["bytes"])
-            r = s.request(f"restore lanes={lanes} chunk={chunk} timeout={timeout_ms}", fd=memfd,
+            r = s.request(f"restore lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
                           timeout_s=_copy_timeout(nbytes))
         finally:
             os.close(memfd)
@@ -253,4 +258,4 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
                 raise _mismatch(pid, path, d or ["its allocations changed"])
             raise _shim_failure(r, pid, "restore its device memory")
     return RestoreReport(str(path), pid, r["allocations"], r["bytes"], verify_ns, r["drain_ns"], r["sync_ns"],
-                         r["copy_ns"], r["freeze_ns"], time.monotonic_ns() - t0)
+                         r["copy_ns"], r["freeze_ns"], time.monotonic_ns() - t0, r.get("direct", False))

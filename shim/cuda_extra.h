@@ -47,8 +47,6 @@ CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int f
 CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags);
 
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
-CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
-CUresult cuMemHostUnregister(void *p);
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options,
                             void **optionValues);
 CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin);

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,6 +63,8 @@ static struct drv {
     CUresult (*version)(int *);
     CUresult (*dev_name)(char *, int, CUdevice);
     CUresult (*dev_uuid)(CUuuid *, CUdevice);
+    CUresult (*host_register)(void *, size_t, unsigned);
+    CUresult (*host_unregister)(void *);
 } D;
 
 static int drv_load(void)
@@ -79,6 +82,8 @@ static int drv_load(void)
     SYM(version, "cuDriverGetVersion");
     SYM(dev_name, "cuDeviceGetName");
     SYM(dev_uuid, "cuDeviceGetUuid");
+    SYM(host_register, "cuMemHostRegister_v2");
+    SYM(host_unregister, "cuMemHostUnregister");
 #undef SYM
     return D.ctx_set && D.ctx_sync && D.stream_create && D.stream_destroy && D.stream_sync && D.host_alloc &&
            D.host_free && D.d2h && D.h2d;
@@ -182,6 +187,7 @@ struct piece {
 
 struct job {
     int restore, fd;
+    char *map; /* direct=1: the image mapped and registered with the driver; copies go straight to it */
     struct piece *p;
     size_t np;
     size_t chunk;
@@ -276,6 +282,16 @@ static void *lane_run(void *arg)
             DRV(D.stream_create(&s[1], CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         }
         struct piece *p = &j->p[i];
+        if (j->map) { /* no staging, no CPU copy: the DMA engine reads or writes the image itself */
+            if (j->restore)
+                DRV(D.h2d((CUdeviceptr)p->dev, j->map + p->off, p->len, s[b]), "cuMemcpyHtoDAsync(%#llx, %llu)",
+                    (unsigned long long)p->dev, (unsigned long long)p->len);
+            else
+                DRV(D.d2h(j->map + p->off, (CUdeviceptr)p->dev, p->len, s[b]), "cuMemcpyDtoHAsync(%#llx, %llu)",
+                    (unsigned long long)p->dev, (unsigned long long)p->len);
+            b ^= 1;
+            continue;
+        }
         if (j->restore) {
             DRV(D.stream_sync(s[b]), "cuStreamSynchronize"); /* buf[b]'s last upload is done */
             int e = io_all(1, j->fd, L->buf[b], p->len, p->off);
@@ -384,6 +400,7 @@ static CUresult remap_all(uint64_t *at)
  * The commands */
 
 struct opts {
+    int direct;
     int lanes;
     size_t chunk;
     int timeout_ms;
@@ -406,6 +423,8 @@ static int parse_opts(char *args, struct opts *o, char **path)
             if (*end || v < MIN_CHUNK || v > MAX_CHUNK || v % IMG_ALIGN)
                 return -1;
             o->chunk = (size_t)v;
+        } else if (!strcmp(w, "direct=1") || !strcmp(w, "direct=0")) {
+            o->direct = w[7] == '1';
         } else if (!strncmp(w, "timeout=", 8)) {
             long v = strtol(w + 8, &end, 10);
             if (*end || v < 0 || v > 600000)
@@ -529,6 +548,34 @@ static void identity_json(struct sbuf *b, const struct collect *c)
     sb_printf(b, "]");
 }
 
+/* direct=1: the image file mapped shared and registered (pinned) with the driver, before the gate
+ * closes: pinning takes time the job does not wait for, and the copies inside the freeze then move
+ * at the bus's speed with no CPU copy.  NULL when the driver cannot (the staging path is used). */
+static char *direct_map(int fd, uint64_t len, uint64_t ctx)
+{
+    if (!D.host_register || !D.host_unregister || !len)
+        return NULL;
+    void *m = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    D.ctx_set((CUcontext)(uintptr_t)ctx);
+    CUresult r = D.host_register(m, (size_t)len, CU_MEMHOSTALLOC_PORTABLE /* = CU_MEMHOSTREGISTER_PORTABLE */);
+    D.ctx_set(NULL);
+    if (r != CUDA_SUCCESS) {
+        munmap(m, (size_t)len);
+        return NULL;
+    }
+    return m;
+}
+
+static void direct_unmap(char *m, uint64_t len, uint64_t ctx)
+{
+    D.ctx_set((CUcontext)(uintptr_t)ctx);
+    D.host_unregister(m); /* waits for copies still using it */
+    D.ctx_set(NULL);
+    munmap(m, (size_t)len);
+}
+
 struct timing {
     uint64_t setup, drain, sync, copy, freeze;
 };
@@ -613,6 +660,8 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
     struct img_ent *ents = NULL;
     struct lane L[MAX_LANES];
     int nl = 0, own_fd = 0, paused = 0;
+    char *map = NULL;
+    uint64_t map_len = 0, map_ctx = 0;
     struct timing t = {0};
     struct piece *pieces = NULL;
     size_t np = 0;
@@ -679,23 +728,28 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
         json_err(&b, "unsupported", "device memory but no context to copy it in");
         goto reply;
     }
-    if (nl && lanes_alloc(L, nl, o.chunk, c.ctxs[0]) != 0) {
-        lanes_free(L, nl);
-        nl = 0;
-        json_err(&b, "cannot pin staging memory", "cuMemHostAlloc failed: try a smaller chunk= or fewer lanes=");
-        goto reply;
-    }
-    if (!restore && c.n) {
+    memset(L, 0, sizeof L);
+    if (restore) {
+        map_len = h.data_offset + h.data_bytes;
+    } else if (c.n) {
         /* Reserve the image's space while the job runs: page allocation (tmpfs, memfd) or block
          * allocation (a disk) leaves the freeze, and a full filesystem fails here, before it. */
-        uint64_t est = round_up(sizeof h + (uint64_t)c.n * sizeof(struct img_ent), IMG_ALIGN);
+        map_len = round_up(sizeof h + (uint64_t)c.n * sizeof(struct img_ent), IMG_ALIGN);
         for (int i = 0; i < c.n; i++)
-            est = round_up(est + c.v[i].size, IMG_ALIGN);
-        int e = posix_fallocate(fd, 0, (off_t)est);
+            map_len = round_up(map_len + c.v[i].size, IMG_ALIGN);
+        int e = posix_fallocate(fd, 0, (off_t)map_len);
         if (e == ENOSPC || e == EDQUOT) {
             json_err(&b, "cannot reserve space for the image", strerror(e));
             goto reply;
         }
+    }
+    if (nl && o.direct && (mode == M_DUMP || mode == M_RESTORE)) /* a suspension keeps to the staging path */
+        map = direct_map(fd, map_len, c.ctxs[0]);
+    if (nl && !map && lanes_alloc(L, nl, o.chunk, c.ctxs[0]) != 0) {
+        lanes_free(L, nl);
+        nl = 0;
+        json_err(&b, "cannot pin staging memory", "cuMemHostAlloc failed: try a smaller chunk= or fewer lanes=");
+        goto reply;
     }
     uint64_t t1 = now_ns();
     t.setup = t1 - t0;
@@ -767,6 +821,10 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
         h.data_offset = round_up(sizeof h + (uint64_t)c.n * sizeof(struct img_ent), IMG_ALIGN);
         h.data_bytes = off - h.data_offset;
         h.chunk = o.chunk;
+        if (map && h.data_offset + h.data_bytes > map_len) {
+            json_err(&b, "busy", "the process allocated device memory meanwhile; try again");
+            goto reply;
+        }
     }
     for (int i = 0; i < c.n; i++)
         if (!c.v[i].ctx) {
@@ -788,13 +846,18 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
         json_err(&b, "cannot size the image file", strerror(errno));
         goto reply;
     }
-    struct job j = {.restore = restore, .fd = fd, .p = pieces, .np = np, .chunk = o.chunk};
+    struct job j = {.restore = restore, .fd = fd, .map = map, .p = pieces, .np = np, .chunk = o.chunk};
     pthread_mutex_init(&j.err_mu, NULL);
     if (np)
         job_run(&j, L, nl < (int)np ? nl : (int)np);
     pthread_mutex_destroy(&j.err_mu);
     uint64_t t4 = now_ns();
     t.copy = t4 - t3;
+    if (map) { /* before the gate reopens: the copies are done, the memory need not stay pinned */
+        map_ctx = c.ctxs[0];
+        direct_unmap(map, map_len, map_ctx);
+        map = NULL;
+    }
     if (atomic_load(&j.failed)) {
         json_err(&b, "copy failed", j.err);
         goto reply;
@@ -854,9 +917,10 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
     uint64_t bytes = 0;
     for (int i = 0; i < c.n; i++)
         bytes += c.v[i].size;
-    sb_printf(&b, "{\"ok\": true, \"allocations\": %d, \"bytes\": %llu, \"image_bytes\": %llu, \"skipped\": %d, "
+    sb_printf(&b, "{\"ok\": true, \"direct\": %s, \"allocations\": %d, \"bytes\": %llu, \"image_bytes\": %llu, \"skipped\": %d, "
                   "\"lanes\": %d, \"chunk\": %zu, \"pieces\": %zu",
-              c.n, (unsigned long long)bytes, (unsigned long long)(h.data_offset + h.data_bytes), c.skipped, nl,
+              map_ctx ? "true" : "false", c.n, (unsigned long long)bytes,
+              (unsigned long long)(h.data_offset + h.data_bytes), c.skipped, nl,
               o.chunk, np);
     timing_json(&b, &t);
     if (mode == M_SUSPEND)
@@ -874,6 +938,8 @@ reply:
         struct vmm_walk w = {.remap = 0};
         reg_scan(R_MEM, vmm_walk, &w);
     }
+    if (map)
+        direct_unmap(map, map_len, c.nctx ? c.ctxs[0] : 0);
     if (paused)
         gputrace_shim_resume();
     lanes_free(L, nl);

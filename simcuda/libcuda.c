@@ -290,6 +290,7 @@ struct region {
     size_t req;           /* bytes asked for: the bounds that copies and kernels are checked against */
     int kind;             /* enum simcudaAllocKind */
     int pending_free;     /* cuMemFreeAsync enqueued: no new work may use it */
+    int registered;       /* host memory of the program's, pinned by cuMemHostRegister_v2 */
     struct CUctx_st *ctx;
 };
 
@@ -1038,6 +1039,10 @@ static const struct {
     {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
     {CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
     {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
     {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
@@ -1579,7 +1584,7 @@ CUresult cuMemFreeHost(void *p)
     struct region *reg;
     pthread_mutex_lock(&G);
     wait_device_idle(); /* a queued async copy may still read or write it */
-    for (reg = host_regions; reg && reg->base != (uintptr_t)p; reg = reg->next)
+    for (reg = host_regions; reg && (reg->base != (uintptr_t)p || reg->registered); reg = reg->next)
         ;
     if (reg)
         region_unlink(&host_regions, reg);
@@ -1587,6 +1592,56 @@ CUresult cuMemFreeHost(void *p)
     if (!reg)
         return CUDA_ERROR_INVALID_VALUE;
     munmap((void *)reg->base, reg->usable);
+    free(reg);
+    return CUDA_SUCCESS;
+}
+
+/* The program's own memory made "pinned": copies to and from it run asynchronously. */
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
+{
+    CHECK_INIT();
+    struct CUctx_st *c;
+    CUresult r = cur_ctx(&c);
+    if (r)
+        return r;
+    if (!p || !bytesize || (Flags & ~0xFu) || in_arena(p, bytesize))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct region *reg = calloc(1, sizeof *reg);
+    if (!reg)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    reg->base = (uintptr_t)p;
+    reg->size = reg->usable = bytesize;
+    reg->req = bytesize;
+    reg->kind = SIMCUDA_ALLOC_HOST;
+    reg->registered = 1;
+    reg->ctx = c;
+    pthread_mutex_lock(&G);
+    for (struct region *o = host_regions; o; o = o->next)
+        if ((uintptr_t)p < o->base + o->req && o->base < (uintptr_t)p + bytesize)
+            r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    if (!r) {
+        reg->next = host_regions;
+        host_regions = reg;
+    }
+    pthread_mutex_unlock(&G);
+    if (r)
+        free(reg);
+    return r;
+}
+
+CUresult cuMemHostUnregister(void *p)
+{
+    CHECK_INIT();
+    struct region *reg;
+    pthread_mutex_lock(&G);
+    wait_device_idle(); /* a queued async copy may still use it */
+    for (reg = host_regions; reg && (reg->base != (uintptr_t)p || !reg->registered); reg = reg->next)
+        ;
+    if (reg)
+        region_unlink(&host_regions, reg);
+    pthread_mutex_unlock(&G);
+    if (!reg)
+        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     free(reg);
     return CUDA_SUCCESS;
 }

@@ -240,3 +240,16 @@ def test_the_kinds_saved_agree_between_shim_and_library(target, tmp_path):
 
     assert compare(m, st) == []
     assert orjson.loads(orjson.dumps(m))["bytes"] == t.ready["bytes"]
+
+
+def test_direct_copies_into_the_pinned_image_give_the_same_checkpoint(target, tmp_path):
+    t = target(3 << 20)
+    staged = checkpoint(t.pid, tmp_path / "staged", lanes=2, chunk=1 << 20)
+    direct = checkpoint(t.pid, tmp_path / "direct", lanes=2, chunk=1 << 20, direct=True)
+    assert direct.direct and not staged.direct
+    assert (tmp_path / "direct" / "data.img").read_bytes() == (tmp_path / "staged" / "data.img").read_bytes()
+    assert read_manifest(tmp_path / "direct")["shim"]["direct"] is True
+    t.cmd("fill 8")
+    rr = restore(t.pid, tmp_path / "direct", direct=True)
+    assert rr.direct and t.sum() == t.ready["sum"]
+    assert t.gate_open()

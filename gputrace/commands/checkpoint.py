@@ -30,12 +30,16 @@ mismatch nothing changes.
 """
 
 
-def _tuning(p: argparse.ArgumentParser) -> None:
+def _tuning(p: argparse.ArgumentParser, direct: bool = False) -> None:
     p.add_argument("--lanes", type=int, default=4, help="copy threads, each with its own streams (default 4)")
     p.add_argument("--chunk", type=int, default=8 << 20,
                    help="bytes per staged copy, a multiple of 4096 (default 8 MiB)")
     p.add_argument("--timeout-ms", type=int, default=5000,
                    help="how long to wait for driver calls in flight before giving up the freeze (default 5000)")
+    if direct:
+        p.add_argument("--direct", action="store_true",
+                       help="pin the image before the freeze and copy straight into (or out of) it, with no "
+                            "staging copy; falls back to staging where the driver cannot pin it")
 
 
 def _backend(p: argparse.ArgumentParser) -> None:
@@ -48,7 +52,7 @@ def configure_checkpoint(p: argparse.ArgumentParser) -> None:
     add_pid(p)
     p.add_argument("-o", "--output", help="new directory to write (default ./gputrace-ckpt-PID-TIME)")
     _backend(p)
-    _tuning(p)
+    _tuning(p, direct=True)
     add_json(p)
 
 
@@ -63,7 +67,7 @@ def _driver_report(r) -> None:
 def configure_restore(p: argparse.ArgumentParser) -> None:
     add_pid(p)
     p.add_argument("dir", help="checkpoint directory written by `gputrace checkpoint`")
-    _tuning(p)
+    _tuning(p, direct=True)
     add_json(p)
 
 
@@ -123,7 +127,7 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
     prog = _Progress(not args.json and sys.stderr.isatty())
     try:
         r = checkpoint(args.pid, args.output, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
-                       progress=prog)
+                       direct=args.direct, progress=prog)
     finally:
         prog.end()
     if args.json:
@@ -132,7 +136,7 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
     print(f"checkpoint of pid {r.pid}: {r.path}")
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
     print(f"  freeze   {_ms(r.freeze_ns)} (drain {_ms(r.drain_ns)}, sync {_ms(r.sync_ns)}, "
-          f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)})")
+          f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}{', direct' if r.direct else ''})")
     print(f"  write    {_ms(r.write_ns)} at {_gbps(r.image_bytes, r.write_ns)} (job running)")
     print(f"  total    {_ms(r.total_ns)}")
     return 0
@@ -145,7 +149,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
     prog = _Progress(not args.json and sys.stderr.isatty())
     try:
         r = restore(args.pid, args.dir, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
-                    progress=prog)
+                    direct=args.direct, progress=prog)
     finally:
         prog.end()
     if args.json:
@@ -155,7 +159,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
     print(f"  verify   {_ms(r.verify_ns)} at {_gbps(r.bytes, r.verify_ns)} (job running)")
     print(f"  freeze   {_ms(r.freeze_ns)} (drain {_ms(r.drain_ns)}, sync {_ms(r.sync_ns)}, "
-          f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)})")
+          f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}{', direct' if r.direct else ''})")
     print(f"  total    {_ms(r.total_ns)}")
     return 0
 
