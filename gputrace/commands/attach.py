@@ -236,7 +236,7 @@ command("attach", "trace a CUDA job's driver calls and audit what interception w
 
 
 DEMO_EPILOG = """examples:
-  gputrace demo                     the launch-bound demo workload, 5 s, on simcuda unless a GPU is present
+  gputrace demo                     the launch-bound demo workload, 10 s, on simcuda unless a GPU is present
   gputrace demo --workload gpu_bound --exact
 """
 
@@ -246,7 +246,7 @@ def configure_demo(p: argparse.ArgumentParser) -> None:
                    default="launch_bound", help="which bundled workload (default launch_bound)")
     p.add_argument("--driver", choices=["auto", "simcuda", "system"], default="auto",
                    help="simcuda (the simulated driver), the system's libcuda, or auto: system when one exists")
-    p.add_argument("-d", "--duration", type=float, default=5.0, help="seconds the workload runs (default 5)")
+    p.add_argument("-d", "--duration", type=float, default=10.0, help="seconds the workload runs (default 10)")
     p.add_argument("--exact", action="store_true", help="trace every call")
     p.add_argument("--budget", default="1%", help="tracer cost cap (default 1%%)")
     add_json(p)
@@ -267,6 +267,10 @@ def demo(args: argparse.Namespace) -> int:
     if driver == "simcuda":
         os.environ.update(simcuda.env())
         argv = simcuda.workload(args.workload) + ["--seconds", str(args.duration)]
+        if args.workload.startswith("launch_bound"):
+            # simcuda's calls cost tens of ns, a probe hit here microseconds: a quarter of the call mix
+            # and 30 us launches keep the probes' share of the job's time near a real GPU host's.
+            argv += ["--scale", "0.25", "--launch-ns", "30000"]
     else:
         # The simcuda workloads load a fake module image; on a real driver the demo is a PyTorch loop.
         argv = torch_workload(args.workload, args.duration)
