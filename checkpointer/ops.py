@@ -140,6 +140,9 @@ def _shim_failure(reply: dict, pid: int, what: str) -> CheckpointError:
     msg = f"the shim of process {pid} could not {what}: {err}" + (f" ({detail})" if detail else "")
     if err in ("busy", "already paused"):
         return CheckpointBusy(msg, "the job is running as before; try again (a `pause` held elsewhere must end first)")
+    if err == "copy failed" and what.startswith("restore"):
+        return CheckpointError(msg, "the job runs again, but its device memory may be partly restored: "
+                                    "restore again before relying on it")
     return CheckpointError(msg, "the job's gate is open again and its memory unchanged by this attempt")
 
 

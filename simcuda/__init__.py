@@ -8,7 +8,9 @@ hash through gputrace.native.build.
 
 Knobs (environment, read at cuInit): SIMCUDA_KERNEL_NS overrides every kernel's duration,
 SIMCUDA_LAUNCH_NS makes each launch busy-wait that long on the caller's CPU, SIMCUDA_MEM_BYTES sets
-device memory (default 16 GiB), SIMCUDA_DEVICES the device count (default 1).
+device memory (default 16 GiB), SIMCUDA_DEVICES the device count (default 1), SIMCUDA_FAIL_COPY_BYTES
+makes every asynchronous copy of exactly that many bytes fail with CUDA_ERROR_ILLEGAL_ADDRESS (to test
+how callers handle driver errors).
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ static struct {
     int kernel_ns_set;
     uint64_t kernel_ns;
     uint64_t launch_ns;
+    uint64_t fail_copy_bytes; /* SIMCUDA_FAIL_COPY_BYTES: async copies of exactly this size fail (tests) */
     size_t mem_bytes;
     int ndev;
 } cfg;
@@ -980,6 +981,7 @@ CUresult cuInit(unsigned int Flags)
     } else if (st == 0) {
         cfg.kernel_ns = env_u64("SIMCUDA_KERNEL_NS", 0, &cfg.kernel_ns_set);
         cfg.launch_ns = env_u64("SIMCUDA_LAUNCH_NS", 0, NULL);
+        cfg.fail_copy_bytes = env_u64("SIMCUDA_FAIL_COPY_BYTES", 0, NULL);
         cfg.mem_bytes = round_up(env_u64("SIMCUDA_MEM_BYTES", 16ULL << 30, NULL), VMM_GRANULARITY);
         cfg.ndev = (int)env_u64("SIMCUDA_DEVICES", 1, NULL);
         if (cfg.ndev < 0 || cfg.ndev > MAX_DEVICES)
@@ -1606,6 +1608,12 @@ CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
         return r;
     if (!p || !bytesize || (Flags & ~0xFu) || in_arena(p, bytesize))
         return CUDA_ERROR_INVALID_VALUE;
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+    /* Pinning faults every page in, as the real driver's does: copies to it later take no faults. */
+    uintptr_t a = (uintptr_t)p & ~(PAGE - 1);
+    madvise((void *)a, round_up((uintptr_t)p + bytesize - a, PAGE), MADV_POPULATE_WRITE);
     struct region *reg = calloc(1, sizeof *reg);
     if (!reg)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1676,6 +1684,8 @@ static CUresult copy_impl(int kind, void *dst, const void *src, size_t n, CUstre
         return r;
     if (n && (!dst || !src))
         return CUDA_ERROR_INVALID_VALUE;
+    if (async && cfg.fail_copy_bytes && n == cfg.fail_copy_bytes) /* an injected driver error */
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
     struct op *op = calloc(1, sizeof *op);
     if (!op)
         return CUDA_ERROR_OUT_OF_MEMORY;

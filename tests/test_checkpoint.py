@@ -15,10 +15,11 @@ import pytest
 
 from gputrace import simcuda
 from gputrace.checkpointer import checkpoint, read_manifest, restore
-from gputrace.errors import CheckpointBusy, CheckpointMismatch, CorruptCheckpoint, DiskFull, TargetLost
+from gputrace.errors import (CheckpointBusy, CheckpointError, CheckpointMismatch, CorruptCheckpoint, DiskFull,
+                             TargetLost)
 from gputrace.shim import client
 
-from ckpttest import small_fs, target  # noqa: F401  (fixtures)
+from ckpttest import Target, small_fs, target  # noqa: F401  (fixtures)
 from shimtest import procs, shim_dir, start  # noqa: F401  (fixtures)
 
 
@@ -253,3 +254,20 @@ def test_direct_copies_into_the_pinned_image_give_the_same_checkpoint(target, tm
     rr = restore(t.pid, tmp_path / "direct", direct=True)
     assert rr.direct and t.sum() == t.ready["sum"]
     assert t.gate_open()
+
+
+def test_a_driver_error_mid_copy_reopens_the_gate_and_keeps_nothing(procs, shim_dir, tmp_path, monkeypatch):
+    odd = 196608  # a chunk size only the shim's copies use: simcuda fails async copies of exactly it
+    monkeypatch.setenv("SIMCUDA_FAIL_COPY_BYTES", str(odd))
+    t = Target(procs, 1 << 20)
+    ok = checkpoint(t.pid, tmp_path / "ok", chunk=1 << 20)
+    with pytest.raises(CheckpointError, match=r"could not dump .*copy failed .*cuMemcpyDtoHAsync.*CUresult 700"):
+        checkpoint(t.pid, tmp_path / "bad", chunk=odd)
+    assert not (tmp_path / "bad").exists() and leftovers(tmp_path) == []
+    assert t.gate_open() and t.sum() == t.ready["sum"]
+    t.cmd("fill 4")
+    with pytest.raises(CheckpointError, match="copy failed") as e:
+        restore(t.pid, tmp_path / "ok", chunk=odd)
+    assert "partly restored" in e.value.hint and t.gate_open()
+    restore(t.pid, tmp_path / "ok")  # and a retry that works puts everything back
+    assert t.sum() == t.ready["sum"] and ok.bytes == t.ready["bytes"]
