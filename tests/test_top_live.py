@@ -92,3 +92,17 @@ def test_a_process_started_later_appears(spawned):
     finally:
         src.close()
     assert later is not None and later.poll() is None
+
+
+def test_record_writes_a_session_that_replays(spawned, tmp_path):
+    from gputrace.tui.source import ReplaySource
+
+    proc = workload(120)
+    spawned.append(proc)
+    out = tmp_path / "session.jsonl"
+    rec = subprocess.run(CLI + ["record", "-o", str(out), "-i", "0.5", "-d", "4"], capture_output=True, timeout=180)
+    assert rec.returncode == 0, rec.stderr.decode()
+    assert b"frames written to" in rec.stderr
+    frames = list(ReplaySource(str(out), speed=0).frames())
+    assert frames, out.read_text()
+    assert any(r.pid == proc.pid and r.snapshot.calls_hz > 0 for f in frames for r in f.processes)

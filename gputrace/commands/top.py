@@ -153,6 +153,8 @@ def record(args: argparse.Namespace) -> int:
         out = open(args.output, "wb")
     except OSError as exc:
         raise GputraceError(f"cannot write {args.output}: {exc.strerror}", "choose a writable path for -o") from None
+    print("gputrace: compiling the BPF program and calibrating the probe cost ...", file=sys.stderr, flush=True)
+    src.start()  # -d counts from here: seconds of recording, not of setting up
     print(f"gputrace: recording to {args.output} (Ctrl-C ends it) ...", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     with out:
