@@ -661,7 +661,7 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
     struct lane L[MAX_LANES];
     int nl = 0, own_fd = 0, paused = 0;
     char *map = NULL;
-    uint64_t map_len = 0, map_ctx = 0;
+    uint64_t map_len = 0;
     struct timing t = {0};
     struct piece *pieces = NULL;
     size_t np = 0;
@@ -853,11 +853,6 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
     pthread_mutex_destroy(&j.err_mu);
     uint64_t t4 = now_ns();
     t.copy = t4 - t3;
-    if (map) { /* before the gate reopens: the copies are done, the memory need not stay pinned */
-        map_ctx = c.ctxs[0];
-        direct_unmap(map, map_len, map_ctx);
-        map = NULL;
-    }
     if (atomic_load(&j.failed)) {
         json_err(&b, "copy failed", j.err);
         goto reply;
@@ -919,7 +914,7 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
         bytes += c.v[i].size;
     sb_printf(&b, "{\"ok\": true, \"direct\": %s, \"allocations\": %d, \"bytes\": %llu, \"image_bytes\": %llu, \"skipped\": %d, "
                   "\"lanes\": %d, \"chunk\": %zu, \"pieces\": %zu",
-              map_ctx ? "true" : "false", c.n, (unsigned long long)bytes,
+              map ? "true" : "false", c.n, (unsigned long long)bytes,
               (unsigned long long)(h.data_offset + h.data_bytes), c.skipped, nl,
               o.chunk, np);
     timing_json(&b, &t);
@@ -938,7 +933,7 @@ reply:
         struct vmm_walk w = {.remap = 0};
         reg_scan(R_MEM, vmm_walk, &w);
     }
-    if (map)
+    if (map) /* after the gate reopened: unpinning and unmapping are no part of the freeze */
         direct_unmap(map, map_len, c.nctx ? c.ctxs[0] : 0);
     if (paused)
         gputrace_shim_resume();
