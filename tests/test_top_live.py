@@ -100,7 +100,7 @@ def test_record_writes_a_session_that_replays(spawned, tmp_path):
     proc = workload(120)
     spawned.append(proc)
     out = tmp_path / "session.jsonl"
-    rec = subprocess.run(CLI + ["record", "-o", str(out), "-i", "0.5", "-d", "4"], capture_output=True, timeout=180)
+    rec = subprocess.run(CLI + ["record", "-o", str(out), "-i", "0.5", "-d", "8"], capture_output=True, timeout=180)
     assert rec.returncode == 0, rec.stderr.decode()
     assert b"frames written to" in rec.stderr
     frames = list(ReplaySource(str(out), speed=0).frames())
