@@ -387,6 +387,16 @@ void control_start(void)
 
 __attribute__((destructor)) static void control_cleanup(void)
 {
-    if (atomic_load(&g_state) == 1 && g_owner == getpid())
-        unlink(g_path);
+    if (atomic_load(&g_state) != 1 || g_owner != getpid())
+        return;
+    unlink(g_path);
+    /* The checkpointer's lock file beside the socket (checkpointer/ops.py): ours to remove once we are
+     * gone, since nobody can checkpoint this process any more. */
+    char lock[sizeof g_path];
+    size_t n = strlen(g_path);
+    if (n > 5 && n < sizeof lock && !strcmp(g_path + n - 5, ".sock")) {
+        memcpy(lock, g_path, n - 5);
+        memcpy(lock + n - 5, ".lock", 6);
+        unlink(lock);
+    }
 }

@@ -44,6 +44,12 @@ def test_restore_returns_device_memory_to_the_checkpoint_byte_for_byte(target, t
     assert t.cmd("fill 10")["sum"] != saved
     restore(t.pid, tmp_path / "ck")
     assert t.sum() == saved
+    # The per-process lock file beside the socket goes with the process.
+    lock = client.socket_path(t.pid).with_name(f"shim-{t.pid}.lock")
+    assert lock.exists()
+    t.p.stdin.write("quit\n")
+    t.p.stdin.flush()
+    assert t.p.wait(timeout=60) == 0 and not lock.exists()
 
 
 def test_the_manifest_describes_what_the_process_held(target, tmp_path):
