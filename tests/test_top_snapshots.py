@@ -10,6 +10,14 @@ import pytest
 
 pytest.importorskip("pytest_textual_snapshot")
 
+import textual  # noqa: E402
+
+# Textual's rendering changes between releases; the stored SVGs are exact to the one they came from.
+RECORDED_WITH = "8.2.8"
+if textual.__version__ != RECORDED_WITH:
+    pytest.skip(f"snapshots were recorded with textual {RECORDED_WITH}, this is {textual.__version__}: "
+                "re-record them with --snapshot-update and review the report", allow_module_level=True)
+
 from gputrace.tui.actions import FakeCheckpointer  # noqa: E402
 from gputrace.tui.app import TopApp  # noqa: E402
 from gputrace.tui.screens.main import MainScreen  # noqa: E402
