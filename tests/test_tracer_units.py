@@ -422,3 +422,14 @@ def test_probes_everything_until_something_is_seen():
     assert p.plan().probe == frozenset({0, 1})
     p.observe(0.01, {1: 5}, 1.0)
     assert p.plan().probe == frozenset({1})  # once calls are seen, only those, until the next rescan
+
+
+def test_marker_waits_for_a_measured_cpu_time_and_fits_a_quarter_of_the_budget():
+    p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0)
+    p.observe(0.01, {0: 50, 1: 5}, None)  # 5 kHz and 500 Hz
+    assert p.choose_marker(None) is None and p.choose_marker(0.0) is None  # a tick too coarse to say
+    cpu = 0.5
+    m = p.choose_marker(cpu)
+    assert m is not None and p.marker_cost(m) <= 0.01 * cpu / 4
+    # The most-called function that fits: a heavier one that fits is chosen over a lighter one.
+    assert all(p.marker_cost(f) > 0.01 * cpu / 4 or p.rates[f] <= p.rates[m] for f in (0, 1))

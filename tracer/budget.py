@@ -81,15 +81,23 @@ class Policy:
 
     def choose_marker(self, cpu_s_per_s: float | None) -> int | None:
         """The most-called function whose probe, attached all the time, costs at most a quarter of the
-        budget (more counts, a tighter ratio), if it is called at least 20/s; None if there is none."""
-        cpu = cpu_s_per_s if cpu_s_per_s else 1.0
+        budget (more counts, a tighter ratio), if it is called at least 20/s; None if there is none.
+        An unmeasured or zero CPU time (a first interval shorter than a clock tick) chooses nothing yet:
+        taking it for a whole CPU would let the marker alone cost a light job a quarter of its time."""
+        if not cpu_s_per_s:
+            return None
         ok = [(r, f) for f, r in self.rates.items()
-              if f in self.seen and r >= 20.0 and r * self.costs[f].entry_ns * 1e-9 <= self.budget * cpu / 4]
+              if f in self.seen and r >= 20.0 and self.marker_cost(f, r) <= self.budget * cpu_s_per_s / 4]
         if not ok:
             return None
         r, f = max(ok)
         self.reserved_s_per_s = r * self.costs[f].entry_ns * 1e-9
         return f
+
+    def marker_cost(self, f: int, rate_hz: float | None = None) -> float:
+        """Probe seconds per second of keeping function f's entry probed all the time."""
+        r = self.rates.get(f, 0.0) if rate_hz is None else rate_hz
+        return r * self.costs[f].entry_ns * 1e-9
 
     def _probe(self) -> frozenset[int]:
         # Nothing seen yet (a window before the job's first driver call): keep looking everywhere.

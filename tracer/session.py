@@ -247,6 +247,15 @@ class Session:
             return
         self.marker = m
 
+    def _drop_marker(self) -> None:
+        self._outside_end()
+        if self._marker_link is not None:
+            self._marker_link.close()
+        self._marker_link = None
+        self.marker = None
+        self._marker_in, self._marker_out = [0, 0.0], [0, 0.0]
+        self.policy.reserved_s_per_s = 0.0
+
     def _perturbation(self) -> tuple[float, float] | None:
         """(in-window rate / between-window rate of the marker, its 95% relative half-width), once
         both counts are large enough to mean something; None before that."""
@@ -353,6 +362,9 @@ class Session:
         effective = self._effective(window, deltas)
         cpu_rate = cpu / span if cpu is not None and span > 0 else None
         self.policy.observe(effective, {f: d.calls for f, d in deltas.items()}, cpu_rate)
+        if self.marker is not None and cpu_rate and \
+                self.policy.marker_cost(self.marker) > self.options.budget * cpu_rate / 2:
+            self._drop_marker()  # the job got lighter, or its calls denser: the marker now costs too much
         if self.marker is None and not self.options.exact and not self.exited and window > 0:
             self._choose_marker(cpu_rate)
         measured = self._perturbation()
