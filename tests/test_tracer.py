@@ -154,7 +154,7 @@ def launch_bound(*args: str) -> list[str]:
 
 # --- 1. exact counts ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("workload, steps", [("launch_bound", 40), ("launch_bound_py", 7)])
+@pytest.mark.parametrize("workload, steps", [("launch_bound", 400), ("launch_bound_py", 40)])
 def test_exact_counts_every_function(workload, steps, tmp_path):
     """--exact: every function's count, setup and teardown included, is what the workload says it called; the
     Python workload reaches the driver only through dlopen + cuGetProcAddress_v2."""
