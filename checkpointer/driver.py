@@ -79,12 +79,17 @@ class _Driver:
         return time.monotonic_ns() - t
 
 
-def checkpoint(pid: int, timeout_ms: int = 5000) -> DriverReport:
+def _lock_running(pid: int, timeout_ms: int) -> tuple[_Driver, int, int]:
+    """The driver of a running process, locked: (driver, start ns, lock ns)."""
     d = _Driver(pid)
     if d.state() != "running":
         raise CheckpointError(f"process {pid} is {d.state()}, not running", "resume it first")
     t0 = time.monotonic_ns()
-    lock = d.call("Lock", timeout_ms)
+    return d, t0, d.call("Lock", timeout_ms)
+
+
+def checkpoint(pid: int, timeout_ms: int = 5000) -> DriverReport:
+    d, t0, lock = _lock_running(pid, timeout_ms)
     try:
         ck = d.call("Checkpoint")
         rs = d.call("Restore")
@@ -94,11 +99,7 @@ def checkpoint(pid: int, timeout_ms: int = 5000) -> DriverReport:
 
 
 def suspend(pid: int, timeout_ms: int = 5000) -> DriverReport:
-    d = _Driver(pid)
-    if d.state() != "running":
-        raise CheckpointError(f"process {pid} is {d.state()}, not running", "resume it first")
-    t0 = time.monotonic_ns()
-    lock = d.call("Lock", timeout_ms)
+    d, t0, lock = _lock_running(pid, timeout_ms)
     try:
         ck = d.call("Checkpoint")
     except CheckpointError:

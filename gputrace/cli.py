@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import __version__
-from .errors import GputraceError, NotYetAvailable
+from .errors import GputraceError
 
 
 @dataclass(frozen=True)
@@ -43,17 +43,6 @@ def add_pid(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON (orjson; schema in docs/json-schema.md)")
-
-
-def not_yet(name: str, issue: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        if getattr(args, "pid", None) is not None:
-            from .procs import require_process
-
-            require_process(args.pid)
-        raise NotYetAvailable(f"`gputrace {name}` is not available yet", f"it arrives with {issue}")
-
-    return run
 
 
 def _load_commands() -> None:

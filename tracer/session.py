@@ -141,7 +141,6 @@ class Session:
         self._total: dict[int, RawStats] = {}     # per function, over every window
         self._sum_rate: dict[int, float] = {}      # per-window rates, for their spread
         self._sum_rate2: dict[int, float] = {}
-        self._windows = 0
         self._window_s = 0.0
         self._effective_s = 0.0
         self._links: list[links.Link] = []
@@ -371,7 +370,6 @@ class Session:
         if measured is not None:
             self.policy.measured_loss = max(0.0, 1.0 - measured[0])
         if window > 0:
-            self._windows += 1
             self._window_s += window
             self._effective_s += effective
             for f, d in deltas.items():

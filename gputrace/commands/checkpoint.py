@@ -135,11 +135,16 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
         return 0
     print(f"checkpoint of pid {r.pid}: {r.path}")
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
-    print(f"  freeze   {_ms(r.freeze_ns)} (drain {_ms(r.drain_ns)}, sync {_ms(r.sync_ns)}, "
-          f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}{', direct' if r.direct else ''})")
+    _print_freeze(r)
     print(f"  write    {_ms(r.write_ns)} at {_gbps(r.image_bytes, r.write_ns)} (job running)")
     print(f"  total    {_ms(r.total_ns)}")
     return 0
+
+
+def _print_freeze(r) -> None:
+    """The freeze of a shim checkpoint or restore, by phase: the same fields in both reports."""
+    print(f"  freeze   {_ms(r.freeze_ns)} (drain {_ms(r.drain_ns)}, sync {_ms(r.sync_ns)}, "
+          f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}{', direct' if r.direct else ''})")
 
 
 @command("restore", "roll a shimmed process's GPU memory back to a checkpoint", RESTORE_EPILOG)(configure_restore)
@@ -158,8 +163,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
     print(f"restored pid {r.pid} from {r.path}")
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
     print(f"  verify   {_ms(r.verify_ns)} at {_gbps(r.bytes, r.verify_ns)} (job running)")
-    print(f"  freeze   {_ms(r.freeze_ns)} (drain {_ms(r.drain_ns)}, sync {_ms(r.sync_ns)}, "
-          f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}{', direct' if r.direct else ''})")
+    _print_freeze(r)
     print(f"  total    {_ms(r.total_ns)}")
     return 0
 
