@@ -360,6 +360,7 @@ typedef struct CUcheckpointCheckpointArgs_st { cuuint64_t reserved[8]; } CUcheck
 typedef struct CUcheckpointRestoreArgs_st { cuuint64_t reserved[8]; } CUcheckpointRestoreArgs;
 typedef struct CUcheckpointUnlockArgs_st { cuuint64_t reserved[8]; } CUcheckpointUnlockArgs;
 CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state);
+CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid);
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args);
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args);
 CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args);

@@ -15,7 +15,8 @@
  *
  * Environment, read by cuInit: SIMCUDA_KERNEL_NS (overrides every kernel's duration),
  * SIMCUDA_LAUNCH_NS (CPU busy-wait inside each launch call), SIMCUDA_MEM_BYTES (device memory,
- * default 16 GiB), SIMCUDA_DEVICES (device count, default 1).
+ * default 16 GiB), SIMCUDA_DEVICES (device count, default 1), SIMCUDA_DEVICE (device mode: the
+ * socket of a simcuda-device daemon that holds device memory outside the process; see device.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -292,6 +293,7 @@ struct region {
     int kind;             /* enum simcudaAllocKind */
     int pending_free;     /* cuMemFreeAsync enqueued: no new work may use it */
     int registered;       /* host memory of the program's, pinned by cuMemHostRegister_v2 */
+    unsigned dev_id;      /* device mode: the simcuda-device allocation behind it (0: none) */
     struct CUctx_st *ctx;
 };
 
@@ -302,6 +304,7 @@ struct phys {
     int device;
     int maps;
     int released;
+    unsigned dev_id; /* device mode: the simcuda-device allocation behind fd (0: a memfd) */
 };
 
 struct mapping {
@@ -328,6 +331,15 @@ static __thread int tls_depth;
 
 static atomic_int g_locked; /* cuCheckpointProcessLock from another process (see the end of this file) */
 static void ckpt_wait_unlocked(void);
+
+/* Device mode (SIMCUDA_DEVICE=SOCKET, see simcuda/device.c): device memory comes from a daemon, as a
+ * GPU's comes from the device, and the process holds a connection to it (its "/dev/nvidia*").
+ * Without it, device memory is anonymous memory of the process itself. */
+static int g_devfd = -1;
+static char g_devpath[108];
+static int dev_connect(void);
+static int dev_get(size_t size, unsigned *id);
+static void dev_put(unsigned id);
 
 #define CHECK_INIT()                                                          \
     do {                                                                      \
@@ -569,12 +581,23 @@ static CUresult dev_alloc(CUdeviceptr *dptr, size_t bytes, int kind, struct CUct
     struct region *r = arena_take(usable + PAGE, PAGE, 0);
     if (!r)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (mmap((void *)r->base, usable, PROT_READ | PROT_WRITE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    unsigned id = 0;
+    int fd = g_devpath[0] ? dev_get(usable, &id) : -1;
+    if ((g_devpath[0] && fd < 0) ||
+        mmap((void *)r->base, usable, PROT_READ | PROT_WRITE,
+             fd >= 0 ? MAP_SHARED | MAP_FIXED : MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, fd, 0) ==
+            MAP_FAILED) {
+        if (fd >= 0) {
+            close(fd);
+            dev_put(id);
+        }
         region_unlink(&regions, r);
         free(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (fd >= 0)
+        close(fd); /* the mapping keeps the memory; the daemon keeps the file */
+    r->dev_id = id;
     r->usable = usable;
     r->req = bytes;
     r->kind = kind;
@@ -587,6 +610,7 @@ static CUresult dev_alloc(CUdeviceptr *dptr, size_t bytes, int kind, struct CUct
 static void dev_free(struct region *r)
 {
     decommit(r->base, r->usable);
+    dev_put(r->dev_id);
     mem_used -= r->usable;
     region_unlink(&regions, r);
     free(r);
@@ -648,7 +672,9 @@ static void phys_maybe_free(struct phys *ph)
 {
     if (!ph->released || ph->maps)
         return;
-    close(ph->fd);
+    if (ph->fd >= 0)
+        close(ph->fd);
+    dev_put(ph->dev_id);
     mem_used -= ph->size;
     for (struct phys **pp = &physs; *pp; pp = &(*pp)->next)
         if (*pp == ph) {
@@ -958,6 +984,10 @@ static void atfork_child(void)
      * child rather than hang in the first synchronization. */
     if (atomic_load(&g_init) == 1)
         atomic_store(&g_init, -1);
+    if (g_devfd >= 0) { /* the device belongs to the parent */
+        close(g_devfd);
+        g_devfd = -1;
+    }
     tls_depth = 0;
     pthread_mutex_unlock(&G);
 }
@@ -986,7 +1016,13 @@ CUresult cuInit(unsigned int Flags)
         cfg.ndev = (int)env_u64("SIMCUDA_DEVICES", 1, NULL);
         if (cfg.ndev < 0 || cfg.ndev > MAX_DEVICES)
             cfg.ndev = 1;
+        const char *dev = getenv("SIMCUDA_DEVICE");
+        if (dev && *dev)
+            snprintf(g_devpath, sizeof g_devpath, "%s", dev);
         if (cfg.ndev == 0) {
+            r = CUDA_ERROR_NO_DEVICE;
+        } else if (g_devpath[0] && dev_connect() != 0) {
+            fprintf(stderr, "simcuda: cannot reach the device at SIMCUDA_DEVICE=%s: %s\n", g_devpath, strerror(errno));
             r = CUDA_ERROR_NO_DEVICE;
         } else if (cfg.mem_bytes == 0 || arena_init()) {
             r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -1821,7 +1857,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
     if (mem_used + size > cfg.mem_bytes) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-        ph->fd = memfd_create("simcuda-vmm", MFD_CLOEXEC);
+        ph->fd = g_devpath[0] ? dev_get(size, &ph->dev_id) : memfd_create("simcuda-vmm", MFD_CLOEXEC);
         if (ph->fd < 0 || ftruncate(ph->fd, (off_t)size) || hs_add(ph, H_PHYS)) {
             if (ph->fd >= 0)
                 close(ph->fd);
@@ -2989,11 +3025,68 @@ static int ckpt_save(void *src, size_t n, struct region *r, struct phys *ph)
     return 0;
 }
 
-/* Under G.  Returns a CUresult. */
+/* Device mode, checkpoint: the device memory behind a saved allocation goes back to the device and
+ * its addresses stay reserved (PROT_NONE), so nothing of the device is mapped any more. */
+static void ckpt_drop(struct saved *v)
+{
+    if (v->r) {
+        decommit(v->r->base, v->r->usable);
+        v->r->dev_id = 0;
+        return;
+    }
+    for (struct mapping *m = mappings; m; m = m->next)
+        if (m->ph == v->ph)
+            decommit(m->va, m->size);
+    if (v->ph->fd >= 0)
+        close(v->ph->fd);
+    v->ph->fd = -1;
+    v->ph->dev_id = 0;
+}
+
+static int access_prot(int access)
+{
+    return access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+           : access == CU_MEM_ACCESS_FLAGS_PROT_READ   ? PROT_READ
+                                                       : PROT_NONE;
+}
+
+/* Device mode, restore: new device memory at the same addresses (and the same VMM mappings). */
+static int ckpt_bring_back(struct saved *v)
+{
+    unsigned id;
+    if (v->r) {
+        int fd = dev_get(v->r->usable, &id);
+        if (fd < 0)
+            return -1;
+        void *p = mmap((void *)v->r->base, v->r->usable, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) {
+            dev_put(id);
+            return -1;
+        }
+        v->r->dev_id = id;
+        return 0;
+    }
+    int fd = dev_get(v->ph->size, &id);
+    if (fd < 0)
+        return -1;
+    v->ph->fd = fd, v->ph->dev_id = id;
+    for (struct mapping *m = mappings; m; m = m->next)
+        if (m->ph == v->ph &&
+            mmap((void *)m->va, m->size, access_prot(m->access), MAP_SHARED | MAP_FIXED, fd, (off_t)m->off) == MAP_FAILED)
+            return -1;
+    return 0;
+}
+
+static int g_ckpt_tid; /* the thread that serves the checkpoint calls: cuCheckpointProcessGetRestoreThreadId */
+
+/* Under G.  Returns a CUresult (state, tid: the value). */
 static int ckpt_do(const char *cmd, unsigned timeout_ms)
 {
     if (!strcmp(cmd, "state"))
         return g_ckpt_state;
+    if (!strcmp(cmd, "tid"))
+        return g_ckpt_tid;
     if (!strcmp(cmd, "lock")) {
         if (g_ckpt_state != CU_PROCESS_STATE_RUNNING)
             return CUDA_ERROR_ILLEGAL_STATE;
@@ -3033,11 +3126,17 @@ static int ckpt_do(const char *cmd, unsigned timeout_ms)
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         for (struct saved *v = g_saved; v; v = v->next) { /* give the memory back */
-            if (v->r)
+            if (g_devpath[0])
+                ckpt_drop(v);
+            else if (v->r)
                 madvise((void *)v->r->base, v->n, MADV_DONTNEED);
             else
                 fallocate(v->ph->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)v->n);
             g_ckpt_freed += v->n;
+        }
+        if (g_devfd >= 0) { /* device mode: no descriptor of the device is left (the daemon frees it all) */
+            close(g_devfd);
+            g_devfd = -1;
         }
         g_ckpt_state = CU_PROCESS_STATE_CHECKPOINTED;
         return CUDA_SUCCESS;
@@ -3045,10 +3144,14 @@ static int ckpt_do(const char *cmd, unsigned timeout_ms)
     if (!strcmp(cmd, "restore")) {
         if (g_ckpt_state != CU_PROCESS_STATE_CHECKPOINTED)
             return CUDA_ERROR_ILLEGAL_STATE;
+        if (g_devpath[0] && g_devfd < 0 && dev_connect() != 0)
+            return CUDA_ERROR_NO_DEVICE; /* still checkpointed, nothing lost: restore may be tried again */
         while (g_saved) {
             struct saved *v = g_saved;
             g_saved = v->next;
-            if (v->r)
+            if (g_devpath[0] && ckpt_bring_back(v) != 0)
+                g_ckpt_state = CU_PROCESS_STATE_FAILED;
+            else if (v->r)
                 memcpy((void *)v->r->base, v->data, v->n);
             else if (pwrite(v->ph->fd, v->data, v->n, 0) != (ssize_t)v->n)
                 g_ckpt_state = CU_PROCESS_STATE_FAILED;
@@ -3082,6 +3185,9 @@ static socklen_t ckpt_addr(struct sockaddr_un *sa, int pid)
 static void *ckpt_thread(void *arg)
 {
     int lfd = (int)(intptr_t)arg;
+    pthread_mutex_lock(&G);
+    g_ckpt_tid = (int)gettid();
+    pthread_mutex_unlock(&G);
     for (;;) {
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) {
@@ -3174,6 +3280,17 @@ CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
     return r;
 }
 
+CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
+{
+    int v = 0;
+    if (!tid)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = ckpt_call(pid, "tid", 0, &v);
+    if (!r)
+        *tid = v;
+    return r;
+}
+
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 {
     return ckpt_call(pid, "lock", args && args->timeoutMs ? args->timeoutMs : 0xFFFFFFFFu / 2, NULL);
@@ -3192,4 +3309,85 @@ CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
 {
     (void)args;
     return ckpt_call(pid, "unlock", 0, NULL);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Device mode: the client side of simcuda-device (device.c).  G held, or during cuInit. */
+
+static int dev_connect(void)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", g_devpath);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    g_devfd = fd;
+    return 0;
+}
+
+/* One request, one line back (and a descriptor where the daemon attaches one).  Returns the number
+ * after "ok", or -1. */
+static long dev_request(const char *req, int *fd_out)
+{
+    if (g_devfd < 0)
+        return -1;
+    if (send(g_devfd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req))
+        return -1;
+    char line[64];
+    size_t got = 0;
+    if (fd_out)
+        *fd_out = -1;
+    while (got < sizeof line - 1 && (got == 0 || line[got - 1] != '\n')) {
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } u;
+        struct iovec iov = {line + got, 1}; /* a byte at a time: never read past the reply */
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+        ssize_t n = recvmsg(g_devfd, &m, MSG_CMSG_CLOEXEC);
+        if (n <= 0)
+            return -1;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && fd_out)
+                memcpy(fd_out, CMSG_DATA(c), sizeof(int));
+        got += (size_t)n;
+    }
+    line[got] = 0;
+    unsigned long v;
+    if (sscanf(line, "ok %lu", &v) != 1) {
+        if (fd_out && *fd_out >= 0)
+            close(*fd_out);
+        return -1;
+    }
+    return (long)v;
+}
+
+static int dev_get(size_t size, unsigned *id)
+{
+    char req[48];
+    int fd;
+    snprintf(req, sizeof req, "alloc %zu\n", size);
+    long v = dev_request(req, &fd);
+    if (v <= 0 || fd < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    *id = (unsigned)v;
+    return fd;
+}
+
+static void dev_put(unsigned id)
+{
+    if (!id || g_devfd < 0)
+        return;
+    char req[32];
+    snprintf(req, sizeof req, "free %u\n", id);
+    dev_request(req, NULL);
 }

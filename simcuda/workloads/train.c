@@ -1,0 +1,128 @@
+/* train: a job whose every step depends on all of its device memory and on its host state, for
+ * whole-process checkpoint tests (checkpoint at some step, kill, restore: do the remaining steps print
+ * what an uninterrupted run prints?).
+ *
+ *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS]
+ *
+ * Holds a cuMemAlloc_v2 buffer of --size bytes (default 4 MiB) and a VMM mapping of one allocation
+ * granule, both filled from a fixed pattern; host state is a 64-bit chain value and a malloc'ed history
+ * of every step's checksum.  Each step: inc_u32 kernels over both buffers (each --kernel-ns long, default
+ * 10 ms, so a checkpoint catches the job mid-run), then both copied back and checksummed (FNV-1a), the
+ * chain advanced, and one line printed and flushed:
+ *   step K DEVSUM CHAIN
+ * After the last step: "done HISTSUM" (a checksum of the whole host-side history), exit 0.  The output
+ * depends only on the step numbers, never on timing: an uninterrupted run is the reference. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda.h"
+
+#define CK(call)                                                                        \
+    do {                                                                                \
+        CUresult r_ = (call);                                                           \
+        if (r_ != CUDA_SUCCESS) {                                                       \
+            fprintf(stderr, "train: %s failed: CUresult %d\n", #call, (int)r_);         \
+            exit(1);                                                                    \
+        }                                                                               \
+    } while (0)
+
+static uint64_t fnv(const void *p, size_t n, uint64_t x)
+{
+    const uint64_t *w = p;
+    for (size_t k = 0; k < n / 8; k++)
+        x = (x ^ w[k]) * 0x100000001b3ull;
+    return x;
+}
+
+int main(int argc, char **argv)
+{
+    size_t size = 4 << 20;
+    long steps = 100;
+    long long kernel_ns = 10000000;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--size"))
+            size = strtoull(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--steps"))
+            steps = strtol(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--kernel-ns"))
+            kernel_ns = strtoll(argv[i + 1], NULL, 0);
+        else {
+            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS]\n");
+            return 2;
+        }
+    }
+    if (!size || size % 8 || steps <= 0) {
+        fprintf(stderr, "train: --size must be a positive multiple of 8 and --steps positive\n");
+        return 2;
+    }
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream s;
+    CUmodule mod;
+    CUfunction inc;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    char image[128];
+    snprintf(image, sizeof image, "SIMCUDA-MODULE\nkernel inc inc_u32 %lld\n", kernel_ns);
+    CK(cuModuleLoadData(&mod, image));
+    CK(cuModuleGetFunction(&inc, mod, "inc"));
+
+    CUdeviceptr a;
+    CK(cuMemAlloc_v2(&a, size));
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t gran;
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr v;
+    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CK(cuMemCreate(&h, gran, &prop, 0));
+    CK(cuMemAddressReserve(&v, gran, 0, 0, 0));
+    CK(cuMemMap(v, gran, 0, h, 0));
+    CUmemAccessDesc acc = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CK(cuMemSetAccess(v, gran, &acc, 1));
+
+    size_t big = size > gran ? size : gran;
+    uint32_t *host = malloc(big);
+    uint64_t *hist = calloc((size_t)steps + 1, sizeof *hist);
+    if (!host || !hist) {
+        fprintf(stderr, "train: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < big / 4; i++)
+        host[i] = (uint32_t)(i * 2654435761u);
+    CK(cuMemcpyHtoD_v2(a, host, size));
+    CK(cuMemcpyHtoD_v2(v, host, gran));
+
+    uint64_t chain = 0x9E3779B97F4A7C15ull;
+    for (long k = 1; k <= steps; k++) {
+        uint64_t na = size / 4, nv = gran / 4;
+        void *pa[] = {&a, &na}, *pv[] = {&v, &nv};
+        CK(cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, s, pa, NULL));
+        CK(cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, s, pv, NULL));
+        CK(cuStreamSynchronize(s));
+        CK(cuMemcpyDtoH_v2(host, a, size));
+        uint64_t sum = fnv(host, size, 0xcbf29ce484222325ull);
+        CK(cuMemcpyDtoH_v2(host, v, gran));
+        sum = fnv(host, gran, sum);
+        hist[k] = sum;
+        chain = (chain ^ sum ^ hist[k / 2]) * 0x100000001b3ull;
+        printf("step %ld %016llx %016llx\n", k, (unsigned long long)sum, (unsigned long long)chain);
+        fflush(stdout);
+    }
+    printf("done %016llx\n", (unsigned long long)fnv(hist, ((size_t)steps + 1) * 8, 0xcbf29ce484222325ull));
+    fflush(stdout);
+    CK(cuMemUnmap(v, gran));
+    CK(cuMemAddressFree(v, gran));
+    CK(cuMemRelease(h));
+    CK(cuMemFree_v2(a));
+    CK(cuStreamDestroy_v2(s));
+    CK(cuDevicePrimaryCtxRelease_v2(dev));
+    return 0;
+}
