@@ -90,9 +90,11 @@ def test_a_process_started_later_appears(spawned):
                 assert row.comm == "launch_bound"
                 if row.snapshot.calls_hz > 0:  # its first frame may precede its first window's calls
                     break
+        programs = src.programs
     finally:
         src.close()
     assert later is not None and later.poll() is None
+    assert programs == 1  # both map the same simcuda libcuda: one program, one set of links for both
 
 
 def test_record_writes_a_session_that_replays(spawned, tmp_path):

@@ -109,6 +109,22 @@ class Policy:
         """Expected probe seconds per attached second, at the rates seen so far."""
         return sum(r * self.costs[f].cost_ns(f in timed) * 1e-9 for f, r in self.rates.items() if f in self.costs)
 
+    def affordable_s(self, timed: frozenset[int]) -> float:
+        """The window this process's budget pays for in one interval, with `timed` functions timed."""
+        if self.windows == 0:
+            return max(self.min_window_s, self.budget * self.interval_s)
+        cpu = self.cpu_s_per_s if self.cpu_s_per_s is not None else 1.0
+        allowed = max(0.0, self.budget * cpu - self.reserved_s_per_s) * self.interval_s
+        # Probes cannot take more of an attached second than the target's threads have: a dense
+        # caller is slowed until its probe time saturates its CPU, not beyond.
+        model = self.cost_per_s(timed)
+        if self.measured_loss is not None:
+            # The marker measured what a window really costs the target (cache and TLB misses
+            # included, which the calibration loop does not see): budget by the larger.
+            model = max(model, self.measured_loss * cpu)
+        cost = min(model, max(cpu, 1e-3))
+        return self.interval_s if cost <= 0 else allowed / cost
+
     def plan(self) -> Plan:
         timed = self._timed()
         probe = self._probe()
@@ -117,23 +133,10 @@ class Policy:
         if self.skip > 0:
             self.skip -= 1
             return Plan(False, 0.0, 0.0, timed, probe)
-        if self.windows == 0:
-            window = max(self.min_window_s, self.budget * self.interval_s)
-        else:
-            cpu = self.cpu_s_per_s if self.cpu_s_per_s is not None else 1.0
-            allowed = max(0.0, self.budget * cpu - self.reserved_s_per_s) * self.interval_s
-            # Probes cannot take more of an attached second than the target's threads have: a dense
-            # caller is slowed until its probe time saturates its CPU, not beyond.
-            model = self.cost_per_s(timed)
-            if self.measured_loss is not None:
-                # The marker measured what a window really costs the target (cache and TLB misses
-                # included, which the calibration loop does not see): budget by the larger.
-                model = max(model, self.measured_loss * cpu)
-            cost = min(model, max(cpu, 1e-3))
-            window = self.interval_s if cost <= 0 else allowed / cost
-            if window < self.min_window_s:
-                self.skip = max(0, math.ceil(self.min_window_s / max(window, 1e-9)) - 1)
-                window = self.min_window_s
+        window = self.affordable_s(timed)
+        if window < self.min_window_s:
+            self.skip = max(0, math.ceil(self.min_window_s / max(window, 1e-9)) - 1)
+            window = self.min_window_s
         # Grow at most 2x an interval: a job that goes from idle (long windows are cheap) to busy
         # would otherwise pay a whole long window at the new rate before the policy sees it.
         if self.last_window_s and self.max_growth:
@@ -154,3 +157,30 @@ class Policy:
         for f in set(self.rates) | set(calls):
             seen = calls.get(f, 0) / window_s
             self.rates[f] = seen if first or f not in self.rates else 0.5 * (self.rates[f] + seen)
+
+
+class AlignedPolicy(Policy):
+    """One window for every process on one set of links (tracer/host.py): each process keeps its own
+    Policy (`members`, by pid), which says what its budget affords; the window is the least of those,
+    so no process pays more than its own budget. Which functions are probed and timed follows all of
+    them: a function seen in any process is probed, one hot in any process is only counted."""
+
+    def __init__(self, classes: Mapping[int, FunctionClass], costs: Mapping[int, ProbeCost], **kw) -> None:
+        super().__init__(classes, costs, **kw)
+        self.members: dict[int, Policy] = {}
+
+    def affordable_s(self, timed: frozenset[int]) -> float:
+        if not self.members:
+            return self.interval_s  # no one to charge: the links cost nothing
+        return min(p.affordable_s(timed) for p in self.members.values())
+
+    def merge(self, window_s: float) -> None:
+        """After the members observed a window of `window_s`: the union of what they saw."""
+        if window_s > 0:
+            self.windows += 1
+        self.seen = set().union(*(p.seen for p in self.members.values()))
+        rates: dict[int, float] = {}
+        for p in self.members.values():
+            for f, r in p.rates.items():
+                rates[f] = max(r, rates.get(f, 0.0))
+        self.rates = rates

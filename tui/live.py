@@ -1,12 +1,11 @@
 """The live source: every process on the host that maps a libcuda, traced, one frame per refresh.
 
 Discovery rescans /proc each refresh (tracer.targets.cuda_processes, which reaches into containers
-through /proc/PID/root), so processes started later appear. Each process gets a tracer Session in a
-thread of its own, with the session's own sampling policy, so each stays within the same budget as
-`gputrace attach`. The probe-cost calibration is measured once and shared; each Session still
-compiles its own BPF program, because a program's counting state (open, closed, generation) is one
-global for all the links on it, and sessions whose windows are not aligned would close each other's.
-Sharing one program per libcuda file needs windows aligned across processes: the next step.
+through /proc/PID/root), so processes started later appear. Tracing is host-wide: one compiled
+program and one HostSession (tracer/host.py) per distinct libcuda file, stepped in a thread of its
+own, whose links cover every process mapping that file; windows are aligned across those processes
+and sized so that each stays within the same budget as `gputrace attach`. The probe-cost
+calibration is measured once, with the first program, and shared.
 """
 
 from __future__ import annotations
@@ -19,9 +18,11 @@ import time
 from typing import Callable, Iterator
 
 from gputrace.errors import GputraceError
+from gputrace.tracer.bpfprog import Program
 from gputrace.tracer.calibrate import Calibration
+from gputrace.tracer.host import HostSession
 from gputrace.tracer.model import ProcessSnapshot
-from gputrace.tracer.session import Options, Session, open_program
+from gputrace.tracer.session import Options, open_program
 from gputrace.tracer.targets import LibcudaFile, cuda_processes
 
 from .actions import Checkpointer
@@ -31,93 +32,76 @@ from .model import HostSnapshot, ProcessRow
 _COMPILE = threading.Lock()  # one bcc compile at a time: LLVM in several threads at once is not worth the risk
 
 
-class _Pool:
-    """Compiled programs of sessions that ended, for the next process: on a host where short jobs
-    come and go, compiling one (seconds of CPU) per process would be most of top's cost."""
+class _FileTracer:
+    """One libcuda file's HostSession, stepped in its own thread until the source closes. Keeps the
+    latest snapshot and a short calls/s history of each of its processes for the UI thread."""
 
-    def __init__(self) -> None:
-        self._free: list = []
-        self._lock = threading.Lock()
-        self.compiled = 0
-
-    def take(self, mode: str):
-        from gputrace.tracer.bpfprog import Program
-
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        with _COMPILE:
-            self.compiled += 1
-            return Program(mode)
-
-    def give(self, prog, pid: int | None = None) -> None:
-        if pid is not None:  # its counts stay in the map otherwise, and a reused pid would start from them
-            prog.forget([k for k in prog.read_stats() if k[0] == pid])
-        with self._lock:
-            self._free.append(prog)
-
-    def close(self) -> None:
-        with self._lock:
-            free, self._free = self._free, []
-        for prog in free:
-            prog.close()
-
-
-class _Traced:
-    """One process's Session, stepped in its own thread until the process exits or the source closes."""
-
-    def __init__(self, pid: int, lib: LibcudaFile, options: Options, mode: str, cal: Calibration,
-                 stop: threading.Event, cumulative: bool, history: int, pool: "_Pool") -> None:
-        self.pid, self.lib, self.options, self.mode, self.cal = pid, lib, options, mode, cal
-        self.stop, self.cumulative = stop, cumulative
-        self.latest: ProcessSnapshot | None = None
-        self.history: collections.deque[float] = collections.deque(maxlen=history)
+    def __init__(self, lib: LibcudaFile, options: Options, program: Program | None, mode: str, cal: Calibration,
+                 cumulative: bool, history: int) -> None:
+        self.lib, self.options, self.mode, self.cal = lib, options, mode, cal
+        self.cumulative, self.history_len = cumulative, history
+        self.latest: dict[int, ProcessSnapshot] = {}
+        self.history: dict[int, collections.deque[float]] = {}
+        self.gone: set[int] = set()    # pids that exited while traced
         self.error: str | None = None
-        self.comm = "?"
-        self._pool = pool
+        self._program = program
         self._lock = threading.Lock()
-        self.thread = threading.Thread(target=self._run, name=f"trace-{pid}", daemon=True)
+        self._pending: list[int] = []
+        self._stopped = threading.Event()
+        self.session: HostSession | None = None
+        self.thread = threading.Thread(target=self._run, name=f"trace-{os.path.basename(lib.path)}", daemon=True)
         self.thread.start()
 
+    def add(self, pid: int) -> None:
+        with self._lock:
+            if self.session is not None:
+                self.session.add(pid)
+            else:
+                self._pending.append(pid)  # the program is still compiling
+
     def _run(self) -> None:
-        prog = session = None
+        prog = self._program
         try:
-            prog = self._pool.take(self.mode)
-            session = Session(self.pid, self.lib.path, self.options, program=(prog, self.cal))
-            self.comm = session.comm
-            i = 0
-            while not self.stop.is_set() and not session.exited:
-                iv = session.step(i)
-                i += 1
-                snap = session.summary() if self.cumulative else iv.processes[0]
-                with self._lock:
-                    self.latest = snap
-                    self.history.append(iv.processes[0].calls_hz)
-                    self.comm = session.comm
+            if prog is None:
+                with _COMPILE:
+                    prog = Program(self.mode)
+            with self._lock:
+                self.session = HostSession(self.lib.path, self.options, prog, self.cal)
+                for pid in self._pending:
+                    self.session.add(pid)
+            if self._stopped.is_set():
+                return
+            self.session.run(self._publish)
         except GputraceError as exc:
             self.error = exc.msg
-        except OSError as exc:  # the process vanished between discovery and attach, mostly
+        except OSError as exc:  # the file vanished under us, mostly
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
-            if session is not None:
-                session.close()
+            if self.session is not None:
+                self.session.close()
             if prog is not None:
-                self._pool.give(prog, self.pid)
+                prog.close()
 
-    @property
-    def alive(self) -> bool:
-        return self.thread.is_alive()
-
-    def row(self, shimmed: bool, checkpointer: Checkpointer | None) -> ProcessRow | None:
+    def _publish(self, snaps: dict[int, ProcessSnapshot]) -> None:
+        s = self.session
         with self._lock:
-            snap, hist, comm = self.latest, tuple(self.history), self.comm
-        if snap is None:
-            return None
-        last = None
-        if shimmed and checkpointer is not None:
-            cks = checkpointer.list_checkpoints(self.pid)
-            last = max(cks, key=lambda c: c.taken_at) if cks else None
-        return ProcessRow(self.pid, comm, snap, shimmed, last, hist, self.lib.path)
+            for pid, snap in snaps.items():
+                self.history.setdefault(pid, collections.deque(maxlen=self.history_len)).append(snap.calls_hz)
+                self.latest[pid] = (s.summary(pid) or snap) if self.cumulative else snap
+            for pid in s.exited:
+                self.latest.pop(pid, None)
+                self.history.pop(pid, None)
+                self.gone.add(pid)
+
+    def take(self, pid: int) -> tuple[ProcessSnapshot | None, tuple[float, ...]]:
+        with self._lock:
+            return self.latest.get(pid), tuple(self.history.get(pid, ()))
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            if self.session is not None:
+                self.session.stop()
 
 
 class LiveSource:
@@ -130,12 +114,13 @@ class LiveSource:
         self.options, self.refresh_s, self.cumulative = options, refresh_s, cumulative
         self.checkpointer, self.history, self.discover, self.warn = checkpointer, history, discover, warn
         self._stop = threading.Event()
-        self._traced: dict[int, _Traced] = {}
+        self._files: dict[tuple[int, int], _FileTracer] = {}
+        self._pids: dict[int, tuple[_FileTracer, LibcudaFile]] = {}
         self._shimmed: dict[int, bool] = {}
         self._notes: dict[int, str] = {}
         self._mode: str | None = None
         self._cal: Calibration | None = None
-        self._pool = _Pool()
+        self._first: Program | None = None  # compiled by start(), handed to the first file
         self.first_seen: dict[int, float] = {}
         self.host = socket.gethostname()
 
@@ -143,9 +128,13 @@ class LiveSource:
         """Compiles the first program and calibrates the probe cost (seconds): call it from a worker."""
         if self._cal is None:
             with _COMPILE:
-                prog, self._cal = open_program(self.options.attach_mode, self.warn)
-            self._mode = prog.mode
-            self._pool.give(prog)
+                self._first, self._cal = open_program(self.options.attach_mode, self.warn)
+            self._mode = self._first.mode
+
+    @property
+    def programs(self) -> int:
+        """Programs compiled: one per distinct libcuda file."""
+        return len(self._files)
 
     def _discover(self) -> None:
         from gputrace.shim.client import has_shim
@@ -153,27 +142,44 @@ class LiveSource:
         found = self.discover()
         found.pop(os.getpid(), None)
         for pid, lib in found.items():
-            if pid in self._traced or pid in self._notes:
+            if pid in self._pids or pid in self._notes:
                 continue
+            key = (lib.dev, lib.inode)
+            ft = self._files.get(key)
+            if ft is None:
+                prog, self._first = self._first, None
+                ft = self._files[key] = _FileTracer(lib, self.options, prog, self._mode, self._cal,
+                                                    self.cumulative, self.history)
             self._shimmed[pid] = bool(has_shim(pid))
             self.first_seen.setdefault(pid, time.monotonic())
-            self._traced[pid] = _Traced(pid, lib, self.options, self._mode, self._cal, self._stop,
-                                        self.cumulative, self.history, self._pool)
-        for pid, t in list(self._traced.items()):
-            if not t.alive:
-                if t.error and pid in found:
-                    self._notes[pid] = t.error
-                del self._traced[pid]
+            self._pids[pid] = (ft, lib)
+            ft.add(pid)
+        for pid, (ft, _) in list(self._pids.items()):
+            if pid in ft.gone or pid not in found or ft.error:
+                if ft.error and pid in found:
+                    self._notes[pid] = ft.error
+                del self._pids[pid]
                 self._shimmed.pop(pid, None)
         for pid in list(self._notes):
             if pid not in found:
                 del self._notes[pid]
 
+    def _row(self, pid: int, ft: _FileTracer, lib: LibcudaFile) -> ProcessRow | None:
+        snap, hist = ft.take(pid)
+        if snap is None:
+            return None
+        shimmed = self._shimmed.get(pid, False)
+        last = None
+        if shimmed and self.checkpointer is not None:
+            cks = self.checkpointer.list_checkpoints(pid)
+            last = max(cks, key=lambda c: c.taken_at) if cks else None
+        return ProcessRow(pid, snap.comm, snap, shimmed, last, hist, lib.path)
+
     def snapshot(self) -> HostSnapshot:
         gpus, note = read_gpus()
         rows, pending = [], []
-        for pid, t in sorted(self._traced.items()):
-            r = t.row(self._shimmed.get(pid, False), self.checkpointer)
+        for pid, (ft, lib) in sorted(self._pids.items()):
+            r = self._row(pid, ft, lib)
             if r is None:
                 pending.append(pid)
             else:
@@ -194,6 +200,10 @@ class LiveSource:
 
     def close(self) -> None:
         self._stop.set()
-        for t in list(self._traced.values()):
-            t.thread.join(timeout=self.options.interval_s + 5)
-        self._pool.close()
+        for ft in list(self._files.values()):
+            ft.stop()
+        for ft in list(self._files.values()):
+            ft.thread.join(timeout=self.options.interval_s + 5)
+        if self._first is not None:
+            self._first.close()
+            self._first = None

@@ -1,0 +1,157 @@
+"""Host-wide tracing: one program and one set of links per distinct libcuda file, for every process
+that maps it, however many there are.
+
+A per-process Session costs a compiled program (about 20 MiB and 2 s of CPU), a thread, and its own
+attach, detach and map read every interval. Here the links carry no pid filter, so one attach covers
+every process on the file (and any that maps it later); windows are aligned across those processes
+and sized by an AlignedPolicy so that none pays more than its own budget; one read of the maps per
+interval is split by tgid into each process's Tracee, which does the same accounting as `attach`.
+
+Processes are added (`add`) and leave when they exit; a HostSession steps in whatever thread calls
+`step`, and publishes nothing itself: the caller takes the snapshots `step` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from typing import Callable
+
+from .bpfprog import Program, RawStats
+from .budget import AlignedPolicy
+from .calibrate import Calibration
+from .model import ProcessSnapshot
+from .probes import Probes
+from .session import Options, select_functions
+from .symbols import read_functions
+from .tracee import Tracee
+
+
+class HostSession:
+    def __init__(self, library: str, options: Options, program: Program, calibration: Calibration) -> None:
+        self.library = library
+        self.options = options
+        self.probes = Probes(library, select_functions(read_functions(library), options.patterns),
+                             program, calibration)
+        self.policy = AlignedPolicy(self.probes.classes, self.probes.costs, budget=options.budget,
+                                    interval_s=options.interval_s)
+        self.tracees: dict[int, Tracee] = {}
+        self._pidfds: dict[int, int] = {}
+        self._adding: dict[int, None] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.exited: list[int] = []  # of the last step
+
+    @property
+    def program(self) -> Program:
+        return self.probes.program
+
+    def add(self, pid: int) -> None:
+        """Traces `pid` from the next interval on (from any thread)."""
+        with self._lock:
+            if pid not in self.tracees:
+                self._adding[pid] = None
+
+    def stop(self) -> None:
+        """Ends the interval in progress soon (from any thread)."""
+        self._stop.set()
+
+    def _admit(self, stats: dict[int, dict[int, RawStats]]) -> None:
+        with self._lock:
+            adding, self._adding = list(self._adding), {}
+        for pid in adding:
+            if pid in self.tracees:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue  # exited before its first interval
+            o = self.options
+            t = Tracee(pid, self.probes, budget=o.budget, interval_s=o.interval_s, exact=o.exact,
+                       prev=stats.get(pid))
+            self.tracees[pid] = t
+            self._pidfds[pid] = fd
+            self.policy.members[pid] = t.policy
+
+    def _read(self) -> dict[int, dict[int, RawStats]]:
+        by_tgid: dict[int, dict[int, RawStats]] = {}
+        for (tgid, func), st in self.program.read_stats().items():
+            by_tgid.setdefault(tgid, {})[func] = st
+        return by_tgid
+
+    def _wait(self, seconds: float) -> bool:
+        """Waits up to `seconds`, noting processes that exit; False once none is left or on stop()."""
+        deadline = time.monotonic() + max(0.0, seconds)
+        while True:
+            live = {fd: pid for pid, fd in self._pidfds.items() if not self.tracees[pid].exited}
+            if not live or self._stop.is_set():
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            p = select.poll()
+            for fd in live:
+                p.register(fd, select.POLLIN)
+            for fd, _ in p.poll(min(left, 0.2) * 1000):  # short polls: stop() is seen within 0.2 s
+                self.tracees[live[fd]].exited = True
+
+    def step(self, interval_s: float | None = None) -> dict[int, ProcessSnapshot]:
+        """One interval over every process added so far; returns their snapshots by pid (the
+        processes that exited in it included, for the last time: their pids are in `exited`)."""
+        interval_s = interval_s or self.options.interval_s
+        self._admit(self._read() if self._adding else {})
+        for t in self.tracees.values():
+            t.begin()
+        plan = self.policy.plan()
+        t_start = time.monotonic()
+        window = self.probes.window(plan, interval_s, self.options.exact, self._wait,
+                                    lambda: any(t.marker_link is not None for t in self.tracees.values()))
+        if not self.tracees and not self._stop.is_set():
+            self._stop.wait(max(0.0, t_start + interval_s - time.monotonic()))
+        span = time.monotonic() - t_start
+        self.probes.outside_end()
+        outside_s = self.probes.take_outside_s()
+        stats = self._read()
+        snaps = {pid: t.account(span, window, stats.get(pid, {}), outside_s) for pid, t in self.tracees.items()}
+        self.policy.merge(window)
+        self.exited = [pid for pid, t in self.tracees.items() if t.exited]
+        for pid in self.exited:
+            self._drop(pid)
+        self._forget_strays(stats)
+        if any(t.marker_link is not None for t in self.tracees.values()) and not self.probes.links:
+            self.probes.outside_begin()
+        return snaps
+
+    def summary(self, pid: int) -> ProcessSnapshot | None:
+        t = self.tracees.get(pid)
+        return t.summary() if t is not None else None
+
+    def _drop(self, pid: int) -> None:
+        t = self.tracees.pop(pid)
+        t.close()
+        self.policy.members.pop(pid, None)
+        os.close(self._pidfds.pop(pid))
+        self.program.forget([(pid, f) for f in self.probes.ids])  # a reused pid starts from nothing
+
+    def _forget_strays(self, stats: dict[int, dict[int, RawStats]]) -> None:
+        """Rows of processes that mapped the file and exited before anyone added them."""
+        with self._lock:
+            known = set(self.tracees) | set(self._adding)
+        gone = [tgid for tgid in stats if tgid not in known and not os.path.exists(f"/proc/{tgid}")]
+        if gone:
+            self.program.forget([(tgid, f) for tgid in gone for f in stats[tgid]])
+
+    def close(self) -> None:
+        self.probes.close()
+        for pid in list(self.tracees):
+            self._drop(pid)
+
+    def run(self, on_step: Callable[[dict[int, ProcessSnapshot]], None]) -> None:
+        """Steps until stop(); the probes are detached at the end, even on an error."""
+        try:
+            while not self._stop.is_set():
+                on_step(self.step())
+        finally:
+            self.probes.detach()

@@ -1,0 +1,288 @@
+"""One traced process's accounting over the windows of a Probes: its budget policy, its marker, the
+diff of its rows in the shared maps, its totals over the session, and the snapshots built from them.
+
+A Session (one process) and a HostSession (every process on one libcuda file) both keep one Tracee
+per process; what differs between them is only who plans and runs the windows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Mapping
+
+from gputrace.errors import NoSuchProcess
+
+from . import links
+from .bpfprog import ZERO, RawStats
+from .budget import Policy
+from .classify import CLASS_ORDER, FunctionClass
+from .model import ClassTotals, FunctionStats, ProcessSnapshot
+from .probes import Probes
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def percentile_ns(hist, q: float) -> float | None:
+    total = sum(hist)
+    if not total:
+        return None
+    need = q * total
+    run = 0
+    for slot, n in enumerate(hist):
+        run += n
+        if run >= need:
+            return float(2**slot) if slot else 0.0  # upper edge of the bucket: a bound, not a guess
+    return float(2 ** (len(hist) - 1))
+
+
+class Tracee:
+    def __init__(self, pid: int, probes: Probes, *, budget: float, interval_s: float, exact: bool,
+                 prev: Mapping[int, RawStats] | None = None) -> None:
+        self.pid = pid
+        self.probes = probes
+        self.ids, self.costs, self.calibration = probes.ids, probes.costs, probes.calibration
+        self.budget, self.exact = budget, exact
+        self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s)
+        self.comm = process_comm(pid)
+        # The maps may already hold counts of this pid (a reused program, a process hit before it
+        # was found): start from them.
+        self._prev: dict[int, RawStats] = dict(prev or {})
+        self._total: dict[int, RawStats] = {}     # per function, over every window
+        self._sum_rate: dict[int, float] = {}      # per-window rates, for their spread
+        self._sum_rate2: dict[int, float] = {}
+        self._window_s = 0.0
+        self._effective_s = 0.0
+        self._probed_s: dict[int, float] = {}       # per function: effective time it was probed
+        self._probed_windows: dict[int, int] = {}
+        # The marker: one function probed all the time, whose rate between windows against its rate
+        # in them measures how much the windows slow the target (see perturbation).
+        self.marker: int | None = None
+        self.marker_link: links.Link | None = None
+        self._marker_in = [0, 0.0]               # calls, seconds: inside windows
+        self._marker_out = [0, 0.0]              # calls, seconds: between windows
+        self._cpu_mark: float | None = None
+        self.started = time.monotonic()
+        self.elapsed_s = 0.0
+        self.target_cpu_s = 0.0
+        self.exited = False
+
+    def begin(self) -> None:
+        """At the start of an interval: the CPU time the next one is measured from."""
+        if self._cpu_mark is None:
+            self._cpu_mark = process_cpu_s(self.pid)
+
+    def _cpu_since_mark(self) -> float | None:
+        now = process_cpu_s(self.pid)
+        before, self._cpu_mark = self._cpu_mark, now
+        return now - before if now is not None and before is not None else None
+
+    # --- the marker --------------------------------------------------------------------------
+    def choose_marker(self, cpu_s_per_s: float | None) -> None:
+        m = self.policy.choose_marker(cpu_s_per_s)
+        if m is None:
+            return
+        try:
+            self.marker_link = self.probes.attach_marker(m, self.pid)
+        except NoSuchProcess:
+            self.exited = True
+            self.policy.reserved_s_per_s = 0.0
+            return
+        self.marker = m
+
+    def drop_marker(self) -> None:
+        if self.marker_link is not None:
+            self.marker_link.close()
+        self.marker_link = None
+        self.marker = None
+        self._marker_in, self._marker_out = [0, 0.0], [0, 0.0]
+        self.policy.reserved_s_per_s = 0.0
+
+    def perturbation(self) -> tuple[float, float] | None:
+        """(in-window rate / between-window rate of the marker, its 95% relative half-width), once
+        both counts are large enough to mean something; None before that."""
+        (ni, ti), (no, to) = self._marker_in, self._marker_out
+        if ni < 30 or no < 30 or ti <= 0 or to <= 0:
+            return None
+        ratio = (ni / ti) / (no / to)
+        return min(max(ratio, 0.1), 1.5), 1.96 * math.sqrt(1 / ni + 1 / no)
+
+    # --- one interval ------------------------------------------------------------------------
+    def account(self, span: float, window: float, now: Mapping[int, RawStats], outside_s: float) -> ProcessSnapshot:
+        """Turns this process's rows of the maps, read after an interval of `span` seconds whose
+        window counted `window` of them, into its snapshot; updates its policy and marker."""
+        comm = process_comm(self.pid)
+        if comm != "?":  # a held command has exec'd since: show its name, not ours
+            self.comm = comm
+        cpu = self._cpu_since_mark()
+        if cpu is not None:
+            self.target_cpu_s += cpu
+        self.elapsed_s += span
+        deltas = {f: now[f] - self._prev.get(f, ZERO) for f in now}
+        self._prev = dict(now)
+        deltas = {f: d for f, d in deltas.items() if (d.calls or d.timed or d.closed or d.outside) and f in self.ids}
+        if self.marker is not None and window > 0:
+            d = deltas.get(self.marker, ZERO)
+            self._marker_in[0] += d.calls
+            self._marker_in[1] += window
+            self._marker_out[0] += d.outside
+            self._marker_out[1] += outside_s
+        effective = self._effective(window, deltas)
+        cpu_rate = cpu / span if cpu is not None and span > 0 else None
+        self.policy.observe(effective, {f: d.calls for f, d in deltas.items()}, cpu_rate)
+        if self.marker is not None and cpu_rate and \
+                self.policy.marker_cost(self.marker) > self.budget * cpu_rate / 2:
+            self.drop_marker()  # the job got lighter, or its calls denser: the marker now costs too much
+        if self.marker is None and not self.exact and not self.exited and window > 0:
+            self.choose_marker(cpu_rate)
+        measured = self.perturbation()
+        if measured is not None:
+            self.policy.measured_loss = max(0.0, 1.0 - measured[0])
+        if window > 0:
+            self._window_s += window
+            self._effective_s += effective
+            for f, d in deltas.items():
+                self._total[f] = self._total.get(f, ZERO) + d
+            for f in self.probes.probed:
+                self._probed_s[f] = self._probed_s.get(f, 0.0) + effective
+                self._probed_windows[f] = self._probed_windows.get(f, 0) + 1
+                r = deltas.get(f, ZERO).calls / effective
+                self._sum_rate[f] = self._sum_rate.get(f, 0.0) + r
+                self._sum_rate2[f] = self._sum_rate2.get(f, 0.0) + r * r
+        continuous = window >= span * 0.999
+        errs = {f: self._rate_err(d.calls, window, effective, 0.0 if continuous else None) for f, d in deltas.items()}
+        return self._snapshot(span, window, effective, cpu, deltas, errs)
+
+    def close(self) -> None:
+        if self.marker_link is not None:
+            self.marker_link.close()
+            self.marker_link = None
+
+    # --- snapshots ---------------------------------------------------------------------------
+    def _cost_s(self, stats: Mapping[int, RawStats]) -> float:
+        """Probe time the tracer added to the target for these hits (calibrated, per function)."""
+        ns = 0.0
+        for f, d in stats.items():
+            c = self.costs[f]
+            ns += (d.calls + d.closed + d.outside) * c.entry_ns + d.timed * (c.entry_return_ns - c.entry_ns)
+        return ns * 1e-9
+
+    def _counted_cost_s(self, stats: Mapping[int, RawStats]) -> float:
+        return self._cost_s({f: dataclasses.replace(d, closed=0, outside=0) for f, d in stats.items()})
+
+    def _effective(self, window_s: float, stats: Mapping[int, RawStats]) -> float:
+        """The time the target would have needed, untraced, for what it did in the window.
+
+        Probes slow the traced thread while attached, so calls/window understates the untraced rate
+        (by 17% for a launch-bound PyTorch loop on a GPU host, by far more on a virtual machine). Once
+        the marker has counted enough, the window is scaled by the slowdown it measured; until then,
+        the calibrated probe time is taken out of the window, assuming it was not hidden in waits.
+        """
+        if window_s <= 0:
+            return 0.0
+        measured = self.perturbation()
+        if measured is not None:
+            return window_s * measured[0]
+        return max(window_s - self._counted_cost_s(stats), 0.1 * window_s)
+
+    def _rate_err(self, calls: int, window_s: float, effective_s: float, statistical: float | None) -> float:
+        """95% half-width of calls/effective_s: the count's Poisson term (unless given), plus what an
+        error in the calibrated probe cost does to the probe time taken out of the window."""
+        if effective_s <= 0:
+            return 0.0
+        if statistical is None:
+            statistical = 1.96 * math.sqrt(calls) / effective_s
+        measured = self.perturbation()
+        if measured is not None:
+            return statistical + calls / effective_s * measured[1]
+        spread = max(self.calibration.emulated.rel_spread, self.calibration.stepped.rel_spread)
+        systematic = calls / effective_s * (window_s - effective_s) / effective_s * spread
+        return statistical + systematic
+
+    def _function_stats(self, f: int, d: RawStats, effective_s: float, span_s: float, err: float) -> FunctionStats:
+        fn = self.ids[f]
+        bias = self.costs[f].bias_ns
+        rate = d.calls / effective_s if effective_s > 0 else 0.0
+        outer = d.timed - d.nested
+        return FunctionStats(
+            name=fn.name,
+            cls=fn.cls,
+            calls_observed=d.calls,
+            calls_estimated=rate * span_s,
+            rate_hz=rate,
+            rate_err_hz=err,
+            timed_calls=d.timed,
+            mean_ns=max(0.0, d.total_ns / d.timed - bias) if d.timed else None,
+            outer_mean_ns=max(0.0, d.outer_ns / outer - bias) if outer > 0 else None,
+            p50_ns=percentile_ns(d.hist, 0.5),
+            p99_ns=percentile_ns(d.hist, 0.99),
+            hist=d.hist,
+        )
+
+    def _snapshot(self, span_s: float, window_s: float, effective_s: float | dict[int, float], cpu_s: float | None,
+                  stats: Mapping[int, RawStats], errs: Mapping[int, float]) -> ProcessSnapshot:
+        """`effective_s`: the untraced-equivalent time the counts were taken over, one for all
+        functions (an interval) or per function (a session, where not all were probed every window)."""
+        funcs = []
+        for f, d in stats.items():
+            if not d.calls and not d.timed:
+                continue  # hit only while counting was closed: a cost, not a rate
+            eff = effective_s.get(f, 0.0) if isinstance(effective_s, dict) else effective_s
+            fs = self._function_stats(f, d, eff, span_s, errs.get(f, 0.0))
+            total = self._total.get(f)
+            if fs.outer_mean_ns is None and total and total.timed:
+                # Counted but not timed in this window: per-call time from the session so far.
+                whole = self._function_stats(f, total, self._probed_s.get(f, 0.0), span_s, 0.0)
+                fs = dataclasses.replace(fs, mean_ns=whole.mean_ns, outer_mean_ns=whole.outer_mean_ns)
+            funcs.append(fs)
+        funcs.sort(key=lambda s: (-s.rate_hz, s.name))
+        totals = []
+        for cls in CLASS_ORDER:
+            members = [s for s in funcs if s.cls is cls]
+            totals.append(ClassTotals(cls, sum(s.rate_hz for s in members), sum(s.cpu_s_per_s for s in members)))
+        wait = sum(t.time_s_per_s for t in totals if t.cls is FunctionClass.SYNC)
+        driver = sum(t.time_s_per_s for t in totals if t.cls is not FunctionClass.SYNC)
+        return ProcessSnapshot(
+            pid=self.pid, comm=self.comm, interval_s=span_s, window_s=window_s, target_cpu_s=cpu_s,
+            functions=tuple(funcs), tracer_cost_s=self._cost_s(stats),
+            driver_cpu_s_per_s=driver, wait_s_per_s=wait, classes=tuple(totals),
+        )
+
+    def summary(self) -> ProcessSnapshot:
+        """The whole session as one snapshot: rates over all windows, with their uncertainty.
+
+        The uncertainty of a sampled rate is the larger of the count's Poisson half-width and the
+        spread of the per-window rates (a bursty job varies more between windows than counts do)."""
+        errs = {}
+        for f, d in self._total.items():
+            statistical = 0.0
+            k = self._probed_windows.get(f, 0)
+            eff = self._probed_s.get(f, 0.0)
+            if not self.exact and eff:
+                statistical = 1.96 * math.sqrt(d.calls) / eff
+                if k >= 3:
+                    mean = self._sum_rate[f] / k
+                    var = max(0.0, self._sum_rate2[f] / k - mean * mean) * k / (k - 1)
+                    statistical = max(statistical, 1.96 * math.sqrt(var / k))
+            errs[f] = self._rate_err(d.calls, self._window_s, self._effective_s, statistical)
+        return self._snapshot(self.elapsed_s, self._window_s, dict(self._probed_s), self.target_cpu_s or None,
+                              dict(self._total), errs)
