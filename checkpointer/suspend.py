@@ -30,6 +30,7 @@ class SuspendReport:
     copy_ns: int
     release_ns: int
     total_ns: int
+    direct: bool = False  # copied straight into the pinned image (no staging)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,12 +45,14 @@ class ResumeReport:
     copy_ns: int
     suspended_ns: int  # how long the job was held
     total_ns: int
+    direct: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK, timeout_ms: int = 5000) -> SuspendReport:
+def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK, timeout_ms: int = 5000,
+            direct: bool = True) -> SuspendReport:
     t0 = time.monotonic_ns()
     with _Session(pid, "suspend") as s:
         held = s.request("status")
@@ -58,7 +61,7 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
         nbytes = held.get("totals", {}).get("device_bytes", 0)
         memfd = os.memfd_create(f"gputrace-suspend-{pid}", os.MFD_CLOEXEC)
         try:
-            r = s.request(f"suspend lanes={lanes} chunk={chunk} timeout={timeout_ms}", fd=memfd,
+            r = s.request(f"suspend lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
                           timeout_s=_copy_timeout(nbytes))
         finally:
             os.close(memfd)  # the shim holds its own descriptor of it now
@@ -69,20 +72,20 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
                                   "(only cuMemAlloc memory is served through the VMM API)")
         raise _shim_failure(r, pid, "suspend")
     return SuspendReport(pid, r["allocations"], r["bytes"], r["reserved_bytes"], r["drain_ns"], r["copy_ns"],
-                         r["release_ns"], time.monotonic_ns() - t0)
+                         r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False))
 
 
-def resume(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK) -> ResumeReport:
+def resume(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK, direct: bool = True) -> ResumeReport:
     t0 = time.monotonic_ns()
     with _Session(pid, "resume") as s:
         st = s.request("status")
         if not st.get("suspended"):
             raise CheckpointError(f"process {pid} is not suspended", f"suspend it first: gputrace suspend -p {pid}")
-        r = s.request(f"unsuspend lanes={lanes} chunk={chunk}",
+        r = s.request(f"unsuspend lanes={lanes} chunk={chunk} direct={int(direct)}",
                       timeout_s=_copy_timeout(st.get("totals", {}).get("device_bytes", 0)))
     if not r.get("ok"):
         raise CheckpointError(f"the shim of process {pid} could not resume: {r.get('error')}"
                               + (f" ({r['detail']})" if r.get("detail") else ""),
                               "the job stays suspended (its data are kept); free GPU memory and try again")
     return ResumeReport(pid, r["allocations"], r["bytes"], r["remap_ns"], r["copy_ns"], r["suspended_ns"],
-                        time.monotonic_ns() - t0)
+                        time.monotonic_ns() - t0, r.get("direct", False))

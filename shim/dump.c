@@ -668,7 +668,7 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
     char err[160] = "";
 
     if (parse_opts(args, &o, &path) != 0 || (path && mode == M_UNSUSPEND)) {
-        snprintf(err, sizeof err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS]%s", mode_name[mode],
+        snprintf(err, sizeof err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS] [direct=0|1]%s", mode_name[mode],
                  mode == M_UNSUSPEND ? "" : " [/PATH] (or pass an fd)");
         json_err(&b, err, NULL);
         goto reply;
@@ -743,7 +743,7 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
             goto reply;
         }
     }
-    if (nl && o.direct && (mode == M_DUMP || mode == M_RESTORE)) /* a suspension keeps to the staging path */
+    if (nl && o.direct) /* a suspension too: its image is the memfd the shim keeps until unsuspend */
         map = direct_map(fd, map_len, c.ctxs[0]);
     if (nl && !map && lanes_alloc(L, nl, o.chunk, c.ctxs[0]) != 0) {
         lanes_free(L, nl);

@@ -251,8 +251,8 @@ def test_the_kinds_saved_agree_between_shim_and_library(target, tmp_path):
 
 def test_direct_copies_into_the_pinned_image_give_the_same_checkpoint(target, tmp_path):
     t = target(3 << 20)
-    staged = checkpoint(t.pid, tmp_path / "staged", lanes=2, chunk=1 << 20)
-    direct = checkpoint(t.pid, tmp_path / "direct", lanes=2, chunk=1 << 20, direct=True)
+    staged = checkpoint(t.pid, tmp_path / "staged", lanes=2, chunk=1 << 20, direct=False)
+    direct = checkpoint(t.pid, tmp_path / "direct", lanes=2, chunk=1 << 20)  # the default
     assert direct.direct and not staged.direct
     assert (tmp_path / "direct" / "data.img").read_bytes() == (tmp_path / "staged" / "data.img").read_bytes()
     assert read_manifest(tmp_path / "direct")["shim"]["direct"] is True

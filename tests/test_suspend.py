@@ -41,7 +41,8 @@ def ask(p, line: str) -> dict:
     return json.loads(out)
 
 
-def test_suspend_frees_device_memory_and_resume_brings_it_back_at_the_same_addresses(procs, shim_dir):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "staging"])
+def test_suspend_frees_device_memory_and_resume_brings_it_back_at_the_same_addresses(procs, shim_dir, direct):
     p = start(procs, "--plain", "--size", str(3 << 20))
     ready = json.loads(p.stdout.readline())
     before = client.status(p.pid)
@@ -51,8 +52,8 @@ def test_suspend_frees_device_memory_and_resume_brings_it_back_at_the_same_addre
     assert all(a["reserved"] == -(-a["size"] // GRANULE) * GRANULE and not a["suspended"] for a in mem)
     free0 = ask(p, "meminfo")["free"]
 
-    rep = suspend(p.pid)
-    assert rep.allocations == 2 and rep.bytes == ready["bytes"]
+    rep = suspend(p.pid, direct=direct)
+    assert rep.allocations == 2 and rep.bytes == ready["bytes"] and rep.direct == direct
     assert rep.reserved_bytes == sum(a["reserved"] for a in mem)
     assert ask(p, "meminfo")["free"] == free0 + rep.reserved_bytes  # the driver has the memory back
     st = client.status(p.pid)
@@ -68,10 +69,10 @@ def test_suspend_frees_device_memory_and_resume_brings_it_back_at_the_same_addre
             assert th.is_alive()
         assert c.resume()["error"] == "suspended"
 
-    rr = resume(p.pid)
+    rr = resume(p.pid, direct=direct)
     th.join(60)
     assert got["sum"] == ready["sum"]  # the job went on with its data, at the same addresses
-    assert rr.allocations == 2 and rr.bytes == ready["bytes"]
+    assert rr.allocations == 2 and rr.bytes == ready["bytes"] and rr.direct == direct
     after = client.status(p.pid)
     assert not after["suspended"] and not after["paused"]
     assert sorted((a["base"], a["size"]) for a in after["allocations"] if a["kind"] == "device") == \

@@ -37,9 +37,14 @@ def _tuning(p: argparse.ArgumentParser, direct: bool = False) -> None:
     p.add_argument("--timeout-ms", type=int, default=5000,
                    help="how long to wait for driver calls in flight before giving up the freeze (default 5000)")
     if direct:
-        p.add_argument("--direct", action="store_true",
-                       help="pin the image before the freeze and copy straight into (or out of) it, with no "
-                            "staging copy; falls back to staging where the driver cannot pin it")
+        _staging(p)
+
+
+def _staging(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--staging", dest="direct", action="store_false",
+                   help="copy through pinned staging buffers and a CPU copy into the image, instead of pinning the "
+                        "image before the freeze and copying straight into (or out of) it (the default, which "
+                        "falls back to staging by itself where the driver cannot pin the image)")
 
 
 def _backend(p: argparse.ArgumentParser) -> None:
@@ -182,7 +187,7 @@ suspended, the job waits at its next GPU submission.
 def configure_suspend(p: argparse.ArgumentParser) -> None:
     add_pid(p)
     _backend(p)
-    _tuning(p)
+    _tuning(p, direct=True)
     add_json(p)
 
 
@@ -201,7 +206,7 @@ def suspend_cmd(args: argparse.Namespace) -> int:
             _driver_report(r)
         return 0
 
-    r = suspend(args.pid, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms)
+    r = suspend(args.pid, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms, direct=args.direct)
     if args.json:
         _dump_json({"schema": 1, **r.to_dict()})
         return 0
@@ -217,6 +222,7 @@ def configure_resume(p: argparse.ArgumentParser) -> None:
     _backend(p)
     p.add_argument("--lanes", type=int, default=4, help="copy threads (default 4)")
     p.add_argument("--chunk", type=int, default=8 << 20, help="bytes per staged copy (default 8 MiB)")
+    _staging(p)
     add_json(p)
 
 
@@ -235,7 +241,7 @@ def resume_cmd(args: argparse.Namespace) -> int:
             _driver_report(r)
         return 0
 
-    r = resume(args.pid, lanes=args.lanes, chunk=args.chunk)
+    r = resume(args.pid, lanes=args.lanes, chunk=args.chunk, direct=args.direct)
     if args.json:
         _dump_json({"schema": 1, **r.to_dict()})
         return 0
