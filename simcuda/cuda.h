@@ -357,7 +357,16 @@ typedef struct CUcheckpointLockArgs_st {
     cuuint64_t reserved1[7];
 } CUcheckpointLockArgs;
 typedef struct CUcheckpointCheckpointArgs_st { cuuint64_t reserved[8]; } CUcheckpointCheckpointArgs;
-typedef struct CUcheckpointRestoreArgs_st { cuuint64_t reserved[8]; } CUcheckpointRestoreArgs;
+typedef struct CUcheckpointGpuPair_st {
+    CUuuid oldUuid;
+    CUuuid newUuid;
+} CUcheckpointGpuPair;
+typedef struct CUcheckpointRestoreArgs_st { /* CUDA 12.9+: GPU remapping on restore */
+    CUcheckpointGpuPair *gpuPairs;
+    unsigned int gpuPairsCount;
+    char reserved[44];
+    cuuint64_t reserved1;
+} CUcheckpointRestoreArgs;
 typedef struct CUcheckpointUnlockArgs_st { cuuint64_t reserved[8]; } CUcheckpointUnlockArgs;
 CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state);
 CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid);

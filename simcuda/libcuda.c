@@ -3080,8 +3080,35 @@ static int ckpt_bring_back(struct saved *v)
 
 static int g_ckpt_tid; /* the thread that serves the checkpoint calls: cuCheckpointProcessGetRestoreThreadId */
 
+/* Restore's GPU pairs, "OLDHEX:NEWHEX,..." (32 hex digits each): every old UUID must be a device of
+ * this process and every new one a device there is.  All simulated devices share one memory, so a
+ * valid mapping moves nothing. */
+static int ckpt_pairs_ok(const char *pairs)
+{
+    while (pairs && *pairs) {
+        for (int side = 0; side < 2; side++) {
+            unsigned char u[16];
+            for (int i = 0; i < 16; i++)
+                if (sscanf(pairs + 2 * i, "%2hhx", &u[i]) != 1)
+                    return 0;
+            pairs += 32;
+            int found = 0;
+            for (int d = 0; d < cfg.ndev && !found; d++) {
+                char want[16];
+                memcpy(want, "SIMCUDA-GPU-0000", 16);
+                want[15] = (char)('0' + d);
+                found = !memcmp(want, u, 16);
+            }
+            if (!found || *pairs != (side ? ',' : ':'))
+                return 0;
+            pairs++;
+        }
+    }
+    return 1;
+}
+
 /* Under G.  Returns a CUresult (state, tid: the value). */
-static int ckpt_do(const char *cmd, unsigned timeout_ms)
+static int ckpt_do(const char *cmd, unsigned timeout_ms, const char *pairs)
 {
     if (!strcmp(cmd, "state"))
         return g_ckpt_state;
@@ -3144,6 +3171,8 @@ static int ckpt_do(const char *cmd, unsigned timeout_ms)
     if (!strcmp(cmd, "restore")) {
         if (g_ckpt_state != CU_PROCESS_STATE_CHECKPOINTED)
             return CUDA_ERROR_ILLEGAL_STATE;
+        if (!ckpt_pairs_ok(pairs))
+            return CUDA_ERROR_INVALID_VALUE;
         if (g_devpath[0] && g_devfd < 0 && dev_connect() != 0)
             return CUDA_ERROR_NO_DEVICE; /* still checkpointed, nothing lost: restore may be tried again */
         while (g_saved) {
@@ -3197,17 +3226,17 @@ static void *ckpt_thread(void *arg)
         }
         struct ucred cr;
         socklen_t len = sizeof cr;
-        char line[64] = "";
+        char line[1024] = "";
         ssize_t n = 0;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 && (cr.uid == 0 || cr.uid == geteuid()))
             n = recv(fd, line, sizeof line - 1, 0);
         if (n > 0) {
             line[n] = 0;
-            char cmd[16] = "";
+            char cmd[16] = "", pairs[960] = "";
             unsigned ms = 0;
-            sscanf(line, "%15s %u", cmd, &ms);
+            sscanf(line, "%15s %u %959s", cmd, &ms, pairs);
             pthread_mutex_lock(&G);
-            int r = ckpt_do(cmd, ms);
+            int r = ckpt_do(cmd, ms, pairs);
             pthread_mutex_unlock(&G);
             char out[16];
             int k = snprintf(out, sizeof out, "%d\n", r);
@@ -3241,7 +3270,13 @@ static void ckpt_serve(void)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+static CUresult ckpt_call_pairs(int pid, const char *cmd, unsigned ms, int *value, const char *pairs);
 static CUresult ckpt_call(int pid, const char *cmd, unsigned ms, int *value)
+{
+    return ckpt_call_pairs(pid, cmd, ms, value, "");
+}
+
+static CUresult ckpt_call_pairs(int pid, const char *cmd, unsigned ms, int *value, const char *pairs)
 {
     if (pid <= 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -3254,8 +3289,8 @@ static CUresult ckpt_call(int pid, const char *cmd, unsigned ms, int *value)
         close(fd);
         return CUDA_ERROR_INVALID_VALUE; /* no such CUDA process */
     }
-    char line[48], out[16] = "";
-    int k = snprintf(line, sizeof line, "%s %u\n", cmd, ms);
+    char line[1024], out[16] = "";
+    int k = snprintf(line, sizeof line, "%s %u %s\n", cmd, ms, pairs);
     ssize_t n = send(fd, line, (size_t)k, MSG_NOSIGNAL) == k ? recv(fd, out, sizeof out - 1, MSG_WAITALL) : -1;
     close(fd);
     if (n <= 0)
@@ -3302,8 +3337,24 @@ CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args
 }
 CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 {
-    (void)args;
-    return ckpt_call(pid, "restore", 0, NULL);
+    char pairs[960] = "";
+    if (args && args->gpuPairsCount) {
+        if (!args->gpuPairs || args->gpuPairsCount > 14)
+            return CUDA_ERROR_INVALID_VALUE;
+        size_t n = 0;
+        for (unsigned i = 0; i < args->gpuPairsCount; i++) {
+            const unsigned char *o = (const unsigned char *)args->gpuPairs[i].oldUuid.bytes;
+            const unsigned char *w = (const unsigned char *)args->gpuPairs[i].newUuid.bytes;
+            for (int b = 0; b < 16; b++)
+                n += (size_t)snprintf(pairs + n, sizeof pairs - n, "%02x", o[b]);
+            pairs[n++] = ':';
+            for (int b = 0; b < 16; b++)
+                n += (size_t)snprintf(pairs + n, sizeof pairs - n, "%02x", w[b]);
+            pairs[n++] = ',';
+            pairs[n] = 0;
+        }
+    }
+    return ckpt_call_pairs(pid, "restore", 0, NULL, pairs);
 }
 CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
 {
