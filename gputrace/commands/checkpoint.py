@@ -7,6 +7,7 @@ import sys
 import time
 
 from ..cli import add_json, add_pid, command
+from . import full
 from .shim import _dump_json, fmt_bytes
 
 CHECKPOINT_EPILOG = """examples:
@@ -18,7 +19,7 @@ CHECKPOINT_EPILOG = """examples:
 The job must run with the shim (gputrace run --checkpointable -- CMD).  It is frozen only while its
 device memory is copied to host memory; the data are then checksummed and written while it runs on.
 The directory appears only once complete (written as .NAME.partial-PID, synced, then renamed).
-"""
+""" + full.FULL_EXAMPLES
 
 RESTORE_EPILOG = """examples:
   gputrace restore -p 1234 /ckpt/step100
@@ -27,7 +28,7 @@ RESTORE_EPILOG = """examples:
 Rolls the job's device memory back to the checkpoint.  The checkpoint's checksums, and that the job
 holds the same allocations (addresses and sizes), are checked before the job is touched; on any
 mismatch nothing changes.
-"""
+""" + full.FULL_EXAMPLES
 
 
 def _tuning(p: argparse.ArgumentParser, direct: bool = False) -> None:
@@ -56,6 +57,8 @@ def _backend(p: argparse.ArgumentParser) -> None:
 def configure_checkpoint(p: argparse.ArgumentParser) -> None:
     add_pid(p)
     p.add_argument("-o", "--output", help="new directory to write (default ./gputrace-ckpt-PID-TIME)")
+    p.add_argument("--full", action="store_true", help="the whole process: GPU state, then CPU state by CRIU")
+    p.add_argument("--leave-running", action="store_true", help="with --full: the job runs on after the dump")
     _backend(p)
     _tuning(p, direct=True)
     add_json(p)
@@ -70,8 +73,11 @@ def _driver_report(r) -> None:
 
 
 def configure_restore(p: argparse.ArgumentParser) -> None:
-    add_pid(p)
+    add_pid(p, required=False)
     p.add_argument("dir", help="checkpoint directory written by `gputrace checkpoint`")
+    p.add_argument("--full", action="store_true", help="a whole-process checkpoint: CRIU restore, then GPU state")
+    p.add_argument("--gpu-map", action="append", metavar="OLD=NEW",
+                   help="with --full: put the job's GPU OLD on GPU NEW (indices or UUIDs; repeatable)")
     _tuning(p, direct=True)
     add_json(p)
 
@@ -115,6 +121,12 @@ def _ms(ns: int) -> str:
 def checkpoint_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import checkpoint
 
+    if args.full:
+        return full.checkpoint(args)
+    if args.leave_running:
+        from ..errors import UsageError
+
+        raise UsageError("--leave-running goes with --full", "a GPU-memory checkpoint always leaves the job running")
     if args.backend == "driver":
         from ..checkpointer import driver
         from ..errors import UsageError
@@ -156,6 +168,13 @@ def _print_freeze(r) -> None:
 def restore_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import restore
 
+    if args.full:
+        return full.restore(args)
+    if args.pid is None or args.gpu_map:
+        from ..errors import UsageError
+
+        raise UsageError("restore needs -p PID (or --full for a whole-process checkpoint; --gpu-map goes with it)",
+                         "gputrace restore -p PID DIR, or gputrace restore --full DIR")
     prog = _Progress(not args.json and sys.stderr.isatty())
     try:
         r = restore(args.pid, args.dir, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,

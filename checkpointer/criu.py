@@ -1,0 +1,151 @@
+"""CRIU, for the CPU side of a whole-process checkpoint: found on the host, its version checked, and
+dump/restore run with their logs turned into errors that say what went wrong.
+
+Where CRIU is looked for: $GPUTRACE_CRIU (only there, when set), else the private install of
+scripts/install-criu (/usr/local/lib/gputrace/criu/bin/criu), else `criu` on PATH.  The first one that
+runs and is >= 4.0 is used (3.x fails `criu check` on recent kernels and lacks what the GPU side needs).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gputrace.errors import CheckpointError
+
+MIN_VERSION = (4, 0)
+PRIVATE = Path("/usr/local/lib/gputrace/criu/bin/criu")
+INSTALL_HINT = ("run scripts/setup-host (it installs a CRIU >= 4.0: the distribution's, or Debian 13's unpacked "
+                "into /usr/local/lib/gputrace/criu), or point GPUTRACE_CRIU at a criu >= 4.0")
+
+
+class CriuUnavailable(CheckpointError):
+    """No CRIU, or one too old, on this host."""
+
+
+class CriuFailed(CheckpointError):
+    """criu dump or restore failed; the message carries the first errors of its log."""
+
+
+@dataclass(frozen=True)
+class Criu:
+    path: str
+    version: tuple[int, ...]
+
+    @property
+    def version_str(self) -> str:
+        return ".".join(map(str, self.version))
+
+
+def version_of(path: str) -> tuple[int, ...] | None:
+    try:
+        r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"Version:\s*([0-9][0-9.]*)", r.stdout)
+    return tuple(int(x) for x in m.group(1).strip(".").split(".")) if m else None
+
+
+def candidates() -> list[str]:
+    env = os.environ.get("GPUTRACE_CRIU")
+    if env:
+        return [env]
+    out = [str(PRIVATE)] if PRIVATE.exists() else []
+    on_path = shutil.which("criu")
+    if on_path and os.path.realpath(on_path) not in {os.path.realpath(p) for p in out}:
+        out.append(on_path)
+    return out
+
+
+def find() -> Criu:
+    """The CRIU to use; CriuUnavailable (with what was found) when there is none >= 4.0."""
+    seen = []
+    for path in candidates():
+        v = version_of(path)
+        if v is None:
+            seen.append(f"{path} (does not run)")
+        elif v < MIN_VERSION:
+            seen.append(f"{path} is {'.'.join(map(str, v))}")
+        else:
+            return Criu(path, v)
+    if not seen:
+        raise CriuUnavailable("CRIU is not installed (no criu on PATH, none at /usr/local/lib/gputrace/criu)",
+                              INSTALL_HINT)
+    raise CriuUnavailable(f"no CRIU >= {'.'.join(map(str, MIN_VERSION))} here: {'; '.join(seen)}", INSTALL_HINT)
+
+
+def check(c: Criu) -> tuple[bool, str]:
+    """`criu check`: (passed, its last line)."""
+    try:
+        r = subprocess.run([c.path, "check"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip() and not ln.startswith("Warn")]
+    return r.returncode == 0, (lines[-1] if lines else f"exit status {r.returncode}")
+
+
+def _errors(log: Path, limit: int = 4) -> list[str]:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return []
+    errs = [re.sub(r"^\(\s*[0-9.]+\)\s*", "", ln) for ln in text.splitlines() if "Error (" in ln]
+    # "Can't setup RLIMIT_NOFILE for self" is logged as an error on every run in a container and is harmless.
+    errs = [e for e in errs if "RLIMIT_NOFILE" not in e]
+    return errs[:limit]
+
+
+def _dump_hint(errs: list[str]) -> str:
+    text = " ".join(errs)
+    if "External socket" in text or "unix" in text and "external" in text.lower():
+        return ("the job holds a socket to a process outside it (a GPU device connection the driver did not "
+                "release, or a server): CRIU cannot carry it")
+    if "tty" in text.lower() or "shell-job" in text.lower():
+        return "start the job with setsid and its stdin, stdout and stderr on files (not a terminal or a pipe)"
+    if "pipe" in text.lower():
+        return "the job's stdio is a pipe to another process: start it with its stdio on files"
+    return "see the log for the whole story; the job was left running"
+
+
+def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True) -> int:
+    """`criu dump` of pid's process tree into `images`; the tasks are left stopped (SIGSTOP) when
+    leave_stopped, else killed.  Returns the ns it took; CriuFailed (with the log's errors) if it fails,
+    in which case CRIU has let the tasks run on."""
+    log = images / "dump.log"
+    cmd = [c.path, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", "-v2", "--file-locks"]
+    if leave_stopped:
+        cmd.append("--leave-stopped")
+    t = time.monotonic_ns()
+    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    ns = time.monotonic_ns() - t
+    if r.returncode:
+        errs = _errors(log) or [ln for ln in r.stderr.splitlines() if ln.strip()][-3:]
+        raise CriuFailed(f"criu dump of process {pid} failed: " + " | ".join(errs or [f"exit status {r.returncode}"]),
+                         f"{_dump_hint(errs)} (log: {log})")
+    return ns
+
+
+def restore(c: Criu, images: Path, work: Path, pid: int) -> int:
+    """`criu restore --restore-detached` from `images` (read only; logs go to `work`).  Returns the ns
+    it took; CriuFailed if it fails."""
+    log = work / "restore.log"
+    cmd = [c.path, "restore", "-D", str(images), "-W", str(work), "-o", "restore.log", "-v2", "--file-locks",
+           "--restore-detached", "--pidfile", str(work / "restored.pid")]
+    t = time.monotonic_ns()
+    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    ns = time.monotonic_ns() - t
+    if r.returncode:
+        errs = _errors(log) or [ln for ln in r.stderr.splitlines() if ln.strip()][-3:]
+        text = " ".join(errs)
+        if "File exists" in text and "fork" in text.lower():
+            raise CriuFailed(f"cannot restore process {pid}: pid {pid} is in use on this host",
+                             "CRIU brings a process back at its old pid: end the process that holds it, or restore "
+                             "in a new pid namespace (e.g. `unshare --pid --fork --mount-proc gputrace restore ...`)")
+        raise CriuFailed("criu restore failed: " + " | ".join(errs or [f"exit status {r.returncode}"]),
+                         f"nothing was restored; see {log}")
+    return ns

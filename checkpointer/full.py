@@ -1,0 +1,368 @@
+"""Whole-process checkpoint: GPU state by the driver (and the shim), CPU state by CRIU, one manifest.
+
+checkpoint_full(pid, DIR), in this order, each step undone if a later one fails:
+  1. shim fast path (jobs started with `gputrace run --checkpointable --suspendable`): the shim copies
+     every cuMemAlloc allocation to host memory at bus speed (pinned, several lanes) and releases the
+     GPU memory behind it, keeping the addresses reserved; the gate stays closed.  What the driver
+     still has to move in step 2 is then only what the shim does not track (its own staging, contexts,
+     modules, VA reservations): little, where the driver copies slowly.
+  2. driver: cuCheckpointProcessLock + Checkpoint on the target's pid (checkpointer/driver.py): the rest
+     of device memory goes into the process's host memory and the process lets go of the GPU (no
+     /dev/nvidia* descriptors are left), so CRIU can dump it.
+  3. CRIU: `criu dump --leave-stopped` writes the images and leaves the job stopped, not killed, so a
+     failure of anything after it can still give the job back.
+  4. the images are checksummed (xxh3_64 per file) and the manifest written; the directory is
+     written as .NAME.partial-PID, synced and renamed, as in checkpointer/store.py.
+  5. without --leave-running the job is killed now that its state is safe; with it the job is
+     continued and its GPU state brought back (driver Restore + Unlock, then shim resume).
+A failure in steps 2-4 resumes the job the same way (SIGCONT, Restore, Unlock, resume): never left
+frozen or half-checkpointed.
+
+restore_full(DIR): every file checked against the manifest before anything runs, then `criu restore
+--restore-detached` (the process comes back stopped in the driver's checkpointed state), driver Restore
++ Unlock, shim resume: the job continues.
+
+Manifest (schema 1, DIR/manifest.json): schema, format ("gputrace-full-checkpoint"), complete, created_unix,
+host, target {pid, comm, cmdline}, gpu {libcuda, shim (the shim's suspend report or null), driver_state},
+criu {path, version}, hash ("xxh3_64"), files [{path, bytes, xxh3}] (every file under DIR/criu),
+timings {shim_ns, lock_ns, checkpoint_ns, dump_ns, freeze_ns, write_ns, total_ns}, leave_running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import orjson
+import xxhash
+
+from gputrace.errors import CheckpointError, CorruptCheckpoint, NoSuchProcess
+
+from . import criu as criu_mod
+from . import driver
+from .store import _fsync_dir, check_target, disk_error
+
+SCHEMA = 1
+FORMAT = "gputrace-full-checkpoint"
+MANIFEST = "manifest.json"
+IMAGES = "criu"
+HASH = "xxh3_64"
+_BLOCK = 8 << 20
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class FullCheckpointReport:
+    pid: int
+    path: str
+    image_bytes: int
+    files: int
+    shim: dict | None  # the shim's suspend report when its fast path ran
+    shim_ns: int
+    lock_ns: int
+    checkpoint_ns: int
+    dump_ns: int
+    freeze_ns: int  # from the first step that stops the job to the end of the CRIU dump
+    write_ns: int  # checksums, manifest, sync, rename
+    total_ns: int
+    leave_running: bool
+    criu: str
+
+    def to_dict(self) -> dict:
+        return {"kind": "full", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class FullRestoreReport:
+    pid: int
+    path: str
+    verify_ns: int
+    criu_ns: int
+    driver_restore_ns: int
+    unlock_ns: int
+    shim_ns: int
+    total_ns: int  # from the start of the CRIU restore to the job running again
+
+    def to_dict(self) -> dict:
+        return {"kind": "full", **asdict(self)}
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        raise NoSuchProcess(f"no process {pid}", "check the pid with `gputrace ps` or `ps`") from None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _shim_suspendable(pid: int) -> bool:
+    """Whether the job runs under the shim with VMM-backed allocations (what the fast path needs)."""
+    from gputrace.shim import client
+
+    if not client.has_shim(pid):
+        return False
+    try:
+        return bool(client.status(pid).get("vmm"))
+    except Exception:  # a shim that does not answer: the driver alone still works
+        return False
+
+
+def _hash_file(path: Path) -> str:
+    h = xxhash.xxh3_64()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_BLOCK)
+        while n := f.readinto(buf):
+            h.update(memoryview(buf)[:n])
+    return h.hexdigest()
+
+
+def _give_back(pid: int, d: driver._Driver, stopped: bool, shim_suspended: bool) -> None:
+    """The job running again as it was: continued, GPU state restored, unlocked, shim resumed."""
+    if stopped:
+        os.kill(pid, signal.SIGCONT)
+    st = d.state()
+    if st == "checkpointed":
+        d.call("Restore")
+        st = d.state()
+    if st == "locked":
+        d.call("Unlock")
+    if shim_suspended:
+        from .suspend import resume
+
+        resume(pid)
+
+
+def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_running: bool = False,
+                    timeout_ms: int = 5000, use_shim: bool | None = None,
+                    progress: Progress | None = None) -> FullCheckpointReport:
+    t_start = time.monotonic_ns()
+    comm = _comm(pid)
+    c = criu_mod.find()  # before the job is touched: no CRIU, no freeze
+    out = Path(out or f"gputrace-full-{pid}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
+    check_target(out)
+    d = driver._Driver(pid)
+    if d.state() != "running":
+        raise CheckpointError(f"process {pid} is {d.state()} in the driver, not running",
+                              "another checkpoint holds it; wait for it, or resume it")
+    shim = _shim_suspendable(pid) if use_shim is None else use_shim
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    images = tmp / IMAGES
+    try:
+        images.mkdir(parents=True, mode=0o700)
+    except OSError as exc:
+        raise disk_error(exc, out) from None
+    shim_report, shim_ns, stopped, suspended = None, 0, False, False
+    t0 = time.monotonic_ns()
+    try:
+        if shim:
+            from .suspend import suspend
+
+            r = suspend(pid, timeout_ms=timeout_ms)
+            shim_report, shim_ns, suspended = r.to_dict(), r.total_ns, True
+        lock_ns = d.call("Lock", timeout_ms)
+        ck_ns = d.call("Checkpoint")
+        if progress:
+            progress("dump", 0, 1)
+        stopped = True  # from here on CRIU may have stopped the job, even if the dump fails
+        try:
+            dump_ns = criu_mod.dump(c, pid, images, leave_stopped=True)
+        except criu_mod.CriuFailed:
+            stopped = _is_stopped(pid)  # a failed dump lets the job run on
+            raise
+        freeze_ns = time.monotonic_ns() - t0
+        tw = time.monotonic_ns()
+        files = []
+        total = sum(p.stat().st_size for p in images.rglob("*") if p.is_file())
+        done = 0
+        for p in sorted(images.rglob("*")):
+            if p.is_file():
+                files.append({"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size, HASH: _hash_file(p)})
+                done += files[-1]["bytes"]
+                if progress:
+                    progress("checksum", done, total)
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+        _fsync_dir(images)
+        manifest = {
+            "schema": SCHEMA, "format": FORMAT, "complete": True, "created_unix": time.time(),
+            "host": socket.gethostname(), "target": {"pid": pid, "comm": comm, "cmdline": _cmdline(pid)},
+            "gpu": {"libcuda": d.path, "shim": shim_report, "driver_state": "checkpointed"},
+            "criu": {"path": c.path, "version": c.version_str}, "hash": HASH, "files": files,
+            "leave_running": leave_running,
+            "timings": {"shim_ns": shim_ns, "lock_ns": lock_ns, "checkpoint_ns": ck_ns, "dump_ns": dump_ns,
+                        "freeze_ns": freeze_ns},
+        }
+        write_ns = time.monotonic_ns() - tw
+        manifest["timings"]["write_ns"] = write_ns
+        manifest["timings"]["total_ns"] = time.monotonic_ns() - t_start
+        fd = os.open(tmp / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(tmp)
+        os.rename(tmp, out)
+        _fsync_dir(out.parent)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            _give_back(pid, d, stopped, suspended)
+        except CheckpointError as again:
+            raise CheckpointError(f"{exc}; and giving the job back failed too: {again.msg}",
+                                  f"the job may be frozen: check `gputrace shim status -p {pid}`") from None
+        if isinstance(exc, OSError):
+            raise disk_error(exc, out) from None
+        raise
+    if leave_running:
+        _give_back(pid, d, True, suspended)
+    else:
+        os.kill(pid, signal.SIGKILL)  # its state is safe on disk: the job ends here
+    return FullCheckpointReport(pid, str(out), sum(f["bytes"] for f in files), len(files), shim_report, shim_ns,
+                                lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
+                                leave_running, f"{c.path} {c.version_str}")
+
+
+def _is_stopped(pid: int) -> bool:
+    try:
+        for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if ln.startswith("State:"):
+                return ln.split()[1] in ("T", "t")
+    except OSError:
+        pass
+    return False
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of a complete whole-process checkpoint; CorruptCheckpoint for anything else."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CorruptCheckpoint(f"{path} is not a checkpoint directory",
+                                "give the directory `gputrace checkpoint --full` wrote")
+    try:
+        m = orjson.loads((path / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"{path} has no {MANIFEST}: it is not a complete checkpoint",
+                                "an interrupted checkpoint never gets one; take a new checkpoint") from None
+    except orjson.JSONDecodeError:
+        raise CorruptCheckpoint(f"{path / MANIFEST} is not valid JSON", "the checkpoint is damaged; take a new one") from None
+    except OSError as exc:
+        raise CorruptCheckpoint(f"cannot read {path / MANIFEST}: {exc.strerror}", "check its permissions") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        hint = ("it is a GPU-memory checkpoint: restore it with `gputrace restore -p PID DIR`"
+                if isinstance(m, dict) and m.get("format") == "gputrace-checkpoint" else "give a --full checkpoint directory")
+        raise CorruptCheckpoint(f"{path} is not a whole-process checkpoint", hint)
+    if m.get("schema") != SCHEMA:
+        raise CorruptCheckpoint(f"{path} has manifest schema {m.get('schema')}; this gputrace reads schema {SCHEMA}",
+                                "restore it with the gputrace version that wrote it")
+    if m.get("complete") is not True or m.get("hash") != HASH or not isinstance(m.get("files"), list) \
+            or not m["files"]:
+        raise CorruptCheckpoint(f"{path / MANIFEST} does not describe a complete checkpoint", "take a new checkpoint")
+    return m
+
+
+def verify(path: Path, m: dict) -> None:
+    """Every file the manifest lists: present, of its size, with its checksum."""
+    for f in m["files"]:
+        p = path / f["path"]
+        if ".." in Path(f["path"]).parts:
+            raise CorruptCheckpoint(f"{path / MANIFEST} names a file outside the checkpoint", "take a new checkpoint")
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            raise CorruptCheckpoint(f"{p} is missing", "the checkpoint is incomplete; take a new one") from None
+        if size != f["bytes"]:
+            raise CorruptCheckpoint(f"{p} is {size} bytes, the manifest says {f['bytes']}",
+                                    "the checkpoint is damaged; take a new one")
+        if _hash_file(p) != f[HASH]:
+            raise CorruptCheckpoint(f"{p} fails its {HASH} checksum", "the checkpoint is damaged; take a new one")
+
+
+def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | None = None) -> FullRestoreReport:
+    path = Path(path).absolute()
+    m = read_manifest(path)
+    tv = time.monotonic_ns()
+    verify(path, m)
+    verify_ns = time.monotonic_ns() - tv
+    c = criu_mod.find()
+    pid = int(m["target"]["pid"])
+    if Path(f"/proc/{pid}").exists():
+        raise CheckpointError(f"cannot restore process {pid}: pid {pid} is in use on this host "
+                              f"({_comm(pid) if Path(f'/proc/{pid}').exists() else 'gone now'})",
+                              "CRIU brings a process back at its old pid: end the process that holds it, or "
+                              "restore in a new pid namespace (`unshare --pid --fork --mount-proc`)")
+    work = Path(f"/tmp/gputrace-restore-{os.getpid()}-{pid}")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(mode=0o700)
+    t0 = time.monotonic_ns()
+    criu_ns = criu_mod.restore(c, path / IMAGES, work, pid)
+    d = driver._Driver(pid)
+    st = d.state()
+    if st != "checkpointed":
+        raise CheckpointError(f"the restored process {pid} is {st} in the driver, not checkpointed",
+                              "the image was not taken by `gputrace checkpoint --full`")
+    rs_ns = _restore_gpu(d, gpu_map) if gpu_map else d.call("Restore")
+    un_ns = d.call("Unlock")
+    shim_ns = 0
+    if m["gpu"].get("shim"):
+        from .suspend import resume
+
+        shim_ns = resume(pid).total_ns
+    total = time.monotonic_ns() - t0
+    shutil.rmtree(work, ignore_errors=True)
+    return FullRestoreReport(pid, str(path), verify_ns, criu_ns, rs_ns, un_ns, shim_ns, total)
+
+
+def uuid_bytes(lib, spec: str) -> bytes:
+    """A GPU named by index ("1") or UUID ("GPU-0a1b...", as nvidia-smi prints it): its 16 UUID bytes."""
+    import ctypes
+
+    if spec.isdigit():
+        if lib.cuInit(0) != 0:
+            raise CheckpointError(f"cannot initialize the driver to look up GPU {spec}", "give GPUs by UUID instead")
+        dev, buf = ctypes.c_int(), ctypes.create_string_buffer(16)
+        if lib.cuDeviceGet(ctypes.byref(dev), int(spec)) != 0 or lib.cuDeviceGetUuid_v2(buf, dev) != 0:
+            raise CheckpointError(f"there is no GPU {spec} on this host", "see nvidia-smi -L for the GPUs there are")
+        return buf.raw
+    hexs = spec.removeprefix("GPU-").replace("-", "")
+    try:
+        raw = bytes.fromhex(hexs)
+    except ValueError:
+        raw = b""
+    if len(raw) != 16:
+        raise CheckpointError(f"--gpu-map: {spec} is neither a GPU index nor a UUID",
+                              "UUIDs as nvidia-smi -L prints them: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
+    return raw
+
+
+def _restore_gpu(d: "driver._Driver", pairs: list[tuple[str, str]]) -> int:
+    """cuCheckpointProcessRestore with GPU pairs (CUcheckpointRestoreArgs.gpuPairs, CUDA 12.9+)."""
+    import ctypes
+
+    arr = (ctypes.c_uint8 * (32 * len(pairs)))()
+    for i, (old, new) in enumerate(pairs):
+        arr[32 * i:32 * i + 16] = list(uuid_bytes(d.lib, old))
+        arr[32 * i + 16:32 * i + 32] = list(uuid_bytes(d.lib, new))
+    args = (ctypes.c_uint8 * 64)()
+    ctypes.c_void_p.from_buffer(args).value = ctypes.addressof(arr)
+    ctypes.c_uint32.from_buffer(args, 8).value = len(pairs)
+    t = time.monotonic_ns()
+    r = d.lib.cuCheckpointProcessRestore(d.pid, args)
+    if r:
+        raise CheckpointError(f"cuCheckpointProcessRestore of process {d.pid} with --gpu-map failed: CUresult {r}",
+                              "each OLD must be a GPU the job used and each NEW a GPU of this host; the job is "
+                              "still checkpointed: retry with another --gpu-map")
+    return time.monotonic_ns() - t

@@ -1,0 +1,114 @@
+"""`gputrace checkpoint --full`, `gputrace restore --full` and `gputrace migrate`: the whole job, GPU
+and CPU state, to a directory and back (checkpointer/full.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..cli import add_json, add_pid, command
+from ..errors import UsageError
+from .shim import _dump_json, fmt_bytes
+
+FULL_EXAMPLES = """
+whole job (--full): GPU state by the driver's checkpoint API (after the shim's fast copy, for jobs started
+with `gputrace run --checkpointable --suspendable`), then CPU state by CRIU >= 4.0, one manifest:
+  gputrace checkpoint --full -p 1234 -o /ckpt/job     the job ends once its state is safe on disk
+  gputrace checkpoint --full -p 1234 -o /ckpt/job --leave-running
+  gputrace restore --full /ckpt/job                   the job comes back (same pid) and continues
+  gputrace restore --full /ckpt/job --gpu-map 0=1     on another GPU (indices or UUIDs)
+The job must be started the way CRIU needs: `setsid CMD </dev/null >out.log 2>&1`.  If the CRIU dump
+fails, the job is given back running and unlocked.
+"""
+
+MIGRATE_EPILOG = """examples:
+  gputrace migrate -p 1234 --to /shared/ckpt/job      checkpoint the whole job there, then end it
+  (on the other machine)  gputrace restore --full /shared/ckpt/job
+
+The move between machines is your storage's: DIR must be reachable from both (same GPU model, same
+files the job has open, same pid free).  With --restore-here the job is restored on this machine
+right away (a round trip, to test that a job survives migration).
+"""
+
+
+def parse_gpu_map(items: list[str] | None) -> list[tuple[str, str]]:
+    pairs = []
+    for it in items or []:
+        old, sep, new = it.partition("=")
+        if not sep or not old or not new:
+            raise UsageError(f"--gpu-map {it}: expected OLD=NEW", "GPU indices or UUIDs, e.g. --gpu-map 0=1")
+        pairs.append((old.strip(), new.strip()))
+    return pairs
+
+
+def checkpoint(args: argparse.Namespace) -> int:
+    from ..checkpointer.full import checkpoint_full
+    from .checkpoint import _Progress
+
+    if args.backend != "shim":
+        raise UsageError("--full chooses its own GPU path (the shim where it can, the driver always)",
+                         "drop --backend")
+    prog = _Progress(not args.json and sys.stderr.isatty())
+    try:
+        r = checkpoint_full(args.pid, args.output, leave_running=args.leave_running, timeout_ms=args.timeout_ms,
+                            progress=prog)
+    finally:
+        prog.end()
+    if args.json:
+        _dump_json({"schema": 1, **r.to_dict()})
+        return 0
+    print(f"whole-process checkpoint of pid {r.pid}: {r.path}")
+    print(f"  {r.files} file(s), {fmt_bytes(r.image_bytes)} of CRIU images ({r.criu})")
+    gpu = (f"shim copy {_ms(r.shim_ns)}, " if r.shim else "") + f"driver lock {_ms(r.lock_ns)}, " \
+          f"checkpoint {_ms(r.checkpoint_ns)}"
+    print(f"  freeze   {_ms(r.freeze_ns)} ({gpu}, criu dump {_ms(r.dump_ns)})")
+    print(f"  write    {_ms(r.write_ns)} (checksums, manifest, sync)")
+    print(f"  the job {'runs on' if r.leave_running else 'has ended'}; "
+          f"bring it back with: gputrace restore --full {r.path}")
+    return 0
+
+
+def restore(args: argparse.Namespace) -> int:
+    from ..checkpointer.full import restore_full
+
+    if args.pid is not None:
+        raise UsageError("--full restores the process itself, at its old pid: -p does not apply",
+                         "drop -p: gputrace restore --full DIR")
+    r = restore_full(args.dir, gpu_map=parse_gpu_map(args.gpu_map))
+    if args.json:
+        _dump_json({"schema": 1, **r.to_dict()})
+        return 0
+    print(f"restored pid {r.pid} from {r.path}; it is running")
+    print(f"  verify {_ms(r.verify_ns)}; back in {_ms(r.total_ns)}: criu restore {_ms(r.criu_ns)}, driver restore "
+          f"{_ms(r.driver_restore_ns)}, unlock {_ms(r.unlock_ns)}" + (f", shim {_ms(r.shim_ns)}" if r.shim_ns else ""))
+    return 0
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.1f} ms"
+
+
+def configure_migrate(p: argparse.ArgumentParser) -> None:
+    add_pid(p)
+    p.add_argument("--to", required=True, metavar="DIR", help="new directory for the whole-process checkpoint")
+    p.add_argument("--restore-here", action="store_true", help="restore it on this machine right after")
+    p.add_argument("--timeout-ms", type=int, default=5000, help="how long the driver's lock may wait (default 5000)")
+    add_json(p)
+
+
+@command("migrate", "checkpoint a whole job to a directory, to restore it on another machine", MIGRATE_EPILOG)(
+    configure_migrate)
+def migrate_cmd(args: argparse.Namespace) -> int:
+    from ..checkpointer.full import checkpoint_full, restore_full
+
+    c = checkpoint_full(args.pid, args.to, timeout_ms=args.timeout_ms)
+    r = restore_full(c.path) if args.restore_here else None
+    if args.json:
+        _dump_json({"schema": 1, "checkpoint": c.to_dict(), "restore": r.to_dict() if r else None})
+        return 0
+    print(f"pid {c.pid} checkpointed whole to {c.path} (frozen {_ms(c.freeze_ns)}) and ended")
+    if r:
+        print(f"restored here: pid {r.pid} running again after {_ms(r.total_ns)}")
+    else:
+        print(f"on the target machine: gputrace restore --full {c.path}")
+    return 0

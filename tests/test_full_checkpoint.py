@@ -1,0 +1,283 @@
+"""Whole-process checkpoint with real CRIU on simcuda in device mode (device memory held by the
+simcuda-device daemon, outside the process, as on a GPU): checkpoint, kill, restore and the job goes
+on to print what an uninterrupted run prints; --leave-running; a failed dump gives the job back; and
+each failure on the way (pid taken, damaged image, no CRIU or one too old) is a clear error."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gputrace import simcuda
+from gputrace.checkpointer import criu as criu_mod
+from gputrace.checkpointer import driver
+from gputrace.simcuda.device import Device
+
+STEPS = 150
+
+
+def _criu_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "CRIU needs root"
+    try:
+        c = criu_mod.find()
+    except criu_mod.CriuUnavailable as exc:
+        return f"{exc.msg} ({exc.hint})"
+    ok, line = criu_mod.check(c)
+    return None if ok else f"`criu check` fails here: {line}"
+
+
+pytestmark = pytest.mark.skipif(_criu_reason() is not None, reason=str(_criu_reason()))
+
+
+def gputrace(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gputrace", *args], capture_output=True, text=True, timeout=300,
+                          env=env)
+
+
+# --- awaiting events, not sleeping ----------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+IN_MODIFY = 0x2
+
+
+def wait_for_text(path: Path, text: str, timeout_s: float = 60) -> str:
+    """Waits (inotify) until `path` contains `text`; returns the contents."""
+    fd = _libc.inotify_init1(os.O_CLOEXEC)
+    assert fd >= 0
+    try:
+        assert _libc.inotify_add_watch(fd, str(path).encode(), IN_MODIFY) >= 0
+        while True:
+            content = path.read_text()
+            if text in content:
+                return content
+            ready, _, _ = select.select([fd], [], [], timeout_s)
+            assert ready, f"{path} never showed {text!r}; it holds: {content[-400:]!r}"
+            os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def wait_exit(pid: int, timeout_s: float = 120) -> None:
+    """Waits for a process that is not our child (a restored one) to end."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        assert ready, f"process {pid} did not end"
+    finally:
+        os.close(fd)
+
+
+# --- fixtures ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def device(tmp_path):
+    with Device(tmp_path / "dev") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """What an uninterrupted run prints (kernel time does not change the output)."""
+    root = tmp_path_factory.mktemp("ref")
+    with Device(root / "dev") as d:
+        r = subprocess.run(simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", "0"],
+                           env=d.env(simcuda.env()), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+class Job:
+    """train, started the way CRIU needs: its own session, stdio on files."""
+
+    def __init__(self, root: Path, device: Device, kernel_ns: int = 20_000_000, pass_fds=()) -> None:
+        self.out = root / "job.out"
+        with open(self.out, "w") as f:
+            self.p = subprocess.Popen(simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", str(kernel_ns)],
+                                      env=device.env(simcuda.env()), stdin=subprocess.DEVNULL, stdout=f,
+                                      stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds)
+        self.pid = self.p.pid
+        self.restored = False
+
+    def at_step(self, k: int) -> None:
+        wait_for_text(self.out, f"step {k} ")
+
+    def reap(self) -> int:
+        """The original process's exit status (a killed job must be reaped before its pid is free)."""
+        return self.p.wait(timeout=60)
+
+    def kill(self) -> None:
+        for pid in {self.pid}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.p.poll() is None:
+            self.p.wait(timeout=60)
+        wait_exit(self.pid)
+
+
+@pytest.fixture
+def job(tmp_path, device):
+    jobs = []
+
+    def make(**kw) -> Job:
+        j = Job(tmp_path, device, **kw)
+        jobs.append(j)
+        return j
+
+    yield make
+    for j in jobs:
+        j.kill()
+
+
+def fds(pid: int) -> list[str]:
+    out = []
+    for f in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{f}"))
+        except OSError:
+            pass
+    return out
+
+
+def state(pid: int) -> str:
+    return driver._Driver(pid).state()
+
+
+# --- the tests --------------------------------------------------------------------------------------------------
+
+def test_device_memory_is_outside_the_process_and_criu_refuses_it(job, device, tmp_path):
+    j = job()
+    j.at_step(2)
+    assert len(device.files()) == 2  # the buffer and the VMM handle, in the daemon's files
+    assert any(f.startswith("socket:") for f in fds(j.pid))
+    c = criu_mod.find()
+    (tmp_path / "img").mkdir()
+    with pytest.raises(criu_mod.CriuFailed) as e:
+        criu_mod.dump(c, j.pid, tmp_path / "img", leave_stopped=False)
+    assert "External socket" in e.value.msg
+    assert j.p.poll() is None
+
+
+def test_checkpoint_kill_restore_continues_like_an_uninterrupted_run(job, device, tmp_path, reference):
+    j = job()
+    j.at_step(5)
+    ck = tmp_path / "ck"
+    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = orjson.loads(r.stdout)
+    assert rep["kind"] == "full" and rep["pid"] == j.pid and rep["leave_running"] is False
+    assert rep["freeze_ns"] >= rep["dump_ns"] > 0 and rep["checkpoint_ns"] > 0
+    assert j.reap() == -signal.SIGKILL  # the job ended once its state was safe
+    assert device.files() == []  # its device memory went with it, as on a GPU
+    m = orjson.loads((ck / "manifest.json").read_bytes())
+    assert m["complete"] is True and m["target"]["pid"] == j.pid
+    assert {f["path"] for f in m["files"]} == {str(p.relative_to(ck)) for p in (ck / "criu").rglob("*") if p.is_file()}
+    assert not list(tmp_path.glob(".ck.partial-*"))
+    stopped_at = j.out.read_text()
+    assert "done" not in stopped_at
+
+    r = gputrace("restore", "--full", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    back = orjson.loads(r.stdout)
+    assert back["pid"] == j.pid and back["criu_ns"] > 0
+    j.restored = True
+    assert state(j.pid) == "running"
+    assert len(device.files()) == 2  # new device memory, at the same addresses
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference  # every step, device memory and host state intact
+
+
+def test_leave_running_keeps_the_job_going(job, device, tmp_path, reference):
+    j = job()
+    j.at_step(3)
+    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"), "--leave-running")
+    assert r.returncode == 0, r.stderr
+    assert "runs on" in r.stdout
+    assert state(j.pid) == "running"
+    assert j.p.poll() is None
+    assert j.reap() == 0
+    assert j.out.read_text() == reference
+    assert (tmp_path / "ck" / "manifest.json").is_file()
+
+
+def test_restore_onto_a_taken_pid_is_a_clear_error(job, device, tmp_path):
+    j = job()
+    j.at_step(2)
+    ck = tmp_path / "ck"
+    assert gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(ck), "--leave-running").returncode == 0
+    r = gputrace("restore", "--full", str(ck))  # the job still runs at that pid
+    assert r.returncode == 10
+    assert f"pid {j.pid} is in use" in r.stderr and "hint:" in r.stderr and "Traceback" not in r.stderr
+    assert j.p.poll() is None and state(j.pid) == "running"
+
+
+def test_a_failed_dump_leaves_the_job_running_and_unlocked(job, device, tmp_path, reference):
+    # The job also holds one end of a socket pair whose other end stays here, outside its process tree:
+    # CRIU refuses to dump it, as it would a GPU descriptor the driver did not release.
+    mine, theirs = socket.socketpair()
+    j = job(pass_fds=(theirs.fileno(),))
+    theirs.close()
+    j.at_step(2)
+    ck = tmp_path / "ck"
+    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(ck))
+    assert r.returncode == 10, r.stderr
+    assert "criu dump" in r.stderr and "External socket" in r.stderr and "hint:" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not ck.exists() and not list(tmp_path.glob(".ck.partial-*"))
+    assert state(j.pid) == "running"  # GPU state restored and unlocked: not frozen
+    assert len(device.files()) == 2
+    assert j.reap() == 0
+    assert j.out.read_text() == reference
+    mine.close()
+
+
+def test_damaged_or_missing_images_are_refused_before_anything_runs(job, device, tmp_path):
+    j = job()
+    j.at_step(2)
+    ck = tmp_path / "ck"
+    assert gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(ck)).returncode == 0
+    j.reap()
+    pages = max((ck / "criu").glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    data = bytearray(pages.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pages.write_bytes(bytes(data))
+    r = gputrace("restore", "--full", str(ck))
+    assert r.returncode == 10 and "fails its xxh3_64 checksum" in r.stderr and "Traceback" not in r.stderr
+    assert not Path(f"/proc/{j.pid}").exists()
+    pages.unlink()
+    r = gputrace("restore", "--full", str(ck))
+    assert r.returncode == 10 and "is missing" in r.stderr
+    (ck / "manifest.json").unlink()
+    r = gputrace("restore", "--full", str(ck))
+    assert r.returncode == 10 and "no manifest.json" in r.stderr and "hint:" in r.stderr
+    r = gputrace("restore", "--full", str(tmp_path / "nowhere"))
+    assert r.returncode == 10 and "not a checkpoint directory" in r.stderr
+
+
+def test_no_criu_or_one_too_old_is_a_clear_error_and_the_job_is_untouched(job, device, tmp_path):
+    j = job()
+    j.at_step(2)
+    old = tmp_path / "old-criu"
+    old.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
+    old.chmod(0o755)
+    for criu, says in ((old, "3.17.1"), (tmp_path / "absent", "does not run")):
+        r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"),
+                     env=dict(os.environ, GPUTRACE_CRIU=str(criu)))
+        assert r.returncode == 10, r.stderr
+        assert "no CRIU >= 4.0" in r.stderr and says in r.stderr and "hint:" in r.stderr
+        assert "Traceback" not in r.stderr
+        assert state(j.pid) == "running" and not (tmp_path / "ck").exists()
