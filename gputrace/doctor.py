@@ -214,6 +214,7 @@ class _Doctor:
             ("libcuda", self.libcuda_check),
             ("nvidia-driver", self.driver),
             ("checkpoint-api", self.checkpoint_api),
+            ("criu", self.criu),
         ]
 
     def needs(self, name: str, status: str, hint: str = "") -> None:
@@ -429,6 +430,19 @@ class _Doctor:
             return Check("", WARN, f"{self.libcuda} lacks {', '.join(missing)}",
                          "driver checkpointing needs a newer NVIDIA driver; tracing works without it")
         return Check("", OK, f"{self.libcuda} exports cuCheckpointProcess{{Lock,Checkpoint,Restore,Unlock}}")
+
+    def criu(self) -> Check:
+        from gputrace.checkpointer import criu
+
+        try:
+            c = criu.find()
+        except criu.CriuUnavailable as exc:
+            return Check("", WARN, exc.msg, exc.hint + "; only `gputrace checkpoint --full` needs it")
+        ok, line = criu.check(c)
+        if not ok:
+            return Check("", WARN, f"criu {c.version_str} at {c.path}: `criu check` fails: {line}",
+                         "this kernel lacks what CRIU needs; `gputrace checkpoint --full` will fail here")
+        return Check("", OK, f"criu {c.version_str} at {c.path}; `criu check`: {line}")
 
     def cleanup(self) -> None:
         if self.bpf is not None:

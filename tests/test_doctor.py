@@ -19,7 +19,7 @@ from gputrace.doctor import FAIL, OK, WARN, Check
 CLI = [sys.executable, "-c", "import sys; from gputrace.cli import main; sys.exit(main())"]
 HOST_CHECKS = ["privileges", "bpf-syscall", "btf", "tracefs", "kernel-headers", "bcc", "bcc-compile", "uprobes",
                "uprobe-multi"]
-GPU_CHECKS = ["libcuda", "nvidia-driver", "checkpoint-api"]
+GPU_CHECKS = ["libcuda", "nvidia-driver", "checkpoint-api", "criu"]
 
 is_root = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not is_root, reason="needs root")
@@ -239,3 +239,13 @@ def test_libc_getpid_offset_is_a_file_offset():
     with open(path, "rb") as f:
         f.seek(off)
         assert len(f.read(16)) == 16  # a file offset, inside the file
+
+
+def test_criu_missing_or_too_old_is_a_warn_with_a_hint(tmp_path, monkeypatch):
+    old = tmp_path / "criu"
+    old.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
+    old.chmod(0o755)
+    for path, says in ((old, "is 3.17.1"), (tmp_path / "absent", "does not run")):
+        monkeypatch.setenv("GPUTRACE_CRIU", str(path))
+        c = doctor._run_one("criu", doctor._Doctor().criu)
+        assert c.status == WARN and says in c.detail and "setup-host" in c.hint, c
