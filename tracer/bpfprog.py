@@ -44,7 +44,7 @@ class RawStats:
         return RawStats(
             op(self.calls, other.calls), op(self.timed, other.timed), op(self.total_ns, other.total_ns),
             op(self.outer_ns, other.outer_ns), op(self.nested, other.nested), op(self.closed, other.closed),
-            tuple(op(a, b) for a, b in zip(self.hist, other.hist)),
+            self.hist if other.hist is ZERO_HIST else tuple(map(op, self.hist, other.hist)),
             op(self.outside, other.outside),
         )
 
@@ -55,7 +55,8 @@ class RawStats:
         return self._zip(other, int.__add__)
 
 
-ZERO = RawStats(0, 0, 0, 0, 0, 0, (0,) * HIST_SLOTS)
+ZERO_HIST = (0,) * HIST_SLOTS
+ZERO = RawStats(0, 0, 0, 0, 0, 0, ZERO_HIST)
 
 
 def source_dir() -> Path:

@@ -43,6 +43,7 @@ class HostSession:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.exited: list[int] = []  # of the last step
+        self.strays: set[int] = set()  # processes the links counted calls of, not added
 
     @property
     def program(self) -> Program:
@@ -136,10 +137,13 @@ class HostSession:
         self.program.forget([(pid, f) for f in self.probes.ids])  # a reused pid starts from nothing
 
     def _forget_strays(self, stats: dict[int, dict[int, RawStats]]) -> None:
-        """Rows of processes that mapped the file and exited before anyone added them."""
+        """Rows of processes that mapped the file and exited before anyone added them are forgotten;
+        those of live ones not added are `strays`: processes on the file that no one has found yet."""
         with self._lock:
             known = set(self.tracees) | set(self._adding)
-        gone = [tgid for tgid in stats if tgid not in known and not os.path.exists(f"/proc/{tgid}")]
+        unknown = [tgid for tgid in stats if tgid not in known]
+        gone = [tgid for tgid in unknown if not os.path.exists(f"/proc/{tgid}")]
+        self.strays = set(unknown) - set(gone)
         if gone:
             self.program.forget([(tgid, f) for tgid in gone for f in stats[tgid]])
 

@@ -14,7 +14,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from gputrace.errors import GputraceError, NoLibcuda, NoSuchProcess, PermissionDenied, UsageError
 from gputrace.procs import require_process
@@ -72,6 +72,47 @@ def cuda_processes() -> dict[int, LibcudaFile]:
         if lib is not None:
             found[int(entry)] = lib
     return found
+
+
+class CudaScanner:
+    """cuda_processes() for a caller that asks every second (top): reading every process's maps
+    each time was most of top's own CPU. Processes seen for the first time are read at once, and
+    so are `hints` (pids the caller has other evidence for: a tracer's links without a pid filter
+    count the calls of any process that maps a file already traced); the rest of the processes
+    without a libcuda are read again every `recheck_every`-th call, since one may load it late."""
+
+    def __init__(self, recheck_every: int = 5) -> None:
+        self.recheck_every = recheck_every
+        self._cuda: dict[int, LibcudaFile] = {}
+        self._other: set[int] = set()
+        self._calls = 0
+
+    def __call__(self, hints: Iterable[int] = ()) -> dict[int, LibcudaFile]:
+        pids = {int(e) for e in os.listdir("/proc") if e.isdigit()}
+        cuda = {p: lib for p, lib in self._cuda.items() if p in pids}
+        other = self._other & pids
+        check = pids - cuda.keys() - other
+        check |= (set(hints) & pids) - cuda.keys()
+        if self._calls % self.recheck_every == 0:
+            check |= other
+        self._calls += 1
+        for pid in check:
+            try:
+                lib = _libcuda_in(pid)
+            except (OSError, GputraceError):
+                lib = None
+            if lib is None:
+                other.add(pid)
+            else:
+                cuda[pid] = lib
+                other.discard(pid)
+        self._cuda, self._other = cuda, other
+        return dict(cuda)
+
+    def forget(self, pid: int) -> None:
+        """`pid` exited: if the number comes back, it is another process, to be read afresh."""
+        self._cuda.pop(pid, None)
+        self._other.discard(pid)
 
 
 def _libcuda_in(pid: int) -> LibcudaFile | None:

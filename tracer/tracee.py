@@ -137,9 +137,10 @@ class Tracee:
         if cpu is not None:
             self.target_cpu_s += cpu
         self.elapsed_s += span
-        deltas = {f: now[f] - self._prev.get(f, ZERO) for f in now}
-        self._prev = dict(now)
-        deltas = {f: d for f, d in deltas.items() if (d.calls or d.timed or d.closed or d.outside) and f in self.ids}
+        prev, self._prev = self._prev, dict(now)
+        # Most rows of a process do not change between two reads (functions called at start-up only).
+        deltas = {f: st - prev.get(f, ZERO) for f, st in now.items() if f in self.ids and st != prev.get(f)}
+        deltas = {f: d for f, d in deltas.items() if d.calls or d.timed or d.closed or d.outside}
         if self.marker is not None and window > 0:
             d = deltas.get(self.marker, ZERO)
             self._marker_in[0] += d.calls

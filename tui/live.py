@@ -1,7 +1,8 @@
 """The live source: every process on the host that maps a libcuda, traced, one frame per refresh.
 
-Discovery rescans /proc each refresh (tracer.targets.cuda_processes, which reaches into containers
-through /proc/PID/root), so processes started later appear. Tracing is host-wide: one compiled
+Discovery lists /proc each refresh (tracer.targets.CudaScanner, which reaches into containers
+through /proc/PID/root): new processes are read at once, so processes started later appear, and so
+are those the links already counted calls of. Tracing is host-wide: one compiled
 program and one HostSession (tracer/host.py) per distinct libcuda file, stepped in a thread of its
 own, whose links cover every process mapping that file; windows are aligned across those processes
 and sized so that each stays within the same budget as `gputrace attach`. The probe-cost
@@ -23,7 +24,7 @@ from gputrace.tracer.calibrate import Calibration
 from gputrace.tracer.host import HostSession
 from gputrace.tracer.model import ProcessSnapshot
 from gputrace.tracer.session import Options, open_program
-from gputrace.tracer.targets import LibcudaFile, cuda_processes
+from gputrace.tracer.targets import CudaScanner, LibcudaFile
 
 from .actions import Checkpointer
 from .gpus import read_gpus
@@ -97,6 +98,10 @@ class _FileTracer:
         with self._lock:
             return self.latest.get(pid), tuple(self.history.get(pid, ()))
 
+    def strays(self) -> set[int]:
+        s = self.session
+        return set(s.strays) if s is not None else set()
+
     def stop(self) -> None:
         self._stopped.set()
         with self._lock:
@@ -109,10 +114,11 @@ class LiveSource:
 
     def __init__(self, options: Options = Options(), refresh_s: float = 1.0, *, cumulative: bool = False,
                  checkpointer: Checkpointer | None = None, history: int = 30,
-                 discover: Callable[[], dict[int, LibcudaFile]] = cuda_processes,
+                 discover: Callable[[set[int]], dict[int, LibcudaFile]] | None = None,
                  warn: Callable[[str], None] = lambda msg: None) -> None:
         self.options, self.refresh_s, self.cumulative = options, refresh_s, cumulative
-        self.checkpointer, self.history, self.discover, self.warn = checkpointer, history, discover, warn
+        self.checkpointer, self.history, self.warn = checkpointer, history, warn
+        self.discover = discover or CudaScanner()
         self._stop = threading.Event()
         self._files: dict[tuple[int, int], _FileTracer] = {}
         self._pids: dict[int, tuple[_FileTracer, LibcudaFile]] = {}
@@ -139,7 +145,10 @@ class LiveSource:
     def _discover(self) -> None:
         from gputrace.shim.client import has_shim
 
-        found = self.discover()
+        hints = set()
+        for ft in self._files.values():
+            hints |= ft.strays()
+        found = self.discover(hints)
         found.pop(os.getpid(), None)
         for pid, lib in found.items():
             if pid in self._pids or pid in self._notes:
@@ -160,6 +169,9 @@ class LiveSource:
                     self._notes[pid] = ft.error
                 del self._pids[pid]
                 self._shimmed.pop(pid, None)
+                forget = getattr(self.discover, "forget", None)
+                if forget is not None and pid in ft.gone:
+                    forget(pid)
         for pid in list(self._notes):
             if pid not in found:
                 del self._notes[pid]
