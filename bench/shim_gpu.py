@@ -42,7 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TORCH_STEP = ROOT / "simcuda" / "workloads" / "torch_step.py"
-SHIM_SOURCES = ["shim.c", "hooks.c", "registry.c", "control.c"]
+SHIM_SOURCES = ["shim.c", "hooks.c", "registry.c", "control.c", "dump.c", "vmm.c"]
 
 NOOP_PTX = textwrap.dedent("""\
     .version 7.0
@@ -74,9 +74,33 @@ DETERMINISTIC = textwrap.dedent("""\
         losses.append(loss.item().hex())
     hold = [torch.empty(int(n), dtype=torch.uint8, device=dev) for n in (64 << 20, 200 << 20)]  # more state
     torch.cuda.synchronize()
-    print(json.dumps({"pid": os.getpid(), "losses": losses, "reserved": torch.cuda.memory_reserved(),
-                      "allocated": torch.cuda.memory_allocated()}), flush=True)
-    sys.stdin.readline()
+    def state():
+        return {"pid": os.getpid(), "reserved": torch.cuda.memory_reserved(), "allocated": torch.cuda.memory_allocated()}
+    print(json.dumps({**state(), "losses": losses}), flush=True)
+    import ctypes
+    cu = ctypes.CDLL("libcuda.so.1")
+    for line in sys.stdin:
+        cmd, *arg = line.split()
+        if cmd == "grow":  # one more allocation the caching allocator must get from the driver
+            hold.append(torch.empty(int(arg[0]), dtype=torch.uint8, device=dev))
+            torch.cuda.synchronize()
+            print(json.dumps(state()), flush=True)
+        elif cmd == "free":  # everything back to the driver that torch can give back
+            hold.clear()
+            model = opt = None
+            import gc
+            gc.collect()
+            torch.cuda.empty_cache()
+            print(json.dumps(state()), flush=True)
+        elif cmd == "ranges":  # the driver's own view of each allocation the shim lists
+            out = []
+            for base in json.loads(open(arg[0]).read()):
+                b, n = ctypes.c_uint64(), ctypes.c_size_t()
+                rc = cu.cuMemGetAddressRange_v2(ctypes.byref(b), ctypes.byref(n), ctypes.c_uint64(base))
+                out.append([rc, b.value, n.value])
+            print(json.dumps(out), flush=True)
+        else:
+            break
 """)
 
 
@@ -148,6 +172,11 @@ class Loop:
 
 def loop(lib: Path, sock_dir: Path, rounds: int, seconds: float, added_ns: float) -> dict:
     plain, shimmed = Loop(dict(os.environ)), Loop(shim_env(lib, sock_dir))
+    # Only one of the two runs at a time, so both get the same CPUs: no core of its own to flatter either.
+    cpus = sorted(os.sched_getaffinity(0))[2:6] or sorted(os.sched_getaffinity(0))
+    for w in (plain, shimmed):
+        subprocess.run(["taskset", "-a", "-p", "-c", ",".join(map(str, cpus)), str(w.proc.pid)],
+                       check=False, capture_output=True)
     try:
         before = shim_request(sock_dir, shimmed.proc.pid, "status")["calls"]
         rows, shim_time = [], 0.0
@@ -172,6 +201,9 @@ def loop(lib: Path, sock_dir: Path, rounds: int, seconds: float, added_ns: float
         "plain_steps_per_s_median": statistics.median(r["plain"] for r in rows),
         "shim_steps_per_s_median": statistics.median(r["shim"] for r in rows),
         "slowdown_median": statistics.median(slow), "slowdown_min": min(slow), "slowdown_max": max(slow),
+        "slowdown_pooled": 1 - sum(r["shim"] for r in rows) / sum(r["plain"] for r in rows),
+        "slowdown_p25": statistics.quantiles(slow, n=4)[0], "slowdown_p75": statistics.quantiles(slow, n=4)[2],
+        "cpus": cpus,
         "intercepted_calls_per_s": gated_per_s, "intercepted_calls": calls,
         "predicted_slowdown_max": gated_per_s * added_ns * 1e-9,
         "note": "" if calls else "the shim counted no calls: PyTorch did not reach the driver through it",
@@ -190,7 +222,14 @@ def nvml_used_bytes(pid: int) -> int | None:
     return None
 
 
-def losses_and_memory(lib: Path, sock_dir: Path, steps: int) -> dict:
+def losses_and_memory(lib: Path, sock_dir: Path, steps: int, workdir: Path) -> dict:
+    """Losses plain and shimmed; then, in the shimmed process, the shim's device bytes beside the driver's.
+
+    The driver reports per process only the total (NVML), which adds the context's own memory and the
+    modules' code to the allocations; so the comparison is (a) each allocation the shim lists is one
+    the driver knows at exactly that base and size (cuMemGetAddressRange in the process), and (b) every
+    change of the driver's total equals the change of the shim's: one more allocation (grow), then
+    everything freed that torch can free (free).  NVML counts in MiB; allocations are 2 MiB multiples."""
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")
     runs = {}
     for name, e in (("plain", env), ("shim", {**shim_env(lib, sock_dir), "CUBLAS_WORKSPACE_CONFIG": ":4096:8"})):
@@ -199,24 +238,53 @@ def losses_and_memory(lib: Path, sock_dir: Path, steps: int) -> dict:
         doc = json.loads(p.stdout.readline())
         doc["nvml_used_bytes"] = nvml_used_bytes(p.pid)
         if name == "shim":
-            st = shim_request(sock_dir, p.pid, "status")
-            doc["shim_totals"] = st["totals"]
-            doc["shim_allocations"] = len(st["allocations"])
-            doc["shim_kinds"] = sorted({a["kind"] for a in st["allocations"]})
-        p.stdin.write("\n")
+            def point(label: str, reply: dict) -> dict:
+                st = shim_request(sock_dir, p.pid, "status")
+                dev = [a for a in st["allocations"] if a["kind"] != "host"]
+                return {"at": label, "nvml": nvml_used_bytes(p.pid), "shim_device_bytes": st["totals"]["device_bytes"],
+                        "torch_reserved": reply["reserved"], "allocations": dev, "totals": st["totals"],
+                        "kinds": sorted({a["kind"] for a in st["allocations"]})}
+
+            def ask(line: str) -> dict:
+                p.stdin.write(line + "\n")
+                p.stdin.flush()
+                return json.loads(p.stdout.readline())
+
+            pts = [point("trained", doc)]
+            bases = workdir / "bases.json"
+            bases.write_text(json.dumps([a["base"] for a in pts[0]["allocations"]]))
+            ranges = ask(f"ranges {bases}")
+            pts[0]["driver_ranges_match"] = all(rc == 0 and b == a["base"] and n == a["size"]
+                                                for (rc, b, n), a in zip(ranges, pts[0]["allocations"]))
+            pts.append(point("grow 1 GiB", ask(f"grow {1 << 30}")))
+            pts.append(point("freed", ask("free")))
+            for q in pts:
+                q.pop("allocations")
+            doc["points"] = pts
+            doc["shim_totals"] = pts[0]["totals"]
+        p.stdin.write("quit\n")
         p.stdin.close()
         p.wait()
         runs[name] = doc
     s = runs["shim"]
+    pts = s["points"]
+    deltas = []
+    for x, y in zip(pts, pts[1:]):
+        dn = None if x["nvml"] is None or y["nvml"] is None else y["nvml"] - x["nvml"]
+        deltas.append({"from": x["at"], "to": y["at"], "driver_delta": dn,
+                       "shim_delta": y["shim_device_bytes"] - x["shim_device_bytes"]})
     return {
         "steps": steps,
         "losses_identical": runs["plain"]["losses"] == s["losses"],
         "first_loss": float.fromhex(s["losses"][0]), "last_loss": float.fromhex(s["losses"][-1]),
-        "shim_device_bytes": s["shim_totals"]["device_bytes"], "torch_reserved_bytes": s["reserved"],
+        "shim_device_bytes": pts[0]["shim_device_bytes"], "torch_reserved_bytes": s["reserved"],
         "torch_allocated_bytes": s["allocated"], "nvml_used_bytes": s["nvml_used_bytes"],
         "nvml_used_bytes_plain": runs["plain"]["nvml_used_bytes"],
-        "shim_equals_torch_reserved": s["shim_totals"]["device_bytes"] == s["reserved"],
-        "shim_allocations": s["shim_allocations"], "shim_kinds": s["shim_kinds"], "shim_totals": s["shim_totals"],
+        "points": pts, "deltas": deltas,
+        "driver_ranges_match": pts[0]["driver_ranges_match"],
+        "deltas_equal": all(d["driver_delta"] == d["shim_delta"] for d in deltas),
+        "residual_bytes": [None if q["nvml"] is None else q["nvml"] - q["shim_device_bytes"] for q in pts],
+        "shim_kinds": pts[0]["kinds"], "shim_totals": s["shim_totals"],
     }
 
 
@@ -236,13 +304,13 @@ def main() -> int:
         lib, exe = build(workdir)
         print("shim_gpu: per-call cost ...", file=sys.stderr)
         micro = per_call(exe, lib, sock_dir, workdir, a.rounds)
-        added = micro["cases"]["launch_invalid"]["added_ns_median"]
+        added = max(0.0, micro["cases"]["launch"]["added_ns_median"])
         registry = json.loads(subprocess.run([str(workdir / "shim_registry_bench"), "200000", "1", "2", "4", "8", "16"],
                                              check=True, capture_output=True, text=True).stdout)
         print("shim_gpu: PyTorch loop, paired ...", file=sys.stderr)
         lp = loop(lib, sock_dir, a.loop_rounds, a.seconds, added)
         print("shim_gpu: losses and memory ...", file=sys.stderr)
-        mem = losses_and_memory(lib, sock_dir, a.steps)
+        mem = losses_and_memory(lib, sock_dir, a.steps, workdir)
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "?"
     doc = {
@@ -285,18 +353,25 @@ def summary(d: dict) -> str:
         "",
         f"plain {lp['plain_steps_per_s_median']:.0f} steps/s, shim {lp['shim_steps_per_s_median']:.0f} steps/s; "
         f"slowdown median {lp['slowdown_median']:+.2%} (min {lp['slowdown_min']:+.2%}, max {lp['slowdown_max']:+.2%}) "
-        f"over {len(lp['rounds'])} rounds of {lp['seconds_per_phase']} s.",
+        f"over {len(lp['rounds'])} rounds of {lp['seconds_per_phase']} s (interquartile {lp['slowdown_p25']:+.2%}.."
+        f"{lp['slowdown_p75']:+.2%}; pooled over all rounds {lp['slowdown_pooled']:+.2%}); both processes on CPUs "
+        f"{lp['cpus']}, one running at a time.",
         f"Predicted at most {lp['predicted_slowdown_max']:.3%}: {lp['intercepted_calls_per_s']:.0f} intercepted calls/s "
-        f"x {c['launch_invalid']['added_ns_median']:.1f} ns. {lp['note']}",
+        f"x {max(0.0, c['launch']['added_ns_median']):.1f} ns (the valid launch's added cost). {lp['note']}",
         "",
         "## Losses and device memory",
         "",
         f"Losses over {m['steps']} steps identical with and without the shim: **{m['losses_identical']}** "
         f"(first {m['first_loss']:.6f}, last {m['last_loss']:.6f}).",
-        f"Device memory: shim {mib(m['shim_device_bytes'])} in {m['shim_allocations']} allocation(s) "
-        f"({', '.join(m['shim_kinds'])}); torch reserved {mib(m['torch_reserved_bytes'])} "
-        f"(equal: {m['shim_equals_torch_reserved']}); NVML for the process {mib(m['nvml_used_bytes'])} "
-        f"(plain run {mib(m['nvml_used_bytes_plain'])}; NVML adds the context's own memory).",
+        f"Device memory: the shim lists {mib(m['shim_device_bytes'])} (torch reserved {mib(m['torch_reserved_bytes'])}; "
+        f"the shim also sees allocations outside torch's caching allocator); each listed allocation is the driver's "
+        f"own at that base and size (cuMemGetAddressRange): **{m['driver_ranges_match']}**.",
+        "Changes of the process's GPU memory as the driver reports it (NVML) against the shim's figure: "
+        + "; ".join(f"{x['from']} -> {x['to']}: driver {mib(x['driver_delta'])}, shim {mib(x['shim_delta'])}"
+                    for x in m["deltas"]) + f"; all equal: **{m['deltas_equal']}**.",
+        "NVML minus the shim at each point (the context's own memory and module code, which no allocation call "
+        "makes): " + ", ".join(mib(r) for r in m["residual_bytes"]) + f"; a plain run's NVML total: "
+        f"{mib(m['nvml_used_bytes_plain'])}, the shimmed one's {mib(m['nvml_used_bytes'])}.",
         f"Also recorded: {m['shim_totals']['contexts']} context(s), {m['shim_totals']['modules']} module(s)/"
         f"librar(ies) ({mib(m['shim_totals']['module_image_bytes'])} of images), {m['shim_totals']['streams']} "
         f"stream(s), {m['shim_totals']['events']} event(s), pinned host {mib(m['shim_totals']['host_bytes'])}.",

@@ -358,6 +358,10 @@ static void job_run(struct job *j, struct lane *L, int nl)
 static int g_suspended;
 static int g_susp_fd = -1;
 static uint64_t g_susp_ns;
+/* A direct suspension keeps its image mapped and pinned until unsuspend, so that bringing the data
+ * back is the bus's time alone (pinning 16 GiB takes seconds; the job waits through all of resume). */
+static char *g_susp_map;
+static uint64_t g_susp_len;
 
 int dump_suspended(void) { return g_suspended; }
 
@@ -661,6 +665,7 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
     struct lane L[MAX_LANES];
     int nl = 0, own_fd = 0, paused = 0;
     char *map = NULL;
+    int direct_used = 0;
     uint64_t map_len = 0;
     struct timing t = {0};
     struct piece *pieces = NULL;
@@ -743,8 +748,13 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
             goto reply;
         }
     }
-    if (nl && o.direct) /* a suspension too: its image is the memfd the shim keeps until unsuspend */
+    if (mode == M_UNSUSPEND && g_susp_map) {
+        map = g_susp_map; /* pinned since the suspend */
+        map_len = g_susp_len;
+    } else if (nl && o.direct) { /* a suspension too: its image is the memfd the shim keeps until unsuspend */
         map = direct_map(fd, map_len, c.ctxs[0]);
+    }
+    direct_used = map != NULL;
     if (nl && !map && lanes_alloc(L, nl, o.chunk, c.ctxs[0]) != 0) {
         lanes_free(L, nl);
         nl = 0;
@@ -882,7 +892,7 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
         if (w.err) { /* put everything back as it was: new memory, the data from the image */
             uint64_t at = 0;
             remap_all(&at);
-            struct job k = {.restore = 1, .fd = fd, .p = pieces, .np = np, .chunk = o.chunk};
+            struct job k = {.restore = 1, .fd = fd, .map = map, .p = pieces, .np = np, .chunk = o.chunk};
             pthread_mutex_init(&k.err_mu, NULL);
             job_run(&k, L, nl < (int)np ? nl : (int)np);
             pthread_mutex_destroy(&k.err_mu);
@@ -894,6 +904,9 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
         g_suspended = 1;
         g_susp_fd = fd;
         g_susp_ns = now_ns();
+        g_susp_map = map;
+        g_susp_len = map_len;
+        map = NULL; /* stays mapped and pinned until unsuspend */
         own_fd = 0;
         paused = 0; /* the gate stays closed until unsuspend */
     }
@@ -902,6 +915,7 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
         close(g_susp_fd);
         g_susp_fd = -1;
         g_suspended = 0;
+        g_susp_map = NULL; /* `map`: unpinned and unmapped below, after the gate reopened */
         paused = 1; /* reopened just below */
     }
     if (paused) {
@@ -914,7 +928,7 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
         bytes += c.v[i].size;
     sb_printf(&b, "{\"ok\": true, \"direct\": %s, \"allocations\": %d, \"bytes\": %llu, \"image_bytes\": %llu, \"skipped\": %d, "
                   "\"lanes\": %d, \"chunk\": %zu, \"pieces\": %zu",
-              map ? "true" : "false", c.n, (unsigned long long)bytes,
+              direct_used ? "true" : "false", c.n, (unsigned long long)bytes,
               (unsigned long long)(h.data_offset + h.data_bytes), c.skipped, nl,
               o.chunk, np);
     timing_json(&b, &t);
@@ -933,6 +947,8 @@ reply:
         struct vmm_walk w = {.remap = 0};
         reg_scan(R_MEM, vmm_walk, &w);
     }
+    if (map && map == g_susp_map) /* a failed unsuspend: the image stays pinned for the next try */
+        map = NULL;
     if (map) /* after the gate reopened: unpinning and unmapping are no part of the freeze */
         direct_unmap(map, map_len, c.nctx ? c.ctxs[0] : 0);
     if (paused)
