@@ -105,6 +105,9 @@ def _dump_hint(errs: list[str]) -> str:
     if "External socket" in text or "unix" in text and "external" in text.lower():
         return ("the job holds a socket to a process outside it (a GPU device connection the driver did not "
                 "release, or a server): CRIU cannot carry it")
+    if "Unsupported mapping" in text and "7fffffffe000" in text:
+        return ("a uprobe hit this process (gputrace attach, doctor, or another eBPF tracer): the kernel's [uprobes] "
+                "page cannot be dumped; checkpoint a job no tracer has probed (restart it after tracing)")
     if "tty" in text.lower() or "shell-job" in text.lower():
         return "start the job with setsid and its stdin, stdout and stderr on files (not a terminal or a pipe)"
     if "pipe" in text.lower():

@@ -30,6 +30,7 @@ timings {shim_ns, lock_ns, checkpoint_ns, dump_ns, freeze_ns, write_ns, total_ns
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -114,10 +115,11 @@ def _shim_suspendable(pid: int) -> bool:
 
     if not client.has_shim(pid):
         return False
-    try:
-        return bool(client.status(pid).get("vmm"))
-    except Exception:  # a shim that does not answer: the driver alone still works
+    try:  # set by `gputrace run --checkpointable --suspendable` (shim/vmm.c)
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
         return False
+    return b"GPUTRACE_SHIM_VMM=1" in env and client.socket_path(pid) is not None
 
 
 def _hash_file(path: Path) -> str:
@@ -170,8 +172,15 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         if shim:
             from .suspend import suspend
 
-            r = suspend(pid, timeout_ms=timeout_ms)
-            shim_report, shim_ns, suspended = r.to_dict(), r.total_ns, True
+            try:
+                r = suspend(pid, timeout_ms=timeout_ms)
+                shim_report, shim_ns, suspended = r.to_dict(), r.total_ns, True
+            except CheckpointError as exc:
+                if "cannot be suspended" not in exc.msg:
+                    raise
+                # e.g. the program maps VMM memory of its own, which the shim does not release: the
+                # driver moves everything instead, as for a job without the shim.
+                shim_report = {"skipped": exc.msg}
         lock_ns = d.call("Lock", timeout_ms)
         ck_ns = d.call("Checkpoint")
         if progress:
@@ -234,6 +243,13 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     return FullCheckpointReport(pid, str(out), sum(f["bytes"] for f in files), len(files), shim_report, shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
                                 leave_running, f"{c.path} {c.version_str}")
+
+
+def _subreaper(on: bool) -> None:
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
 def _is_stopped(pid: int) -> bool:
@@ -299,6 +315,7 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
     verify_ns = time.monotonic_ns() - tv
     c = criu_mod.find()
     pid = int(m["target"]["pid"])
+    pairs = _resolve_pairs(m["gpu"]["libcuda"], gpu_map) if gpu_map else None  # bad GPUs: refused before CRIU runs
     if Path(f"/proc/{pid}").exists():
         raise CheckpointError(f"cannot restore process {pid}: pid {pid} is in use on this host "
                               f"({_comm(pid) if Path(f'/proc/{pid}').exists() else 'gone now'})",
@@ -308,19 +325,34 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(mode=0o700)
     t0 = time.monotonic_ns()
-    criu_ns = criu_mod.restore(c, path / IMAGES, work, pid)
-    d = driver._Driver(pid)
-    st = d.state()
-    if st != "checkpointed":
-        raise CheckpointError(f"the restored process {pid} is {st} in the driver, not checkpointed",
-                              "the image was not taken by `gputrace checkpoint --full`")
-    rs_ns = _restore_gpu(d, gpu_map) if gpu_map else d.call("Restore")
-    un_ns = d.call("Unlock")
-    shim_ns = 0
-    if m["gpu"].get("shim"):
-        from .suspend import resume
+    # As a subreaper, this process inherits the restored job when criu exits, so that it can end and
+    # reap it if the GPU side fails (the pid is then free at once for another try).
+    _subreaper(True)
+    try:
+        criu_ns = criu_mod.restore(c, path / IMAGES, work, pid)
+    finally:
+        _subreaper(False)
+    try:
+        d = driver._Driver(pid)
+        st = d.state()
+        if st != "checkpointed":
+            raise CheckpointError(f"the restored process {pid} is {st} in the driver, not checkpointed",
+                                  "the image was not taken by `gputrace checkpoint --full`")
+        rs_ns = _restore_gpu(d, pairs) if pairs else d.call("Restore")
+        un_ns = d.call("Unlock")
+        shim_ns = 0
+        if (m["gpu"].get("shim") or {}).get("allocations") is not None:
+            from .suspend import resume
 
-        shim_ns = resume(pid).total_ns
+            shim_ns = resume(pid).total_ns
+    except CheckpointError as exc:
+        # A process back from CRIU without its GPU state is of no use: end it, so that the checkpoint
+        # (untouched) can be restored again once the cause is fixed.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        raise CheckpointError(f"{exc.msg}; the restored process was ended", exc.hint) from None
     total = time.monotonic_ns() - t0
     shutil.rmtree(work, ignore_errors=True)
     return FullRestoreReport(pid, str(path), verify_ns, criu_ns, rs_ns, un_ns, shim_ns, total)
@@ -348,14 +380,25 @@ def uuid_bytes(lib, spec: str) -> bytes:
     return raw
 
 
-def _restore_gpu(d: "driver._Driver", pairs: list[tuple[str, str]]) -> int:
+def _resolve_pairs(libcuda: str, pairs: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    """--gpu-map's OLD=NEW as UUID bytes; indices are looked up with this host's driver (the same library
+    file the job used, when it is here)."""
+    try:
+        lib = driver._lib(libcuda if Path(libcuda).exists() else "libcuda.so.1")
+    except OSError:
+        raise CheckpointError("no CUDA driver on this host to look the GPUs of --gpu-map up",
+                              "restore on a host with the NVIDIA driver, or give the GPUs by UUID") from None
+    return [(uuid_bytes(lib, old), uuid_bytes(lib, new)) for old, new in pairs]
+
+
+def _restore_gpu(d: "driver._Driver", pairs: list[tuple[bytes, bytes]]) -> int:
     """cuCheckpointProcessRestore with GPU pairs (CUcheckpointRestoreArgs.gpuPairs, CUDA 12.9+)."""
     import ctypes
 
     arr = (ctypes.c_uint8 * (32 * len(pairs)))()
     for i, (old, new) in enumerate(pairs):
-        arr[32 * i:32 * i + 16] = list(uuid_bytes(d.lib, old))
-        arr[32 * i + 16:32 * i + 32] = list(uuid_bytes(d.lib, new))
+        arr[32 * i:32 * i + 16] = list(old)
+        arr[32 * i + 16:32 * i + 32] = list(new)
     args = (ctypes.c_uint8 * 64)()
     ctypes.c_void_p.from_buffer(args).value = ctypes.addressof(arr)
     ctypes.c_uint32.from_buffer(args, 8).value = len(pairs)

@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gputrace import simcuda
+from gputrace import shim, simcuda
 from gputrace.checkpointer import criu as criu_mod
 from gputrace.checkpointer import driver
 from gputrace.simcuda.device import Device
@@ -102,11 +102,15 @@ def reference(tmp_path_factory):
 class Job:
     """train, started the way CRIU needs: its own session, stdio on files."""
 
-    def __init__(self, root: Path, device: Device, kernel_ns: int = 20_000_000, pass_fds=()) -> None:
+    def __init__(self, root: Path, device: Device, kernel_ns: int = 20_000_000, pass_fds=(), shimmed: bool = False,
+                 vmm: bool = True) -> None:
         self.out = root / "job.out"
+        env = device.env(simcuda.env())
+        if shimmed:  # as `gputrace run --checkpointable --suspendable` starts it
+            env = {**shim.preload_env(env), "GPUTRACE_SHIM_VMM": "1"}
+        argv = simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", str(kernel_ns), "--vmm", str(int(vmm))]
         with open(self.out, "w") as f:
-            self.p = subprocess.Popen(simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", str(kernel_ns)],
-                                      env=device.env(simcuda.env()), stdin=subprocess.DEVNULL, stdout=f,
+            self.p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f,
                                       stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds)
         self.pid = self.p.pid
         self.restored = False
@@ -281,3 +285,61 @@ def test_no_criu_or_one_too_old_is_a_clear_error_and_the_job_is_untouched(job, d
         assert "no CRIU >= 4.0" in r.stderr and says in r.stderr and "hint:" in r.stderr
         assert "Traceback" not in r.stderr
         assert state(j.pid) == "running" and not (tmp_path / "ck").exists()
+
+
+@pytest.fixture
+def shim_dir(tmp_path, monkeypatch):
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("GPUTRACE_SHIM_DIR", str(d))
+    return d
+
+
+def test_a_shimmed_job_moves_its_device_memory_by_the_shim_first(job, device, tmp_path, reference, shim_dir):
+    j = job(shimmed=True, vmm=False)
+    j.at_step(4)
+    ck = tmp_path / "ck"
+    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = orjson.loads(r.stdout)
+    assert rep["shim"]["allocations"] == 2 and rep["shim"]["bytes"] == (4 << 20) + (2 << 20)
+    assert j.reap() == -signal.SIGKILL
+    r = gputrace("restore", "--full", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    assert orjson.loads(r.stdout)["shim_ns"] > 0  # the shim brought its allocations back
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference
+
+
+def test_a_shimmed_job_the_shim_cannot_suspend_goes_through_the_driver(job, device, tmp_path, reference, shim_dir):
+    j = job(shimmed=True, vmm=True)  # the program's own VMM mapping: the shim's suspend refuses it
+    j.at_step(2)
+    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert "cannot be suspended" in orjson.loads(r.stdout)["shim"]["skipped"]
+    j.reap()
+    assert gputrace("restore", "--full", str(tmp_path / "ck")).returncode == 0
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference
+
+
+def test_migrate_and_gpu_map(job, device, tmp_path, reference):
+    j = job()
+    j.at_step(2)
+    r = gputrace("migrate", "-p", str(j.pid), "--to", str(tmp_path / "ck"))
+    assert r.returncode == 0, r.stderr
+    assert f"gputrace restore --full {tmp_path / 'ck'}" in r.stdout
+    j.reap()
+    r = gputrace("restore", "--full", str(tmp_path / "ck"), "--gpu-map", "0=7")
+    assert r.returncode == 10 and "there is no GPU 7" in r.stderr and "Traceback" not in r.stderr
+    assert not Path(f"/proc/{j.pid}").exists()  # refused before CRIU ran
+    # A GPU the driver refuses once the process is back: it is ended, and the checkpoint can be tried again.
+    r = gputrace("restore", "--full", str(tmp_path / "ck"), "--gpu-map", "0=GPU-00000000-0000-0000-0000-000000000000")
+    assert r.returncode == 10 and "the restored process was ended" in r.stderr and "Traceback" not in r.stderr
+    assert not Path(f"/proc/{j.pid}").exists()
+    r = gputrace("restore", "--full", str(tmp_path / "ck"), "--gpu-map", "0")
+    assert r.returncode == 2 and "expected OLD=NEW" in r.stderr
+    r = gputrace("restore", "--full", str(tmp_path / "ck"), "--gpu-map", "0=0")
+    assert r.returncode == 0, r.stderr
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference

@@ -2,10 +2,10 @@
  * whole-process checkpoint tests (checkpoint at some step, kill, restore: do the remaining steps print
  * what an uninterrupted run prints?).
  *
- *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS]
+ *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1]
  *
  * Holds a cuMemAlloc_v2 buffer of --size bytes (default 4 MiB) and a VMM mapping of one allocation
- * granule, both filled from a fixed pattern; host state is a 64-bit chain value and a malloc'ed history
+ * granule (unless --vmm 0), both filled from a fixed pattern; host state is a 64-bit chain value and a malloc'ed history
  * of every step's checksum.  Each step: inc_u32 kernels over both buffers (each --kernel-ns long, default
  * 10 ms, so a checkpoint catches the job mid-run), then both copied back and checksummed (FNV-1a), the
  * chain advanced, and one line printed and flushed:
@@ -42,6 +42,7 @@ int main(int argc, char **argv)
     size_t size = 4 << 20;
     long steps = 100;
     long long kernel_ns = 10000000;
+    int vmm = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--size"))
             size = strtoull(argv[i + 1], NULL, 0);
@@ -49,8 +50,10 @@ int main(int argc, char **argv)
             steps = strtol(argv[i + 1], NULL, 0);
         else if (!strcmp(argv[i], "--kernel-ns"))
             kernel_ns = strtoll(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--vmm"))
+            vmm = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS]\n");
+            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1]\n");
             return 2;
         }
     }
@@ -78,15 +81,19 @@ int main(int argc, char **argv)
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev;
-    size_t gran;
-    CUmemGenericAllocationHandle h;
+    size_t gran = 2 << 20;
+    CUmemGenericAllocationHandle h = 0;
     CUdeviceptr v;
-    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    CK(cuMemCreate(&h, gran, &prop, 0));
-    CK(cuMemAddressReserve(&v, gran, 0, 0, 0));
-    CK(cuMemMap(v, gran, 0, h, 0));
-    CUmemAccessDesc acc = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    CK(cuMemSetAccess(v, gran, &acc, 1));
+    if (vmm) {
+        CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        CK(cuMemCreate(&h, gran, &prop, 0));
+        CK(cuMemAddressReserve(&v, gran, 0, 0, 0));
+        CK(cuMemMap(v, gran, 0, h, 0));
+        CUmemAccessDesc acc = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CK(cuMemSetAccess(v, gran, &acc, 1));
+    } else {
+        CK(cuMemAlloc_v2(&v, gran)); /* the same bytes in plain device memory: what the shim can suspend */
+    }
 
     size_t big = size > gran ? size : gran;
     uint32_t *host = malloc(big);
@@ -118,9 +125,13 @@ int main(int argc, char **argv)
     }
     printf("done %016llx\n", (unsigned long long)fnv(hist, ((size_t)steps + 1) * 8, 0xcbf29ce484222325ull));
     fflush(stdout);
-    CK(cuMemUnmap(v, gran));
-    CK(cuMemAddressFree(v, gran));
-    CK(cuMemRelease(h));
+    if (vmm) {
+        CK(cuMemUnmap(v, gran));
+        CK(cuMemAddressFree(v, gran));
+        CK(cuMemRelease(h));
+    } else {
+        CK(cuMemFree_v2(v));
+    }
     CK(cuMemFree_v2(a));
     CK(cuStreamDestroy_v2(s));
     CK(cuDevicePrimaryCtxRelease_v2(dev));
