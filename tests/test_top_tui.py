@@ -71,9 +71,10 @@ async def test_sorting_keys_and_header_click(recording):
         assert table.selected_pid() == 2222  # moved by the user, it follows its process
         await pilot.press("<")  # overhead -> wait (the column before it)
         assert main.sort == "wait" and pids(main)[0] == 2222
-        table.post_message(table.HeaderSelected(table, table.columns["pid"].key, 0, table.columns["pid"].label))
-        await pilot.pause()
+        await pilot.click(ProcessTable, offset=(2, 0))  # the PID title
         assert main.sort == "pid" and pids(main) == [1111, 2222, 3333, 4242]
+        await pilot.click(ProcessTable, offset=(2, 0))  # again: reversed
+        assert main.sort == "pid" and main.reverse and pids(main) == [4242, 3333, 2222, 1111]
 
 
 async def test_filter_by_command_pid_or_shim(recording):
@@ -129,7 +130,7 @@ async def test_checkpoint_asks_shows_progress_then_the_freeze_time(recording):
         status = str(main.query_one("#status").render())
         assert "checkpoint of pid 4242 done, froze the job 12.0 ms" in status, status
         assert fake.calls == [("checkpoint", 4242, "")]
-        assert "0s ago" in str(main.query_one(ProcessTable).get_row("4242")[-1])
+        assert "0s ago" in main.query_one(ProcessTable).row_texts(4242)["ckpt"]
 
 
 async def test_restore_picks_a_checkpoint(recording):
@@ -192,3 +193,46 @@ async def test_small_terminal_keeps_the_essential_columns(recording):
         shown = main.query_one(ProcessTable).shown
         assert shown == ("pid", "comm", "overhead"), shown
         assert pids(main)[0] == 4242
+
+
+async def test_a_refresh_repaints_only_the_rows_whose_text_changed(recording):
+    import dataclasses
+
+    app = app_for(recording)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        table = main.query_one(ProcessTable)
+        built = table.strips_built
+        main.show_frame(app.frame)  # the same frame again
+        await pilot.pause()
+        assert table.strips_built == built
+        frame = app.frame
+        renamed = [dataclasses.replace(r, comm="renamed") if r.pid == 2222 else r for r in frame.processes]
+        app.frame = dataclasses.replace(frame, processes=tuple(renamed))
+        main.show_frame(app.frame)
+        await pilot.pause()
+        assert table.strips_built == built + 1
+        assert table.row_texts(2222)["comm"] == "renamed" and pids(main) == [4242, 1111, 2222, 3333]
+
+
+async def test_click_moves_the_cursor_and_a_second_click_opens_the_detail(recording):
+    app = app_for(recording)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        await pilot.click(ProcessTable, offset=(2, 2))  # the header is line 0: this is the second row
+        assert main.query_one(ProcessTable).selected_pid() == 1111 and isinstance(app.screen, MainScreen)
+        await pilot.click(ProcessTable, offset=(2, 2))
+        assert isinstance(app.screen, DetailScreen) and app.screen.pid == 1111
+
+
+async def test_the_cursor_scrolls_into_view_on_a_short_terminal(recording):
+    app = app_for(recording)
+    async with app.run_test(size=(80, 9)) as pilot:
+        main = await started(pilot)
+        table = main.query_one(ProcessTable)
+        await pilot.press("end")
+        assert table.selected_pid() == 3333
+        assert table.size.height - 1 < len(table.pids)  # fewer lines than rows: it had to scroll
+        assert table.scroll_offset.y + table.size.height - 1 > len(table.pids) - 1 >= table.scroll_offset.y > 0
+        await pilot.press("home")
+        assert table.selected_pid() == 4242 and table.scroll_offset.y == 0

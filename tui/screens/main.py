@@ -6,7 +6,7 @@ from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input
+from textual.widgets import Footer, Input
 
 from ..model import HostSnapshot, ProcessRow
 from ..text import SORTABLE, matches, sort_rows
@@ -91,16 +91,15 @@ class MainScreen(Screen):
 
             self.app.push_screen(DetailScreen(row.pid))
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_process_table_row_selected(self, event: ProcessTable.RowSelected) -> None:
         self.action_detail()
 
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        key = event.column_key.value
-        if key in SORTABLE:
-            if key == self.sort:
+    def on_process_table_header_selected(self, event: ProcessTable.HeaderSelected) -> None:
+        if event.key in SORTABLE:
+            if event.key == self.sort:
                 self.reverse = not self.reverse
             else:
-                self.sort, self.reverse = key, False
+                self.sort, self.reverse = event.key, False
             self._resort()
 
     def action_sort(self, step: int) -> None:
