@@ -53,6 +53,7 @@ SCHEMA = 1
 FORMAT = "gputrace-full-checkpoint"
 MANIFEST = "manifest.json"
 IMAGES = "criu"
+GPU_IMAGE = "gpu.img"
 HASH = "xxh3_64"
 _BLOCK = 8 << 20
 
@@ -170,11 +171,10 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     t0 = time.monotonic_ns()
     try:
         if shim:
-            from .suspend import suspend
-
             try:
-                r = suspend(pid, timeout_ms=timeout_ms)
+                r = _shim_suspend(pid, tmp / GPU_IMAGE, timeout_ms)
                 shim_report, shim_ns, suspended = r.to_dict(), r.total_ns, True
+                shim_report["image_path"] = str(tmp / GPU_IMAGE)  # where the job's image says the file is
             except CheckpointError as exc:
                 if "cannot be suspended" not in exc.msg:
                     raise
@@ -194,9 +194,10 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         freeze_ns = time.monotonic_ns() - t0
         tw = time.monotonic_ns()
         files = []
-        total = sum(p.stat().st_size for p in images.rglob("*") if p.is_file())
+        parts = sorted(p for p in tmp.rglob("*") if p.is_file())
+        total = sum(p.stat().st_size for p in parts)
         done = 0
-        for p in sorted(images.rglob("*")):
+        for p in parts:
             if p.is_file():
                 files.append({"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size, HASH: _hash_file(p)})
                 done += files[-1]["bytes"]
@@ -327,9 +328,13 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
     t0 = time.monotonic_ns()
     # As a subreaper, this process inherits the restored job when criu exits, so that it can end and
     # reap it if the GPU side fails (the pid is then free at once for another try).
+    link = _gpu_image_at_dump_path(path, m)
     _subreaper(True)
     try:
         criu_ns = criu_mod.restore(c, path / IMAGES, work, pid)
+    except BaseException:
+        _unlink_gpu_image(link)
+        raise
     finally:
         _subreaper(False)
     try:
@@ -353,6 +358,8 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
         raise CheckpointError(f"{exc.msg}; the restored process was ended", exc.hint) from None
+    finally:
+        _unlink_gpu_image(link)  # after resume the shim holds the file no more
     total = time.monotonic_ns() - t0
     shutil.rmtree(work, ignore_errors=True)
     return FullRestoreReport(pid, str(path), verify_ns, criu_ns, rs_ns, un_ns, shim_ns, total)
@@ -409,3 +416,64 @@ def _restore_gpu(d: "driver._Driver", pairs: list[tuple[bytes, bytes]]) -> int:
                               "each OLD must be a GPU the job used and each NEW a GPU of this host; the job is "
                               "still checkpointed: retry with another --gpu-map")
     return time.monotonic_ns() - t
+
+
+def _shim_suspend(pid: int, image: Path, timeout_ms: int):
+    """The shim's `suspend` into `image`, a file of the checkpoint directory (not a memfd, as `gputrace
+    suspend` uses): the job then holds its GPU data in a file that CRIU records by path instead of
+    copying it, so the CRIU dump stays small and the data reach the directory at the speed the shim
+    copies, in the freeze, with no second copy.  Restore puts the file back at that path."""
+    from gputrace.shim import client
+
+    from .ops import DEFAULT_CHUNK, DEFAULT_LANES, _copy_timeout, _Session, _shim_failure
+    from .suspend import SuspendReport
+
+    t0 = time.monotonic_ns()
+    with _Session(pid, "suspend") as s:
+        held = s.request("status")
+        if held.get("suspended"):
+            raise CheckpointError(f"process {pid} is already suspended",
+                                  f"bring it back first: gputrace resume -p {pid}")
+        fd = os.open(image, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            r = s.request(f"suspend lanes={DEFAULT_LANES} chunk={DEFAULT_CHUNK} timeout={timeout_ms} direct=1", fd=fd,
+                          timeout_s=_copy_timeout(held.get("totals", {}).get("device_bytes", 0)))
+        finally:
+            os.close(fd)  # the shim holds its own descriptor of it until resume
+    del client
+    if not r.get("ok"):
+        image.unlink(missing_ok=True)
+        if r.get("error") == "unsupported":
+            raise CheckpointError(f"process {pid} cannot be suspended: {r.get('detail', '')}",
+                                  "start it with: gputrace run --checkpointable --suspendable -- CMD")
+        raise _shim_failure(r, pid, "suspend")
+    return SuspendReport(pid, r["allocations"], r["bytes"], r["reserved_bytes"], r["drain_ns"], r["copy_ns"],
+                         r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False))
+
+
+def _gpu_image_at_dump_path(path: Path, m: dict) -> Path | None:
+    """The restored job opens its GPU data file at the path it had at dump time (inside the .partial
+    directory, since renamed): link the checkpoint's gpu.img there for the restore.  Returns the link
+    made, or None when there is none to make."""
+    at = (m["gpu"].get("shim") or {}).get("image_path")
+    if not at:
+        return None
+    at = Path(at)
+    if at.exists():
+        raise CheckpointError(f"{at} exists: another restore of this checkpoint may be running",
+                              "wait for it, or remove that path if it is left over from a crash")
+    at.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        os.link(path / GPU_IMAGE, at)
+    except OSError:  # another filesystem: a symbolic link opens the same file
+        os.symlink(path / GPU_IMAGE, at)
+    return at
+
+
+def _unlink_gpu_image(link: Path | None) -> None:
+    if link is None:
+        return
+    with contextlib.suppress(OSError):
+        link.unlink()
+    with contextlib.suppress(OSError):
+        link.parent.rmdir()

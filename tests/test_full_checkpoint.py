@@ -5,9 +5,11 @@ each failure on the way (pid taken, damaged image, no CRIU or one too old) is a 
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -82,6 +84,25 @@ def wait_exit(pid: int, timeout_s: float = 120) -> None:
 
 # --- fixtures ---------------------------------------------------------------------------------------------------
 
+_DRIVER: list[Path] = []
+
+
+def sim_env() -> dict:
+    """simcuda's environment, with the driver loaded from a private copy: uprobes that a concurrent tracer
+    puts on the shared build (by inode) must not hit these jobs, since CRIU cannot dump a process with
+    the kernel's [uprobes] page."""
+    if not _DRIVER:
+        import tempfile
+
+        d = Path(tempfile.mkdtemp(prefix="gputrace-full-driver-"))
+        atexit.register(shutil.rmtree, d, True)
+        shutil.copy2(simcuda.library_path(), d / "libcuda.so.1")
+        _DRIVER.append(d)
+    env = simcuda.env()
+    env["LD_LIBRARY_PATH"] = f"{_DRIVER[0]}:{env['LD_LIBRARY_PATH']}"
+    return env
+
+
 @pytest.fixture
 def device(tmp_path):
     with Device(tmp_path / "dev") as d:
@@ -94,7 +115,7 @@ def reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("ref")
     with Device(root / "dev") as d:
         r = subprocess.run(simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", "0"],
-                           env=d.env(simcuda.env()), capture_output=True, text=True, timeout=120)
+                           env=d.env(sim_env()), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -105,7 +126,7 @@ class Job:
     def __init__(self, root: Path, device: Device, kernel_ns: int = 20_000_000, pass_fds=(), shimmed: bool = False,
                  vmm: bool = True) -> None:
         self.out = root / "job.out"
-        env = device.env(simcuda.env())
+        env = device.env(sim_env())
         if shimmed:  # as `gputrace run --checkpointable --suspendable` starts it
             env = {**shim.preload_env(env), "GPUTRACE_SHIM_VMM": "1"}
         argv = simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", str(kernel_ns), "--vmm", str(int(vmm))]
@@ -304,6 +325,11 @@ def test_a_shimmed_job_moves_its_device_memory_by_the_shim_first(job, device, tm
     rep = orjson.loads(r.stdout)
     assert rep["shim"]["allocations"] == 2 and rep["shim"]["bytes"] == (4 << 20) + (2 << 20)
     assert j.reap() == -signal.SIGKILL
+    # The device data went into the directory's gpu.img, which CRIU only names: its images hold the
+    # job's 4 MiB host buffer and little else, not the 6 MiB of device data again.
+    assert (ck / "gpu.img").stat().st_size >= 6 << 20
+    criu_bytes = sum(p.stat().st_size for p in (ck / "criu").rglob("*") if p.is_file())
+    assert 4 << 20 < criu_bytes < 6 << 20
     r = gputrace("restore", "--full", str(ck), "--json")
     assert r.returncode == 0, r.stderr
     assert orjson.loads(r.stdout)["shim_ns"] > 0  # the shim brought its allocations back
