@@ -64,7 +64,8 @@ Progress = Callable[[str, int, int], None]
 class FullCheckpointReport:
     pid: int
     path: str
-    image_bytes: int
+    image_bytes: int  # every file: CRIU's images and the shim's gpu.img
+    criu_bytes: int  # CRIU's images alone
     files: int
     shim: dict | None  # the shim's suspend report when its fast path ran
     shim_ns: int
@@ -241,7 +242,9 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         _give_back(pid, d, True, suspended)
     else:
         os.kill(pid, signal.SIGKILL)  # its state is safe on disk: the job ends here
-    return FullCheckpointReport(pid, str(out), sum(f["bytes"] for f in files), len(files), shim_report, shim_ns,
+    criu_bytes = sum(f["bytes"] for f in files if f["path"].startswith(IMAGES + "/"))
+    return FullCheckpointReport(pid, str(out), sum(f["bytes"] for f in files), criu_bytes, len(files), shim_report,
+                                shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
                                 leave_running, f"{c.path} {c.version_str}")
 
@@ -423,8 +426,6 @@ def _shim_suspend(pid: int, image: Path, timeout_ms: int):
     suspend` uses): the job then holds its GPU data in a file that CRIU records by path instead of
     copying it, so the CRIU dump stays small and the data reach the directory at the speed the shim
     copies, in the freeze, with no second copy.  Restore puts the file back at that path."""
-    from gputrace.shim import client
-
     from .ops import DEFAULT_CHUNK, DEFAULT_LANES, _copy_timeout, _Session, _shim_failure
     from .suspend import SuspendReport
 
@@ -440,7 +441,6 @@ def _shim_suspend(pid: int, image: Path, timeout_ms: int):
                           timeout_s=_copy_timeout(held.get("totals", {}).get("device_bytes", 0)))
         finally:
             os.close(fd)  # the shim holds its own descriptor of it until resume
-    del client
     if not r.get("ok"):
         image.unlink(missing_ok=True)
         if r.get("error") == "unsupported":

@@ -1,0 +1,380 @@
+#!/usr/bin/env python3
+"""Whole-process checkpoint on the GPU: this project's path against the driver API + CRIU baseline.
+
+For each size (GiB of live tensors held by a PyTorch training job, bench/full_job.py):
+  reference  the job run uninterrupted: its losses and the held tensors' checksums
+  baseline   the job without the shim: `checkpoint_full` = driver Lock + Checkpoint (the driver copies all
+             device memory), CRIU dump; killed; `restore_full` = CRIU restore, driver Restore + Unlock
+  gputrace   the job under the shim (--checkpointable --suspendable): the shim copies device memory to host
+             memory at bus speed and releases it first, then the same driver + CRIU steps with little left
+Both are checkpointed whole while paused after N steps, killed, restored, and continued: their losses
+and checksums must equal the reference's bit for bit (the script exits 1 otherwise).  Reported per
+case: freeze (first stop to end of dump), its GPU part (shim + lock + checkpoint) beside the pinned copy
+limit (bytes / D2H GB/s measured in a separate process), CRIU dump, write, and the way back (CRIU restore
+to the job running).  Targets (issue 7): freeze >= 2x faster than the baseline; GPU part <= 1.25 x limit.
+
+On the GPU machine (see bench/gpu-env.sh; CRIU from bench/make-criu-bundle in .gpu/criu):
+    source bench/gpu-env.sh
+    python3 bench/full_checkpoint_gpu.py --out bench/results/full-h200 --sizes 4,16 --images /dev/shm/gtfull
+Here, without a GPU (simcuda's train workload in device mode, sizes in MiB):
+    .venv/bin/python bench/full_checkpoint_gpu.py --simcuda --out /tmp/full-sim --sizes 4,64
+    .venv/bin/python bench/full_checkpoint_gpu.py --dry-run --out /tmp/x     checks only, runs nothing
+Writes OUT/full-checkpoint.json and OUT/full-checkpoint.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def _imports():
+    try:
+        from gputrace import shim, simcuda  # noqa: F401
+        from gputrace.checkpointer import criu, full  # noqa: F401
+    except ImportError:
+        raise SystemExit("gputrace is not importable: source bench/gpu-env.sh (GPU machine) or use .venv/bin/python")
+
+
+# --- awaiting the job -------------------------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen | None, timeout_s: float) -> str:
+    """Waits (inotify on the job's log) until it contains `text`; fails early if the job ended."""
+    fd = _libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0 or _libc.inotify_add_watch(fd, str(path).encode(), 0x2) < 0:  # IN_MODIFY
+        raise SystemExit(f"inotify on {path} failed")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            content = path.read_text()
+            if text in content:
+                return content
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the job ended (status {proc.returncode}) before {text!r}: {content[-600:]}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"no {text!r} in {path} after {timeout_s:.0f} s: {content[-600:]}")
+            if select.select([fd], [], [], min(left, 5.0))[0]:  # 5 s cap only to notice a dead job
+                os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def wait_exit(pid: int, timeout_s: float) -> int | None:
+    """The exit status of `pid` (our child: the original job, or a restored one we are subreaper of)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    try:
+        if not select.select([fd], [], [], timeout_s)[0]:
+            raise RuntimeError(f"process {pid} still runs after {timeout_s:.0f} s")
+    finally:
+        os.close(fd)
+    try:
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except ChildProcessError:
+        return None
+
+
+# --- the two kinds of job ---------------------------------------------------------------------------------------
+
+class TorchJob:
+    unit = GIB
+    unit_name = "GiB"
+
+    def __init__(self, args) -> None:
+        self.args = args
+
+    def env(self, shimmed: bool) -> dict:
+        from gputrace import shim
+
+        env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
+        return {**shim.preload_env(env), "GPUTRACE_SHIM_VMM": "1"} if shimmed else env
+
+    def argv(self, size: int) -> list[str]:
+        return [sys.executable, str(REPO / "bench" / "full_job.py"), "--hold", str(size * self.unit),
+                "--steps-before", str(self.args.steps_before), "--steps-after", str(self.args.steps_after)]
+
+    marker = '"paused"'
+
+    def continue_(self, pid: int) -> None:
+        os.kill(pid, signal.SIGUSR1)
+
+    def outcome(self, log: str) -> dict:
+        lines = [json.loads(ln) for ln in log.splitlines() if ln.startswith("{")]
+        return {"losses": [d["loss"] for d in lines if "step" in d],
+                "checksum": next((d["checksum"] for d in lines if d.get("done")), None),
+                "done": any(d.get("done") for d in lines)}
+
+    def limit(self, size: int) -> dict:
+        r = subprocess.run([sys.executable, str(REPO / "bench" / "full_job.py"), "--limit",
+                            str(min(size, 4) * self.unit)], env=self.env(False), capture_output=True, text=True,
+                           timeout=600)
+        if r.returncode:
+            raise RuntimeError(f"the pinned copy limit could not be measured: {r.stderr[-600:]}")
+        return json.loads(r.stdout.splitlines()[-1])
+
+    def close(self) -> None:
+        pass
+
+
+class SimJob:
+    """simcuda's train workload in device mode: the harness's every step, without a GPU."""
+
+    unit = MIB
+    unit_name = "MiB"
+
+    def __init__(self, args) -> None:
+        from gputrace.simcuda.device import Device
+
+        self.args = args
+        self.steps = args.steps_before + args.steps_after
+        from gputrace import simcuda
+
+        self.device = Device(Path(args.images) / "simcuda-device").start()
+        # A private copy of the driver: a uprobe that a tracer elsewhere on this host puts on the shared
+        # build must not reach these jobs (CRIU cannot dump the kernel's [uprobes] page).
+        self.driver = Path(args.images) / "simcuda-driver"
+        self.driver.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(simcuda.library_path(), self.driver / "libcuda.so.1")
+
+    def env(self, shimmed: bool) -> dict:
+        from gputrace import shim, simcuda
+
+        env = simcuda.env()
+        env["LD_LIBRARY_PATH"] = f"{self.driver}:{env['LD_LIBRARY_PATH']}"
+        env = self.device.env(env)
+        return {**shim.preload_env(env), "GPUTRACE_SHIM_VMM": "1"} if shimmed else env
+
+    def argv(self, size: int, kernel_ns: int = 5_000_000) -> list[str]:
+        from gputrace import simcuda
+
+        return simcuda.workload("train") + ["--size", str(size * self.unit), "--steps", str(self.steps),
+                                            "--kernel-ns", str(kernel_ns), "--vmm", "0"]
+
+    @property
+    def marker(self) -> str:
+        return f"step {self.args.steps_before} "
+
+    def continue_(self, pid: int) -> None:
+        pass  # it never stopped
+
+    def outcome(self, log: str) -> dict:
+        steps = [ln for ln in log.splitlines() if ln.startswith("step ")]
+        done = [ln for ln in log.splitlines() if ln.startswith("done ")]
+        return {"losses": steps, "checksum": done[0] if done else None, "done": bool(done)}
+
+    def limit(self, size: int) -> dict:
+        return {"limit_bytes": 0, "limit_d2h_gbps": None, "limit_h2d_gbps": None}
+
+    def close(self) -> None:
+        self.device.stop()
+        shutil.rmtree(self.driver, ignore_errors=True)
+
+
+# --- one run ----------------------------------------------------------------------------------------------------
+
+def start(job, argv: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with open(log, "w") as f:  # setsid, stdio on files: what CRIU needs
+        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=str(REPO))
+
+
+def reference(job, size: int, work: Path, timeout_s: float) -> dict:
+    log = work / f"reference-{size}.log"
+    argv = job.argv(size, kernel_ns=0) if isinstance(job, SimJob) else job.argv(size)
+    p = start(job, argv, job.env(False), log)
+    wait_for_text(log, job.marker, p, timeout_s)
+    job.continue_(p.pid)
+    status = wait_exit(p.pid, timeout_s)
+    out = job.outcome(log.read_text())
+    if status != 0 or not out["done"]:
+        raise RuntimeError(f"the reference run failed (status {status}): {log.read_text()[-600:]}")
+    return out
+
+
+def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float) -> dict:
+    from gputrace.checkpointer.full import checkpoint_full, restore_full
+
+    log = work / f"{path}-{size}.log"
+    shimmed = path == "gputrace"
+    p = start(job, job.argv(size), job.env(shimmed), log)
+    try:
+        wait_for_text(log, job.marker, p, timeout_s)
+        ck = images / f"{path}-{size}"
+        shutil.rmtree(ck, ignore_errors=True)
+        c = checkpoint_full(p.pid, ck, use_shim=shimmed, timeout_ms=int(timeout_s * 1000))
+        status = p.wait(timeout=timeout_s)
+        if status != -signal.SIGKILL:
+            raise RuntimeError(f"the job was not ended by the checkpoint (status {status})")
+        r = restore_full(ck)
+        job.continue_(r.pid)
+        status = wait_exit(r.pid, timeout_s)
+        shutil.rmtree(ck, ignore_errors=True)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    out = job.outcome(log.read_text())
+    if shimmed and not (c.shim or {}).get("allocations"):
+        raise RuntimeError(f"the shim's fast path did not run: {c.shim}")
+    gpu_ns = c.shim_ns + c.lock_ns + c.checkpoint_ns
+    return {"size": size, "path": path, "pid": c.pid, "freeze_s": c.freeze_ns / 1e9, "gpu_s": gpu_ns / 1e9,
+            "shim_s": c.shim_ns / 1e9, "lock_s": c.lock_ns / 1e9, "driver_checkpoint_s": c.checkpoint_ns / 1e9,
+            "dump_s": c.dump_ns / 1e9, "write_s": c.write_ns / 1e9, "image_bytes": c.image_bytes,
+            "criu_bytes": c.criu_bytes,
+            "shim_bytes": (c.shim or {}).get("bytes", 0), "back_s": r.total_ns / 1e9,
+            "criu_restore_s": r.criu_ns / 1e9, "driver_restore_s": r.driver_restore_ns / 1e9,
+            "unlock_s": r.unlock_ns / 1e9, "shim_restore_s": r.shim_ns / 1e9, "verify_s": r.verify_ns / 1e9,
+            "exit_status": status, "outcome": out}
+
+
+# --- reports ----------------------------------------------------------------------------------------------------
+
+def markdown(doc: dict) -> str:
+    u = doc["unit"]
+    rows = ["| size | path | freeze s | GPU part s | bus limit s | CRIU dump s | back s | CRIU images | all files "
+            "| same losses |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in doc["cases"]:
+        lim = c.get("bus_limit_s")
+        rows.append(f"| {c['size']} {u} | {c['path']} | {c['freeze_s']:.3f} | {c['gpu_s']:.3f} | "
+                    f"{'-' if lim is None else f'{lim:.3f}'} | {c['dump_s']:.3f} | {c['back_s']:.3f} | "
+                    f"{c['criu_bytes'] / GIB:.2f} GiB | {c['image_bytes'] / GIB:.2f} GiB | {c['same_as_reference']} |")
+    lines = [f"# Whole-process checkpoint: gputrace vs driver API + CRIU ({doc['mode']})", "",
+             f"{doc['host']}, {doc['criu']}, {doc['when']}; command: `{doc['command']}`", "", *rows, ""]
+    for t in doc["targets"]:
+        lines.append(f"- {t}")
+    lines += ["", "freeze: from the first step that stops the job (shim copy or driver lock) to the end of the "
+              "CRIU dump; GPU part: shim copy + driver lock + driver checkpoint; bus limit: device bytes / "
+              "pinned D2H GB/s measured in a separate process; back: CRIU restore to the job running "
+              "(driver Restore + Unlock, shim resume)."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--out", required=True, help="directory for full-checkpoint.json and .md")
+    ap.add_argument("--sizes", default="4,16", help="comma-separated GiB of live tensors (MiB with --simcuda)")
+    ap.add_argument("--images", help="where checkpoints go while a case runs (default OUT/images); /dev/shm is fine")
+    ap.add_argument("--steps-before", type=int, default=20)
+    ap.add_argument("--steps-after", type=int, default=20)
+    ap.add_argument("--paths", default="baseline,gputrace", help="which paths to run (default both)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds any one step may take (default 600)")
+    ap.add_argument("--simcuda", action="store_true", help="simcuda's train workload instead of PyTorch (no GPU)")
+    ap.add_argument("--dry-run", action="store_true", help="check the prerequisites and print the plan only")
+    args = ap.parse_args()
+    _imports()
+    from gputrace.checkpointer import criu
+
+    bundle = REPO / ".gpu" / "criu" / "criu"
+    if "GPUTRACE_CRIU" not in os.environ and bundle.exists():
+        os.environ["GPUTRACE_CRIU"] = str(bundle)
+    out = Path(args.out)
+    args.images = str(Path(args.images or out / "images").absolute())
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    paths = [p for p in args.paths.split(",") if p]
+    problems = []
+    try:
+        c = criu.find()
+        ok, line = criu.check(c)
+        criu_text = f"criu {c.version_str} ({c.path}): check {'passes' if ok else 'FAILS: ' + line}"
+        if not ok:
+            problems.append(criu_text)
+    except criu.CriuUnavailable as exc:
+        criu_text = f"no CRIU: {exc.msg}"
+        problems.append(f"{exc.msg} ({exc.hint}; on the GPU machine: bench/make-criu-bundle here, carry .gpu)")
+    if os.geteuid() != 0:
+        problems.append("CRIU needs root")
+    if not args.simcuda:
+        r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available(), "
+                            "torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"],
+                           capture_output=True, text=True)
+        if r.returncode or not r.stdout.startswith("True"):
+            problems.append(f"no PyTorch with a GPU here ({(r.stderr or r.stdout).strip()[-200:]}); use --simcuda")
+    unit = "MiB" if args.simcuda else "GiB"
+    print(f"plan: sizes {sizes} {unit}, paths {paths} + an uninterrupted reference each; {criu_text}; "
+          f"images under {args.images}")
+    if problems:
+        print("cannot run: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print("dry run: prerequisites met")
+        return 0
+
+    out.mkdir(parents=True, exist_ok=True)
+    images = Path(args.images)
+    images.mkdir(parents=True, exist_ok=True)
+    work = out / "logs"
+    work.mkdir(exist_ok=True)
+    job = SimJob(args) if args.simcuda else TorchJob(args)
+    cases, failures = [], []
+    try:
+        for size in sizes:
+            ref = reference(job, size, work, args.timeout)
+            lim = job.limit(size)
+            for path in paths:
+                try:
+                    c = one(job, size, path, work, images, args.timeout)
+                except Exception as exc:  # one failed case must not hide the others' numbers
+                    failures.append(f"{size} {unit} {path}: {type(exc).__name__}: {exc}")
+                    print(f"FAILED {size} {unit} {path}: {exc}", file=sys.stderr)
+                    continue
+                o = c.pop("outcome")
+                c["same_as_reference"] = o["losses"] == ref["losses"] and o["checksum"] == ref["checksum"]
+                if not c["same_as_reference"]:
+                    failures.append(f"{size} {unit} {path}: losses or checksums differ from the uninterrupted run")
+                gbps = lim.get("limit_d2h_gbps")
+                c["bus_limit_s"] = size * job.unit / (gbps * 1e9) if gbps else None
+                c["limit"] = lim
+                cases.append(c)
+                print(f"{size} {unit} {path}: freeze {c['freeze_s']:.3f} s (GPU {c['gpu_s']:.3f} s, dump "
+                      f"{c['dump_s']:.3f} s), back {c['back_s']:.3f} s, same as reference: {c['same_as_reference']}")
+    finally:
+        job.close()
+    targets = []
+    for size in sizes:
+        by = {c["path"]: c for c in cases if c["size"] == size}
+        if "baseline" in by and "gputrace" in by:
+            sp = by["baseline"]["freeze_s"] / by["gputrace"]["freeze_s"]
+            targets.append(f"{size} {unit}: freeze {sp:.2f}x faster than the baseline (target >= 2x): "
+                           f"{'met' if sp >= 2 else 'NOT met'}")
+            lim = by["gputrace"]["bus_limit_s"]
+            if lim:
+                ratio = by["gputrace"]["gpu_s"] / lim
+                targets.append(f"{size} {unit}: GPU part {ratio:.2f}x the bus limit (target <= 1.25x): "
+                               f"{'met' if ratio <= 1.25 else 'NOT met'}")
+    doc = {"schema": 1, "mode": "simcuda" if args.simcuda else "gpu", "unit": unit,
+           "host": f"{platform.node()} ({platform.platform()})", "criu": criu_text,
+           "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+           "steps_before": args.steps_before, "steps_after": args.steps_after, "cases": cases,
+           "targets": targets, "failures": failures}
+    (out / "full-checkpoint.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "full-checkpoint.md").write_text(markdown(doc))
+    print(f"wrote {out / 'full-checkpoint.json'} and {out / 'full-checkpoint.md'}")
+    for t in targets:
+        print(t)
+    for f in failures:
+        print(f"FAILURE: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

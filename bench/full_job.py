@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""The PyTorch job of bench/full_checkpoint_gpu.py, started the way CRIU needs (setsid, stdio on files).
+
+    full_job.py --hold BYTES --steps-before N --steps-after M
+    full_job.py --limit BYTES        only the pinned copy limit, in a process of its own: one JSON line
+
+Trains a small deterministic model and holds BYTES of extra device memory ("live tensors", seeded random
+contents).  Prints one JSON line per event on stdout (a file):
+  {"ready": ..., "allocated": ..., "reserved": ...}               after allocating
+  {"step": K, "loss": "<float.hex>"}                               each training step
+  {"paused": N, "checksum": [...]}                                 after N steps: it then waits for SIGUSR1
+  {"resumed": true, "checksum": [...]}                             on SIGUSR1, then M more steps
+  {"done": true, "checksum": [...]}
+The harness checkpoints the whole process while it is paused (holding all its memory), kills it,
+restores it, and sends SIGUSR1: the losses after that must equal an uninterrupted run's bit for bit
+(torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8 set by the harness).
+"""
+
+import argparse
+import json
+import os
+import signal
+import time
+
+import torch
+
+GIB = 1 << 30
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hold", type=int, default=0)
+    ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--steps-before", type=int, default=20)
+    ap.add_argument("--steps-after", type=int, default=20)
+    a = ap.parse_args()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # taken by sigwait below, never lost
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    dev = torch.device("cuda")
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator(device=dev).manual_seed(1)
+    xs = torch.randn(32, 128, 512, device=dev, generator=g)
+    ys = torch.randn(32, 128, 512, device=dev, generator=g)
+    held = []
+    left = a.hold
+    while left > 0:
+        n = min(GIB, left)
+        t = torch.empty(n, dtype=torch.uint8, device=dev)
+        t.view(torch.int64).random_(generator=g)
+        held.append(t)
+        left -= n
+    torch.cuda.synchronize()
+
+    def emit(**kw) -> None:
+        print(json.dumps(kw), flush=True)
+
+    def checksum() -> list:
+        return [[int(t.view(torch.int64).sum()), int(t.view(torch.int64)[::4099].sum())] for t in held]
+
+    def limit() -> tuple[float, float]:
+        n = a.limit
+        d = torch.empty(n, dtype=torch.uint8, device=dev)
+        h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        best = [0.0, 0.0]
+        for _ in range(3):
+            for i, (dst, src) in enumerate(((h, d), (d, h))):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                dst.copy_(src, non_blocking=True)
+                torch.cuda.synchronize()
+                best[i] = max(best[i], n / (time.perf_counter() - t) / 1e9)
+        return best[0], best[1]
+
+    if a.limit:  # pinned host memory stays cached by torch: measured in a process that is not checkpointed
+        d2h, h2d = limit()
+        emit(limit_bytes=a.limit, limit_d2h_gbps=d2h, limit_h2d_gbps=h2d)
+        return 0
+    emit(ready=True, pid=os.getpid(), torch=torch.__version__, held_bytes=a.hold,
+         allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved())
+
+    def train(k0: int, k1: int) -> None:
+        for k in range(k0, k1):
+            i = k % xs.shape[0]
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(model(xs[i]), ys[i])
+            loss.backward()
+            opt.step()
+            emit(step=k + 1, loss=float(loss.item()).hex())
+
+    train(0, a.steps_before)
+    emit(paused=a.steps_before, checksum=checksum())
+    signal.sigwait({signal.SIGUSR1})
+    emit(resumed=True, checksum=checksum())
+    train(a.steps_before, a.steps_before + a.steps_after)
+    emit(done=True, checksum=checksum())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
