@@ -229,12 +229,13 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         os.rename(tmp, out)
         _fsync_dir(out.parent)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         try:
-            _give_back(pid, d, stopped, suspended)
+            _give_back(pid, d, stopped, suspended)  # before the directory goes: the shim reads gpu.img back
         except CheckpointError as again:
             raise CheckpointError(f"{exc}; and giving the job back failed too: {again.msg}",
                                   f"the job may be frozen: check `gputrace shim status -p {pid}`") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise disk_error(exc, out) from None
         raise

@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from gputrace import shim, simcuda
+from gputrace.shim import client as shim_client
 from gputrace.checkpointer import criu as criu_mod
 from gputrace.checkpointer import driver
 from gputrace.simcuda.device import Device
@@ -265,6 +266,21 @@ def test_a_failed_dump_leaves_the_job_running_and_unlocked(job, device, tmp_path
     assert not ck.exists() and not list(tmp_path.glob(".ck.partial-*"))
     assert state(j.pid) == "running"  # GPU state restored and unlocked: not frozen
     assert len(device.files()) == 2
+    assert j.reap() == 0
+    assert j.out.read_text() == reference
+    mine.close()
+
+
+def test_a_failed_dump_gives_a_shimmed_job_its_device_memory_back(job, device, tmp_path, reference, shim_dir):
+    mine, theirs = socket.socketpair()
+    j = job(pass_fds=(theirs.fileno(),), shimmed=True, vmm=False)
+    theirs.close()
+    j.at_step(2)
+    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"))
+    assert r.returncode == 10 and "External socket" in r.stderr, r.stderr
+    assert not (tmp_path / "ck").exists() and not list(tmp_path.glob(".ck.partial-*"))
+    st = shim_client.status(j.pid)
+    assert st["paused"] is False and not st.get("suspended")  # the shim resumed it: the gate is open
     assert j.reap() == 0
     assert j.out.read_text() == reference
     mine.close()
