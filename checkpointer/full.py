@@ -184,8 +184,6 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                 shim_report = {"skipped": exc.msg}
         lock_ns = d.call("Lock", timeout_ms)
         ck_ns = d.call("Checkpoint")
-        if progress:
-            progress("dump", 0, 1)
         stopped = True  # from here on CRIU may have stopped the job, even if the dump fails
         try:
             dump_ns = criu_mod.dump(c, pid, images, leave_stopped=True)
