@@ -433,3 +433,49 @@ def test_marker_waits_for_a_measured_cpu_time_and_fits_a_quarter_of_the_budget()
     assert m is not None and p.marker_cost(m) <= 0.01 * cpu / 4
     # The most-called function that fits: a heavier one that fits is chosen over a lighter one.
     assert all(p.marker_cost(f) > 0.01 * cpu / 4 or p.rates[f] <= p.rates[m] for f in (0, 1))
+
+
+# --- budget.AlignedPolicy (host-wide windows) -----------------------------------------------------------------------
+
+def aligned(members: dict[int, tuple[float, float]]):
+    """An AlignedPolicy over one SUB function, members pid -> (calls/s, CPU s/s), each past its scout window."""
+    from gputrace.tracer.budget import AlignedPolicy
+
+    host = AlignedPolicy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None, rng=random.Random(7))
+    for pid, (rate, cpu) in members.items():
+        p = policy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0)
+        p.plan()
+        p.observe(0.01, {0: int(rate * 0.01)}, cpu)
+        host.members[pid] = p
+    host.plan()  # the host's own scout
+    host.merge(0.01)
+    return host
+
+
+def test_aligned_window_is_the_least_any_member_affords():
+    host = aligned({1: (10_000.0, 0.5), 2: (1_000.0, 0.5), 3: (50_000.0, 1.0)})
+    plan = host.plan()
+    own = {pid: p.affordable_s(plan.timed) for pid, p in host.members.items()}
+    assert plan.window_s == pytest.approx(min(own.values()))
+    for pid, p in host.members.items():  # no member's expected cost exceeds its budget
+        assert p.cost_per_s(plan.timed) * plan.window_s <= 0.01 * p.cpu_s_per_s * 1.0 + 1e-12, pid
+
+
+def test_a_member_measured_at_zero_cpu_pauses_windows_but_not_for_good():
+    host = aligned({1: (1_000.0, 0.5), 2: (1_000.0, 0.0)})
+    plans = [host.plan() for _ in range(3 * (host.max_skip + 1))]
+    attached = [i for i, pl in enumerate(plans) if pl.attach]
+    assert len(attached) >= 2 and attached[0] <= host.max_skip
+    assert all(b - a <= host.max_skip + 1 for a, b in zip(attached, attached[1:]))
+    assert len(attached) < len(plans) / 2  # it does pause
+
+
+def test_the_shared_marker_fits_every_members_budget():
+    # Function 0 at 20k calls/s costs member 2 (a light job) more than a quarter of its budget: no marker.
+    host = aligned({1: (20_000.0, 1.0), 2: (20_000.0, 0.05)})
+    assert host.choose_marker() is None
+    host = aligned({1: (200.0, 1.0), 2: (100.0, 0.5)})
+    assert host.choose_marker() == 0
+    assert all(p.reserved_s_per_s == pytest.approx(p.marker_cost(0)) for p in host.members.values())
+    host.members[2].cpu_s_per_s = 0.001  # member 2 got lighter: the marker now costs it over half its budget
+    assert host.marker_too_dear(0)

@@ -49,6 +49,7 @@ class Policy:
         retime_every: int = 4,
         rescan_every: int = 10,
         max_growth: float | None = 2.0,
+        max_skip: int = 30,
         rng: random.Random | None = None,
     ) -> None:
         self.classes = dict(classes)
@@ -60,6 +61,7 @@ class Policy:
         self.retime_every = retime_every
         self.rescan_every = rescan_every
         self.max_growth = max_growth
+        self.max_skip = max_skip
         self.seen: set[int] = set()
         self.reserved_s_per_s = 0.0  # probe time/s of the always-attached marker
         self.last_window_s = 0.0
@@ -135,7 +137,9 @@ class Policy:
             return Plan(False, 0.0, 0.0, timed, probe)
         window = self.affordable_s(timed)
         if window < self.min_window_s:
-            self.skip = max(0, math.ceil(self.min_window_s / max(window, 1e-9)) - 1)
+            # Never for good: a CPU time measured as zero (a light job between two clock ticks)
+            # affords no window at all, and would otherwise stop the sampling for ever.
+            self.skip = min(self.max_skip, max(0, math.ceil(self.min_window_s / max(window, 1e-9)) - 1))
             window = self.min_window_s
         # Grow at most 2x an interval: a job that goes from idle (long windows are cheap) to busy
         # would otherwise pay a whole long window at the new rate before the policy sees it.
@@ -173,6 +177,27 @@ class AlignedPolicy(Policy):
         if not self.members:
             return self.interval_s  # no one to charge: the links cost nothing
         return min(p.affordable_s(timed) for p in self.members.values())
+
+    def choose_marker(self, cpu_s_per_s: float | None = None) -> int | None:
+        """One marker for all members, on links without a pid filter: the function called most over
+        all of them whose probe costs each member at most a quarter of its budget; None while a
+        member's CPU time is unmeasured or nothing qualifies. Each member reserves its own share."""
+        members = list(self.members.values())
+        if not members or not all(p.cpu_s_per_s for p in members):
+            return None
+        called = {f for p in members for f, r in p.rates.items() if f in p.seen and r >= 20.0}
+        ok = [(sum(p.rates.get(f, 0.0) for p in members), f) for f in called
+              if all(p.marker_cost(f) <= p.budget * p.cpu_s_per_s / 4 for p in members)]
+        if not ok:
+            return None
+        _, f = max(ok)
+        for p in members:
+            p.reserved_s_per_s = p.marker_cost(f)
+        return f
+
+    def marker_too_dear(self, f: int) -> bool:
+        """A member got lighter, or its calls of `f` denser: the shared marker costs it over half its budget."""
+        return any(p.cpu_s_per_s and p.marker_cost(f) > p.budget * p.cpu_s_per_s / 2 for p in self.members.values())
 
     def merge(self, window_s: float) -> None:
         """After the members observed a window of `window_s`: the union of what they saw."""

@@ -42,6 +42,8 @@ class HostSession:
         self._adding: dict[int, None] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.marker: int | None = None  # one for all the processes: see Tracee.own_marker
+        self._marker_link = None
         self.exited: list[int] = []  # of the last step
         self.strays: set[int] = set()  # processes the links counted calls of, not added
 
@@ -71,7 +73,8 @@ class HostSession:
                 continue  # exited before its first interval
             o = self.options
             t = Tracee(pid, self.probes, budget=o.budget, interval_s=o.interval_s, exact=o.exact,
-                       prev=stats.get(pid))
+                       prev=stats.get(pid), own_marker=False)
+            t.set_marker(self.marker)
             self.tracees[pid] = t
             self._pidfds[pid] = fd
             self.policy.members[pid] = t.policy
@@ -108,7 +111,7 @@ class HostSession:
         plan = self.policy.plan()
         t_start = time.monotonic()
         window = self.probes.window(plan, interval_s, self.options.exact, self._wait,
-                                    lambda: any(t.marker_link is not None for t in self.tracees.values()))
+                                    lambda: self._marker_link is not None)
         if not self.tracees and not self._stop.is_set():
             self._stop.wait(max(0.0, t_start + interval_s - time.monotonic()))
         span = time.monotonic() - t_start
@@ -116,14 +119,35 @@ class HostSession:
         outside_s = self.probes.take_outside_s()
         stats = self._read()
         snaps = {pid: t.account(span, window, stats.get(pid, {}), outside_s) for pid, t in self.tracees.items()}
-        self.policy.merge(window)
         self.exited = [pid for pid, t in self.tracees.items() if t.exited]
         for pid in self.exited:
             self._drop(pid)
+        self.policy.merge(window)
+        self._update_marker(window)
         self._forget_strays(stats)
-        if any(t.marker_link is not None for t in self.tracees.values()) and not self.probes.links:
+        if self._marker_link is not None and not self.probes.links:
             self.probes.outside_begin()
         return snaps
+
+    def _update_marker(self, window: float) -> None:
+        if self.marker is not None:
+            if not self.tracees or self.policy.marker_too_dear(self.marker):
+                self._set_marker(None)
+            else:
+                for p in self.policy.members.values():
+                    p.reserved_s_per_s = p.marker_cost(self.marker)
+        if self.marker is None and self.tracees and window > 0 and not self.options.exact:
+            self._set_marker(self.policy.choose_marker())
+
+    def _set_marker(self, f: int | None) -> None:
+        if self._marker_link is not None:
+            self._marker_link.close()
+            self._marker_link = None
+        if f is not None:
+            self._marker_link = self.probes.attach_marker(f, 0)
+        self.marker = f
+        for t in self.tracees.values():
+            t.set_marker(f)
 
     def summary(self, pid: int) -> ProcessSnapshot | None:
         t = self.tracees.get(pid)
@@ -148,6 +172,7 @@ class HostSession:
             self.program.forget([(tgid, f) for tgid in gone for f in stats[tgid]])
 
     def close(self) -> None:
+        self._set_marker(None)
         self.probes.close()
         for pid in list(self.tracees):
             self._drop(pid)

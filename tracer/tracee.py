@@ -7,6 +7,7 @@ per process; what differs between them is only who plans and runs the windows.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -57,8 +58,12 @@ def percentile_ns(hist, q: float) -> float | None:
 
 class Tracee:
     def __init__(self, pid: int, probes: Probes, *, budget: float, interval_s: float, exact: bool,
-                 prev: Mapping[int, RawStats] | None = None) -> None:
+                 prev: Mapping[int, RawStats] | None = None, own_marker: bool = True) -> None:
         self.pid = pid
+        # A Session attaches a marker for its one process; a HostSession shares one among all its
+        # processes (one link without a pid filter: a probe with a consumer per process would run
+        # every process's handler on each hit) and tells each Tracee with set_marker.
+        self.own_marker = own_marker
         self.probes = probes
         self.ids, self.costs, self.calibration = probes.ids, probes.costs, probes.calibration
         self.budget, self.exact = budget, exact
@@ -81,6 +86,9 @@ class Tracee:
         self._marker_in = [0, 0.0]               # calls, seconds: inside windows
         self._marker_out = [0, 0.0]              # calls, seconds: between windows
         self._cpu_mark: float | None = None
+        # (CPU s, span s) of recent intervals: /proc counts CPU time in clock ticks (10 ms), so a
+        # job using 1% of a CPU shows 0 or 10 ms in any one second; the budget wants its rate.
+        self._cpu_recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=5)
         self.started = time.monotonic()
         self.elapsed_s = 0.0
         self.target_cpu_s = 0.0
@@ -113,9 +121,15 @@ class Tracee:
         if self.marker_link is not None:
             self.marker_link.close()
         self.marker_link = None
-        self.marker = None
+        self.set_marker(None)
+
+    def set_marker(self, f: int | None) -> None:
+        """The function whose probe between windows measures this process's slowdown (None: none);
+        its counts so far are dropped."""
+        self.marker = f
         self._marker_in, self._marker_out = [0, 0.0], [0, 0.0]
-        self.policy.reserved_s_per_s = 0.0
+        if f is None:
+            self.policy.reserved_s_per_s = 0.0
 
     def perturbation(self) -> tuple[float, float] | None:
         """(in-window rate / between-window rate of the marker, its 95% relative half-width), once
@@ -148,13 +162,19 @@ class Tracee:
             self._marker_out[0] += d.outside
             self._marker_out[1] += outside_s
         effective = self._effective(window, deltas)
-        cpu_rate = cpu / span if cpu is not None and span > 0 else None
+        if cpu is not None and span > 0:
+            self._cpu_recent.append((cpu, span))
+        spans = sum(s for _, s in self._cpu_recent)
+        # No tick in the recent intervals means less than one tick's worth, not nothing: half a tick
+        # (taking it for zero would afford no window at all).
+        cpu_rate = max(sum(c for c, _ in self._cpu_recent), 0.5 / _CLK_TCK) / spans if spans > 0 else None
         self.policy.observe(effective, {f: d.calls for f, d in deltas.items()}, cpu_rate)
-        if self.marker is not None and cpu_rate and \
-                self.policy.marker_cost(self.marker) > self.budget * cpu_rate / 2:
-            self.drop_marker()  # the job got lighter, or its calls denser: the marker now costs too much
-        if self.marker is None and not self.exact and not self.exited and window > 0:
-            self.choose_marker(cpu_rate)
+        if self.own_marker:
+            if self.marker is not None and cpu_rate and \
+                    self.policy.marker_cost(self.marker) > self.budget * cpu_rate / 2:
+                self.drop_marker()  # the job got lighter, or its calls denser: the marker now costs too much
+            if self.marker is None and not self.exact and not self.exited and window > 0:
+                self.choose_marker(cpu_rate)
         measured = self.perturbation()
         if measured is not None:
             self.policy.measured_loss = max(0.0, 1.0 - measured[0])

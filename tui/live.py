@@ -137,10 +137,10 @@ class LiveSource:
                 self._first, self._cal = open_program(self.options.attach_mode, self.warn)
             self._mode = self._first.mode
 
-    @property
-    def programs(self) -> int:
-        """Programs compiled: one per distinct libcuda file."""
-        return len(self._files)
+    def session_of(self, pid: int) -> HostSession | None:
+        """The host session (one program, one set of links: one per libcuda file) tracing `pid`."""
+        entry = self._pids.get(pid)
+        return entry[0].session if entry is not None else None
 
     def _discover(self) -> None:
         from gputrace.shim.client import has_shim
