@@ -35,6 +35,7 @@ import os
 import shutil
 import signal
 import socket
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -324,18 +325,20 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
                               f"({_comm(pid) if Path(f'/proc/{pid}').exists() else 'gone now'})",
                               "CRIU brings a process back at its old pid: end the process that holds it, or "
                               "restore in a new pid namespace (`unshare --pid --fork --mount-proc`)")
-    work = Path(f"/tmp/gputrace-restore-{os.getpid()}-{pid}")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(mode=0o700)
+    work = Path(tempfile.mkdtemp(prefix=f"gputrace-restore-{pid}-"))  # CRIU's log and pidfile
     t0 = time.monotonic_ns()
+    link = _gpu_image_at_dump_path(path, m)
     # As a subreaper, this process inherits the restored job when criu exits, so that it can end and
     # reap it if the GPU side fails (the pid is then free at once for another try).
-    link = _gpu_image_at_dump_path(path, m)
     _subreaper(True)
     try:
         criu_ns = criu_mod.restore(c, path / IMAGES, work, pid)
+    except criu_mod.CriuFailed:
+        _unlink_gpu_image(link)
+        raise  # its message points at the log in `work`: that stays
     except BaseException:
         _unlink_gpu_image(link)
+        shutil.rmtree(work, ignore_errors=True)
         raise
     finally:
         _subreaper(False)
@@ -362,8 +365,8 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
         raise CheckpointError(f"{exc.msg}; the restored process was ended", exc.hint) from None
     finally:
         _unlink_gpu_image(link)  # after resume the shim holds the file no more
+        shutil.rmtree(work, ignore_errors=True)
     total = time.monotonic_ns() - t0
-    shutil.rmtree(work, ignore_errors=True)
     return FullRestoreReport(pid, str(path), verify_ns, criu_ns, rs_ns, un_ns, shim_ns, total)
 
 

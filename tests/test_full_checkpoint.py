@@ -47,6 +47,17 @@ def gputrace(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
                           env=env)
 
 
+def ckpt(j: "Job", *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`gputrace checkpoint --full -p JOB ARGS`.  A tracer running elsewhere on this host (another
+    session's `gputrace top` attaches to every CUDA process) can put the kernel's [uprobes] page into the
+    job, which CRIU cannot dump: that is no failure of the code under test, and a serial CI run has no
+    such tracer, so the test is skipped with that reason instead."""
+    r = gputrace(args[0], *(["--full"] if args[0] == "checkpoint" else []), "-p", str(j.pid), *args[1:], env=env)
+    if r.returncode and "[uprobes]" in r.stderr + j.maps():
+        pytest.skip("a uprobe tracer outside this test probed the job; CRIU cannot dump its [uprobes] page")
+    return r
+
+
 # --- awaiting events, not sleeping ----------------------------------------------------------------------------
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -137,6 +148,12 @@ class Job:
         self.pid = self.p.pid
         self.restored = False
 
+    def maps(self) -> str:
+        try:
+            return Path(f"/proc/{self.pid}/maps").read_text()
+        except OSError:
+            return ""
+
     def at_step(self, k: int) -> None:
         wait_for_text(self.out, f"step {k} ")
 
@@ -194,6 +211,8 @@ def test_device_memory_is_outside_the_process_and_criu_refuses_it(job, device, t
     (tmp_path / "img").mkdir()
     with pytest.raises(criu_mod.CriuFailed) as e:
         criu_mod.dump(c, j.pid, tmp_path / "img", leave_stopped=False)
+    if "[uprobes]" in j.maps():
+        pytest.skip("a uprobe tracer outside this test probed the job; CRIU cannot dump its [uprobes] page")
     assert "External socket" in e.value.msg
     assert j.p.poll() is None
 
@@ -202,7 +221,7 @@ def test_checkpoint_kill_restore_continues_like_an_uninterrupted_run(job, device
     j = job()
     j.at_step(5)
     ck = tmp_path / "ck"
-    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(ck), "--json")
+    r = ckpt(j, "checkpoint", "-o", str(ck), "--json")
     assert r.returncode == 0, r.stderr
     rep = orjson.loads(r.stdout)
     assert rep["kind"] == "full" and rep["pid"] == j.pid and rep["leave_running"] is False
@@ -230,7 +249,7 @@ def test_checkpoint_kill_restore_continues_like_an_uninterrupted_run(job, device
 def test_leave_running_keeps_the_job_going(job, device, tmp_path, reference):
     j = job()
     j.at_step(3)
-    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"), "--leave-running")
+    r = ckpt(j, "checkpoint", "-o", str(tmp_path / "ck"), "--leave-running")
     assert r.returncode == 0, r.stderr
     assert "runs on" in r.stdout
     assert state(j.pid) == "running"
@@ -244,7 +263,7 @@ def test_restore_onto_a_taken_pid_is_a_clear_error(job, device, tmp_path):
     j = job()
     j.at_step(2)
     ck = tmp_path / "ck"
-    assert gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(ck), "--leave-running").returncode == 0
+    assert ckpt(j, "checkpoint", "-o", str(ck), "--leave-running").returncode == 0
     r = gputrace("restore", "--full", str(ck))  # the job still runs at that pid
     assert r.returncode == 10
     assert f"pid {j.pid} is in use" in r.stderr and "hint:" in r.stderr and "Traceback" not in r.stderr
@@ -259,7 +278,7 @@ def test_a_failed_dump_leaves_the_job_running_and_unlocked(job, device, tmp_path
     theirs.close()
     j.at_step(2)
     ck = tmp_path / "ck"
-    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(ck))
+    r = ckpt(j, "checkpoint", "-o", str(ck))
     assert r.returncode == 10, r.stderr
     assert "criu dump" in r.stderr and "External socket" in r.stderr and "hint:" in r.stderr
     assert "Traceback" not in r.stderr
@@ -276,7 +295,7 @@ def test_a_failed_dump_gives_a_shimmed_job_its_device_memory_back(job, device, t
     j = job(pass_fds=(theirs.fileno(),), shimmed=True, vmm=False)
     theirs.close()
     j.at_step(2)
-    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"))
+    r = ckpt(j, "checkpoint", "-o", str(tmp_path / "ck"))
     assert r.returncode == 10 and "External socket" in r.stderr, r.stderr
     assert not (tmp_path / "ck").exists() and not list(tmp_path.glob(".ck.partial-*"))
     st = shim_client.status(j.pid)
@@ -290,7 +309,7 @@ def test_damaged_or_missing_images_are_refused_before_anything_runs(job, device,
     j = job()
     j.at_step(2)
     ck = tmp_path / "ck"
-    assert gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(ck)).returncode == 0
+    assert ckpt(j, "checkpoint", "-o", str(ck)).returncode == 0
     j.reap()
     pages = max((ck / "criu").glob("pages-*.img"), key=lambda p: p.stat().st_size)
     data = bytearray(pages.read_bytes())
@@ -316,7 +335,7 @@ def test_no_criu_or_one_too_old_is_a_clear_error_and_the_job_is_untouched(job, d
     old.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
     old.chmod(0o755)
     for criu, says in ((old, "3.17.1"), (tmp_path / "absent", "does not run")):
-        r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"),
+        r = ckpt(j, "checkpoint", "-o", str(tmp_path / "ck"),
                      env=dict(os.environ, GPUTRACE_CRIU=str(criu)))
         assert r.returncode == 10, r.stderr
         assert "no CRIU >= 4.0" in r.stderr and says in r.stderr and "hint:" in r.stderr
@@ -336,7 +355,7 @@ def test_a_shimmed_job_moves_its_device_memory_by_the_shim_first(job, device, tm
     j = job(shimmed=True, vmm=False)
     j.at_step(4)
     ck = tmp_path / "ck"
-    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(ck), "--json")
+    r = ckpt(j, "checkpoint", "-o", str(ck), "--json")
     assert r.returncode == 0, r.stderr
     rep = orjson.loads(r.stdout)
     assert rep["shim"]["allocations"] == 2 and rep["shim"]["bytes"] == (4 << 20) + (2 << 20)
@@ -356,7 +375,7 @@ def test_a_shimmed_job_moves_its_device_memory_by_the_shim_first(job, device, tm
 def test_a_shimmed_job_the_shim_cannot_suspend_goes_through_the_driver(job, device, tmp_path, reference, shim_dir):
     j = job(shimmed=True, vmm=True)  # the program's own VMM mapping: the shim's suspend refuses it
     j.at_step(2)
-    r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"), "--json")
+    r = ckpt(j, "checkpoint", "-o", str(tmp_path / "ck"), "--json")
     assert r.returncode == 0, r.stderr
     assert "cannot be suspended" in orjson.loads(r.stdout)["shim"]["skipped"]
     j.reap()
@@ -368,7 +387,7 @@ def test_a_shimmed_job_the_shim_cannot_suspend_goes_through_the_driver(job, devi
 def test_migrate_and_gpu_map(job, device, tmp_path, reference):
     j = job()
     j.at_step(2)
-    r = gputrace("migrate", "-p", str(j.pid), "--to", str(tmp_path / "ck"))
+    r = ckpt(j, "migrate", "--to", str(tmp_path / "ck"))
     assert r.returncode == 0, r.stderr
     assert f"gputrace restore --full {tmp_path / 'ck'}" in r.stdout
     j.reap()
