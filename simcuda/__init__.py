@@ -10,7 +10,8 @@ Knobs (environment, read at cuInit): SIMCUDA_KERNEL_NS overrides every kernel's 
 SIMCUDA_LAUNCH_NS makes each launch busy-wait that long on the caller's CPU, SIMCUDA_MEM_BYTES sets
 device memory (default 16 GiB), SIMCUDA_DEVICES the device count (default 1), SIMCUDA_FAIL_COPY_BYTES
 makes every asynchronous copy of exactly that many bytes fail with CUDA_ERROR_ILLEGAL_ADDRESS (to test
-how callers handle driver errors).
+how callers handle driver errors), SIMCUDA_DEVICE=SOCKET device mode: device memory held by a
+simcuda-device daemon outside the process, as on a GPU (simcuda/device.py starts one).
 """
 
 from __future__ import annotations
