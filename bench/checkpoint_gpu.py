@@ -268,10 +268,13 @@ def summary(d: dict) -> str:
          "measured in the job's own process in the same run. driver: cuCheckpointProcessCheckpoint / Restore "
          "on a job of the same size without the shim. torch.save: model, optimizer and tensors to the same "
          "storage, fsynced (the job stops for all of it).", "",
-         "| GiB | mode | D2H GB/s | ckpt freeze ms | limit ms | freeze/limit | write GB/s | restore freeze ms | "
+         "GiB: the live tensors asked for; ckpt GiB: what the shim checkpointed (all the job's device allocations: the "
+         "tensors, torch's cached blocks and the training state). The job without the shim holds the tensors and the "
+         "training state only.", "",
+         "| GiB | ckpt GiB | mode | D2H GB/s | ckpt freeze ms | limit ms | freeze/limit | write GB/s | restore freeze ms | "
          "H2D limit ms | restore/limit | driver ckpt ms | driver restore ms | driver/ours ckpt | driver/ours restore "
          "| torch.save ms | data equal |",
-         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+         "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for s in d["sizes"]:
         lim, drv = s["limit"], s.get("driver", {})
         for mode, m in s["modes"].items():
@@ -282,7 +285,7 @@ def summary(d: dict) -> str:
             lim_d = c["bytes"] / lim["d2h_gbps"]
             lim_h = r["bytes"] / lim["h2d_gbps"]
             L.append(
-                f"| {s['size_gib']:g} | {mode} | {lim['d2h_gbps']:.1f} | {_ms(c['freeze_ns'])} | {_ms(lim_d)} | "
+                f"| {s['size_gib']:g} | {c['bytes'] / GIB:.1f} | {mode} | {lim['d2h_gbps']:.1f} | {_ms(c['freeze_ns'])} | {_ms(lim_d)} | "
                 f"{c['freeze_ns'] / lim_d:.2f} | {c['write_gbps']:.2f} | {_ms(r['freeze_ns'])} | {_ms(lim_h)} | "
                 f"{r['freeze_ns'] / lim_h:.2f} | {_ms(drv.get('checkpoint_ns'))} | {_ms(drv.get('restore_ns'))} | "
                 f"{drv.get('checkpoint_ns', 0) / c['freeze_ns']:.1f}x | {drv.get('restore_ns', 0) / r['freeze_ns']:.1f}x | "
