@@ -170,23 +170,41 @@ class Loop:
         self.proc.wait()
 
 
-def loop(lib: Path, sock_dir: Path, rounds: int, seconds: float, added_ns: float) -> dict:
+def _pin(pid: int, cpus: list[int]) -> None:
+    subprocess.run(["taskset", "-a", "-p", "-c", ",".join(map(str, cpus)), str(pid)], check=False, capture_output=True)
+
+
+def loop(lib: Path, sock_dir: Path, rounds: int, seconds: float, added_ns: float, concurrent: bool = False) -> dict:
+    """Alternating (default): one process runs at a time, both on the same CPUs, order flipped each round.
+    Concurrent: both run each phase at the same time, each on CPUs of its own, the CPU sets swapped each
+    round: the machine's noise, which moves from second to second, then hits both alike."""
     plain, shimmed = Loop(dict(os.environ)), Loop(shim_env(lib, sock_dir))
-    # Only one of the two runs at a time, so both get the same CPUs: no core of its own to flatter either.
-    cpus = sorted(os.sched_getaffinity(0))[2:6] or sorted(os.sched_getaffinity(0))
-    for w in (plain, shimmed):
-        subprocess.run(["taskset", "-a", "-p", "-c", ",".join(map(str, cpus)), str(w.proc.pid)],
-                       check=False, capture_output=True)
+    mine = sorted(os.sched_getaffinity(0))
+    cpus = mine[2:6] or mine
+    sets = [cpus[: len(cpus) // 2] or cpus, cpus[len(cpus) // 2:] or cpus]
+    if not concurrent:
+        for w in (plain, shimmed):
+            _pin(w.proc.pid, cpus)
     try:
         before = shim_request(sock_dir, shimmed.proc.pid, "status")["calls"]
         rows, shim_time = [], 0.0
         for r in range(rounds):
-            order = [("plain", plain), ("shim", shimmed)] if r % 2 == 0 else [("shim", shimmed), ("plain", plain)]
             row = {}
-            for name, w in order:
-                row[name] = w.phase(seconds)
-                if name == "shim":
-                    shim_time += seconds
+            if concurrent:
+                _pin(plain.proc.pid, sets[r % 2])
+                _pin(shimmed.proc.pid, sets[1 - r % 2])
+                for w in (plain, shimmed):
+                    w.proc.stdin.write(f"{seconds}\n")
+                    w.proc.stdin.flush()
+                row["plain"] = json.loads(plain.proc.stdout.readline())["steps_per_s"]
+                row["shim"] = json.loads(shimmed.proc.stdout.readline())["steps_per_s"]
+                shim_time += seconds
+            else:
+                order = [("plain", plain), ("shim", shimmed)] if r % 2 == 0 else [("shim", shimmed), ("plain", plain)]
+                for name, w in order:
+                    row[name] = w.phase(seconds)
+                    if name == "shim":
+                        shim_time += seconds
             row["slowdown"] = 1 - row["shim"] / row["plain"]
             rows.append(row)
         after = shim_request(sock_dir, shimmed.proc.pid, "status")
@@ -203,7 +221,7 @@ def loop(lib: Path, sock_dir: Path, rounds: int, seconds: float, added_ns: float
         "slowdown_median": statistics.median(slow), "slowdown_min": min(slow), "slowdown_max": max(slow),
         "slowdown_pooled": 1 - sum(r["shim"] for r in rows) / sum(r["plain"] for r in rows),
         "slowdown_p25": statistics.quantiles(slow, n=4)[0], "slowdown_p75": statistics.quantiles(slow, n=4)[2],
-        "cpus": cpus,
+        "cpus": sets if concurrent else cpus, "concurrent": concurrent,
         "intercepted_calls_per_s": gated_per_s, "intercepted_calls": calls,
         "predicted_slowdown_max": gated_per_s * added_ns * 1e-9,
         "note": "" if calls else "the shim counted no calls: PyTorch did not reach the driver through it",
@@ -292,6 +310,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=300, help="per-call rounds (default 300)")
     ap.add_argument("--loop-rounds", type=int, default=10, help="paired loop rounds (default 10)")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="run the two loop processes at the same time on separate CPUs (swapped each round)")
+    ap.add_argument("--loop-only", action="store_true", help="only the loop (per-call figures not measured: "
+                    "the prediction uses --added-ns)")
+    ap.add_argument("--added-ns", type=float, default=15.0, help="added ns per call for --loop-only (default 15)")
     ap.add_argument("--seconds", type=float, default=3.0, help="seconds per loop phase (default 3)")
     ap.add_argument("--steps", type=int, default=200, help="steps of the deterministic run (default 200)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "shim-h200.json")
@@ -302,15 +325,20 @@ def main() -> int:
         sock_dir = workdir / "rt"
         sock_dir.mkdir(mode=0o700)
         lib, exe = build(workdir)
-        print("shim_gpu: per-call cost ...", file=sys.stderr)
-        micro = per_call(exe, lib, sock_dir, workdir, a.rounds)
-        added = max(0.0, micro["cases"]["launch"]["added_ns_median"])
-        registry = json.loads(subprocess.run([str(workdir / "shim_registry_bench"), "200000", "1", "2", "4", "8", "16"],
-                                             check=True, capture_output=True, text=True).stdout)
+        if a.loop_only:
+            micro, registry, mem, added = None, None, None, a.added_ns
+        else:
+            print("shim_gpu: per-call cost ...", file=sys.stderr)
+            micro = per_call(exe, lib, sock_dir, workdir, a.rounds)
+            added = max(0.0, micro["cases"]["launch"]["added_ns_median"])
+            registry = json.loads(subprocess.run([str(workdir / "shim_registry_bench"), "200000", "1", "2", "4", "8",
+                                                  "16"], check=True, capture_output=True, text=True).stdout)
         print("shim_gpu: PyTorch loop, paired ...", file=sys.stderr)
-        lp = loop(lib, sock_dir, a.loop_rounds, a.seconds, added)
-        print("shim_gpu: losses and memory ...", file=sys.stderr)
-        mem = losses_and_memory(lib, sock_dir, a.steps, workdir)
+        lp = loop(lib, sock_dir, a.loop_rounds, a.seconds, added, a.concurrent)
+        lp["added_ns"] = added
+        if not a.loop_only:
+            print("shim_gpu: losses and memory ...", file=sys.stderr)
+            mem = losses_and_memory(lib, sock_dir, a.steps, workdir)
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "?"
     doc = {
@@ -323,9 +351,31 @@ def main() -> int:
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2) + "\n")
-    a.out.with_suffix(".md").write_text(summary(doc))
-    print(summary(doc))
+    text = summary(doc) if not a.loop_only else loop_summary(doc)
+    a.out.with_suffix(".md").write_text(text)
+    print(text)
     return 0
+
+
+def loop_summary(d: dict) -> str:
+    return "\n".join(["# The shim on a real GPU: the launch-bound loop alone", "",
+                      f"Command: `{d['command']}` on {d['host']['gpu']} ({d['host']['cpus']} CPUs).", ""]
+                     + _loop_lines(d["loop"])) + "\n"
+
+
+def _loop_lines(lp: dict) -> list[str]:
+    how = (f"both processes at once, on CPU sets {lp['cpus']} swapped each round" if lp.get("concurrent") else
+           f"both processes on CPUs {lp['cpus']}, one running at a time")
+    return [
+        "## Launch-bound PyTorch loop, paired phases of two warm processes",
+        "",
+        f"plain {lp['plain_steps_per_s_median']:.0f} steps/s, shim {lp['shim_steps_per_s_median']:.0f} steps/s; "
+        f"slowdown median {lp['slowdown_median']:+.2%} (min {lp['slowdown_min']:+.2%}, max {lp['slowdown_max']:+.2%}) "
+        f"over {len(lp['rounds'])} rounds of {lp['seconds_per_phase']} s (interquartile {lp['slowdown_p25']:+.2%}.."
+        f"{lp['slowdown_p75']:+.2%}; pooled over all rounds {lp['slowdown_pooled']:+.2%}); {how}.",
+        f"Predicted at most {lp['predicted_slowdown_max']:.3%}: {lp['intercepted_calls_per_s']:.0f} intercepted calls/s "
+        f"x {lp.get('added_ns', 0.0):.1f} ns. {lp['note']}",
+    ]
 
 
 def summary(d: dict) -> str:
@@ -349,15 +399,7 @@ def summary(d: dict) -> str:
         for t in d["registry"]["threads"]) + "."]
     lines += [
         "",
-        "## Launch-bound PyTorch loop, paired phases of two warm processes",
-        "",
-        f"plain {lp['plain_steps_per_s_median']:.0f} steps/s, shim {lp['shim_steps_per_s_median']:.0f} steps/s; "
-        f"slowdown median {lp['slowdown_median']:+.2%} (min {lp['slowdown_min']:+.2%}, max {lp['slowdown_max']:+.2%}) "
-        f"over {len(lp['rounds'])} rounds of {lp['seconds_per_phase']} s (interquartile {lp['slowdown_p25']:+.2%}.."
-        f"{lp['slowdown_p75']:+.2%}; pooled over all rounds {lp['slowdown_pooled']:+.2%}); both processes on CPUs "
-        f"{lp['cpus']}, one running at a time.",
-        f"Predicted at most {lp['predicted_slowdown_max']:.3%}: {lp['intercepted_calls_per_s']:.0f} intercepted calls/s "
-        f"x {max(0.0, c['launch']['added_ns_median']):.1f} ns (the valid launch's added cost). {lp['note']}",
+        *_loop_lines(lp),
         "",
         "## Losses and device memory",
         "",
