@@ -118,6 +118,8 @@ def main() -> int:
             "probe_cpu_s_per_s_all_targets": cost / (span / args.procs) if span else None,
             "share_of_targets_cpu": cost / tcpu if tcpu else None,
             "frames": len(frames),
+            "processes_with_calls": len({r["pid"] for f in frames for r in f["processes"]
+                                         if r["pid"] in pids and r["snapshot"]["calls_hz"] > 0}),
         }
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
@@ -139,7 +141,7 @@ Workloads: {args.procs} x `{result['workload']}`; top at its defaults (refresh 1
 
 Warm-up (until every process is measured): top {result['top_warmup_s']:.0f} s, record {result['record_warmup_s']:.0f} s.
 Tracer's in-target cost (uprobe hits, charged to the traced processes, not to top): {k['probe_cpu_s_per_s_all_targets'] * 1e3 if k['probe_cpu_s_per_s_all_targets'] is not None else float('nan'):.2f} ms of CPU per second over all {args.procs},
-{100 * (k['share_of_targets_cpu'] or 0):.2f}% of their CPU time.
+{100 * (k['share_of_targets_cpu'] or 0):.2f}% of their CPU time; {k['processes_with_calls']} of the {args.procs} had calls measured in the record span.
 """
     (res / f"top-cpu-{args.tag}.md").write_text(md)
     print(md)

@@ -479,3 +479,31 @@ def test_the_shared_marker_fits_every_members_budget():
     assert all(p.reserved_s_per_s == pytest.approx(p.marker_cost(0)) for p in host.members.values())
     host.members[2].cpu_s_per_s = 0.001  # member 2 got lighter: the marker now costs it over half its budget
     assert host.marker_too_dear(0)
+
+
+def test_recent_pools_the_last_intervals_of_a_process():
+    """What top shows each refresh: the last 5 intervals pooled, not the last window alone."""
+    import os
+    import types
+
+    from gputrace.tracer.bpfprog import ZERO, RawStats
+    from gputrace.tracer.symbols import Function
+    from gputrace.tracer.tracee import Tracee
+
+    cost = ProbeCost(entry_ns=1000.0, entry_return_ns=3000.0, bias_ns=0.0)
+    cal = Calibration(cost, cost, 10.0, 1, 1)
+    fn = Function("cuLaunchKernel", 0x1000, 0x1000, 16, SUB)
+    # The parts of a Probes a Tracee reads: no program, no links.
+    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, calibration=cal,
+                                   probed=frozenset({0}))
+    t = Tracee(os.getpid(), probes, budget=0.01, interval_s=1.0, exact=False, own_marker=False)
+    t.begin()
+    cum = ZERO
+    for k, calls in enumerate([0, 100, 0, 100, 0, 100, 0]):  # a bursty job: every other window sees nothing
+        cum = cum + RawStats(calls, 0, 0, 0, 0, 0, ZERO.hist)
+        snap = t.account(1.0, 0.01, {0: cum}, 0.0)
+        assert snap.calls_hz == pytest.approx(calls / 0.01, rel=0.05)  # one interval: 0 or 10k calls/s
+    recent = t.recent()
+    # The last 5 intervals: 200 calls in 5 windows of 10 ms (taking the probe time out of them).
+    assert recent.interval_s == pytest.approx(5.0) and recent.window_s == pytest.approx(0.05)
+    assert recent.calls_hz == pytest.approx(200 / 0.05, rel=0.05)

@@ -149,9 +149,12 @@ class HostSession:
         for t in self.tracees.values():
             t.set_marker(f)
 
-    def summary(self, pid: int) -> ProcessSnapshot | None:
+    def summary(self, pid: int, recent: bool = False) -> ProcessSnapshot | None:
+        """`pid` over the whole session, or over its last few intervals (`recent`)."""
         t = self.tracees.get(pid)
-        return t.summary() if t is not None else None
+        if t is None:
+            return None
+        return t.recent() if recent else t.summary()
 
     def _drop(self, pid: int) -> None:
         t = self.tracees.pop(pid)

@@ -89,6 +89,10 @@ class Tracee:
         # (CPU s, span s) of recent intervals: /proc counts CPU time in clock ticks (10 ms), so a
         # job using 1% of a CPU shows 0 or 10 ms in any one second; the budget wants its rate.
         self._cpu_recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=5)
+        # The last intervals' (span, window, CPU, deltas, effective time per probed function), for
+        # recent(): one short window per interval is too noisy a sample to show alone.
+        self._recent: collections.deque[tuple[float, float, float | None, dict[int, RawStats], dict[int, float]]] = \
+            collections.deque(maxlen=5)
         self.started = time.monotonic()
         self.elapsed_s = 0.0
         self.target_cpu_s = 0.0
@@ -189,6 +193,7 @@ class Tracee:
                 r = deltas.get(f, ZERO).calls / effective
                 self._sum_rate[f] = self._sum_rate.get(f, 0.0) + r
                 self._sum_rate2[f] = self._sum_rate2.get(f, 0.0) + r * r
+        self._recent.append((span, window, cpu, deltas, dict.fromkeys(self.probes.probed, effective) if window > 0 else {}))
         continuous = window >= span * 0.999
         errs = {f: self._rate_err(d.calls, window, effective, 0.0 if continuous else None) for f, d in deltas.items()}
         return self._snapshot(span, window, effective, cpu, deltas, errs)
@@ -287,6 +292,22 @@ class Tracee:
             functions=tuple(funcs), tracer_cost_s=self._cost_s(stats),
             driver_cpu_s_per_s=driver, wait_s_per_s=wait, classes=tuple(totals),
         )
+
+    def recent(self) -> ProcessSnapshot:
+        """The last few intervals (up to 5) as one snapshot: what a live view shows each refresh."""
+        totals: dict[int, RawStats] = {}
+        eff: dict[int, float] = {}
+        span = window = 0.0
+        cpu: float | None = 0.0
+        for sp, w, c, deltas, probed in self._recent:
+            span, window = span + sp, window + w
+            cpu = cpu + c if cpu is not None and c is not None else None
+            for f, d in deltas.items():
+                totals[f] = totals.get(f, ZERO) + d
+            for f, e in probed.items():
+                eff[f] = eff.get(f, 0.0) + e
+        errs = {f: self._rate_err(d.calls, window, eff.get(f, 0.0), None) for f, d in totals.items()}
+        return self._snapshot(span, window, eff, cpu, totals, errs)
 
     def summary(self) -> ProcessSnapshot:
         """The whole session as one snapshot: rates over all windows, with their uncertainty.

@@ -87,8 +87,11 @@ class _FileTracer:
         s = self.session
         with self._lock:
             for pid, snap in snaps.items():
-                self.history.setdefault(pid, collections.deque(maxlen=self.history_len)).append(snap.calls_hz)
-                self.latest[pid] = (s.summary(pid) or snap) if self.cumulative else snap
+                # Rows show the last few intervals (the whole span for --once): one interval's
+                # window, a few ms at a 1% budget, is too short a sample of a bursty job.
+                shown = s.summary(pid, recent=not self.cumulative) or snap
+                self.history.setdefault(pid, collections.deque(maxlen=self.history_len)).append(shown.calls_hz)
+                self.latest[pid] = shown
             for pid in s.exited:
                 self.latest.pop(pid, None)
                 self.history.pop(pid, None)
