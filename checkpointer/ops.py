@@ -178,26 +178,32 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
             if nbytes != r["image_bytes"]:
                 raise CheckpointError(f"the image is {nbytes} bytes, the shim said {r['image_bytes']}",
                                       "this is a bug; nothing was kept")
-            hdr = image.parse(os.pread(memfd, min(nbytes, 64 + 32 * r["allocations"] + 4096), 0))
-            manifest = {
-                "schema": store.SCHEMA, "format": store.FORMAT, "complete": True, "created_unix": time.time(),
-                "host": os.uname().nodename, "target": {"pid": pid, "comm": client.comm(pid)},
-                "driver": {"path": status.get("driver", ""), "version": r.get("driver_version", 0)},
-                "devices": r.get("devices", []),
-                "registry": status.get("totals", {}),
-                "allocations": [{"base": e.base, "size": e.size, "device": e.device, "kind": e.kind, "offset": e.offset}
-                                for e in hdr.entries],
-                "bytes": r["bytes"],
-                "timings": {k: r[k] for k in ("setup_ns", "drain_ns", "sync_ns", "copy_ns", "freeze_ns")},
-                "shim": {"lanes": r["lanes"], "chunk": r["chunk"], "direct": r.get("direct", False),
-                         "skipped_unmapped_vmm": r.get("skipped", 0)},
-            }
+            hdr, manifest = manifest_of(pid, status, r, memfd, nbytes)
             m = store.write(out, memfd, nbytes, manifest, progress)
         finally:
             os.close(memfd)
     t = m["timings"]
     return CheckpointReport(str(out), pid, len(hdr.entries), r["bytes"], nbytes, t["drain_ns"], t["sync_ns"],
                             t["copy_ns"], t["freeze_ns"], t["write_ns"], time.monotonic_ns() - t0, r.get("direct", False))
+
+
+def manifest_of(pid: int, status: dict, r: dict, memfd: int, nbytes: int) -> tuple[image.Header, dict]:
+    """The image's header and the manifest for it, from the shim's status and its dump (or suspend) reply."""
+    hdr = image.parse(os.pread(memfd, min(nbytes, 64 + 32 * r["allocations"] + 4096), 0))
+    manifest = {
+        "schema": store.SCHEMA, "format": store.FORMAT, "complete": True, "created_unix": time.time(),
+        "host": os.uname().nodename, "target": {"pid": pid, "comm": client.comm(pid)},
+        "driver": {"path": status.get("driver", ""), "version": r.get("driver_version", 0)},
+        "devices": r.get("devices", []),
+        "registry": status.get("totals", {}),
+        "allocations": [{"base": e.base, "size": e.size, "device": e.device, "kind": e.kind, "offset": e.offset}
+                        for e in hdr.entries],
+        "bytes": r["bytes"],
+        "timings": {k: r[k] for k in ("setup_ns", "drain_ns", "sync_ns", "copy_ns", "freeze_ns")},
+        "shim": {"lanes": r["lanes"], "chunk": r["chunk"], "direct": r.get("direct", False),
+                 "skipped_unmapped_vmm": r.get("skipped", 0)},
+    }
+    return hdr, manifest
 
 
 def _describe(diffs: list[str], total: int) -> str:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from gputrace.errors import CheckpointError
 
-from .ops import DEFAULT_CHUNK, DEFAULT_LANES, _copy_timeout, _Session, _shim_failure
+from . import store
+from .ops import DEFAULT_CHUNK, DEFAULT_LANES, _copy_timeout, _Session, _shim_failure, manifest_of
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class SuspendReport:
     release_ns: int
     total_ns: int
     direct: bool = False  # copied straight into the pinned image (no staging)
+    path: str | None = None  # -o: the checkpoint directory the data now live in (host memory given back)
+    write_ns: int = 0  # -o: hashing and writing it, while the job stayed suspended
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,19 +56,31 @@ class ResumeReport:
 
 
 def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK, timeout_ms: int = 5000,
-            direct: bool = True) -> SuspendReport:
+            direct: bool = True, out: Path | str | None = None, progress: store.Progress | None = None) -> SuspendReport:
+    """Suspends shimmed process `pid`.  `out`: also write the data as a checkpoint directory there
+    (what `gputrace restore` reads) and let the job's host memory go: the shim keeps the on-disk image
+    instead of the memfd, and resume reads it back from disk.  The job is frozen for the copy alone
+    either way; with `out` it stays suspended while the data are written (it is waiting anyway)."""
     t0 = time.monotonic_ns()
+    if out is not None:
+        out = Path(out).absolute()
+        store.check_target(out)
     with _Session(pid, "suspend") as s:
         held = s.request("status")
         if held.get("suspended"):
             raise CheckpointError(f"process {pid} is already suspended", f"bring it back with: gputrace resume -p {pid}")
         nbytes = held.get("totals", {}).get("device_bytes", 0)
         memfd = os.memfd_create(f"gputrace-suspend-{pid}", os.MFD_CLOEXEC)
+        write_ns, path = 0, None
         try:
             r = s.request(f"suspend lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
                           timeout_s=_copy_timeout(nbytes))
+            if r.get("ok") and out is not None:
+                tw = time.monotonic_ns()
+                _to_disk(s, pid, held, r, memfd, out, progress)
+                write_ns, path = time.monotonic_ns() - tw, str(out)
         finally:
-            os.close(memfd)  # the shim holds its own descriptor of it now
+            os.close(memfd)  # the shim holds its own descriptor of it (or of the file) now
     if not r.get("ok"):
         if r.get("error") == "unsupported":
             raise CheckpointError(f"process {pid} cannot be suspended: {r.get('detail', '')}",
@@ -72,7 +88,28 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
                                   "(only cuMemAlloc memory is served through the VMM API)")
         raise _shim_failure(r, pid, "suspend")
     return SuspendReport(pid, r["allocations"], r["bytes"], r["reserved_bytes"], r["drain_ns"], r["copy_ns"],
-                         r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False))
+                         r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False), path, write_ns)
+
+
+def _to_disk(s: _Session, pid: int, status: dict, r: dict, memfd: int, out: Path,
+             progress: store.Progress | None) -> None:
+    """The suspended image as a checkpoint directory; then the shim swaps its memfd for the file."""
+    nbytes = os.fstat(memfd).st_size
+    try:
+        _, manifest = manifest_of(pid, status, r, memfd, nbytes)
+        store.write(out, memfd, nbytes, manifest, progress)
+    except CheckpointError as exc:
+        raise type(exc)(f"{exc.msg}; process {pid} is suspended with its data in host memory",
+                              f"{exc.hint}; `gputrace resume -p {pid}` brings it back") from None
+    fd = os.open(out / store.DATA, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        rr = s.request("rehome", fd=fd)
+        if not rr.get("ok"):
+            raise CheckpointError(f"the shim of process {pid} kept its data in host memory: {rr.get('error')}",
+                                  f"the checkpoint in {out} is complete; `gputrace resume -p {pid}` works as usual")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # written and synced: no need to keep it cached
+    finally:
+        os.close(fd)
 
 
 def resume(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK, direct: bool = True) -> ResumeReport:

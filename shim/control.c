@@ -205,6 +205,17 @@ static void command(struct client *cl, int idx, char *line)
             reply(cl->fd, "{\"ok\": true, \"paused\": false}");
         else
             reply(cl->fd, "{\"ok\": false, \"error\": \"not paused\"}");
+    } else if (!strcmp(line, "rehome")) {
+        int fd = cl->passed;
+        cl->passed = -1;
+        const char *e = fd < 0 ? "pass the file's descriptor with the command" : dump_rehome(fd);
+        if (e) {
+            if (fd >= 0)
+                close(fd);
+            reply(cl->fd, "{\"ok\": false, \"error\": \"%s\"}", e);
+        } else {
+            reply(cl->fd, "{\"ok\": true}");
+        }
     } else if (dump_mode_of(line) >= 0) {
         int mode = dump_mode_of(line);
         char *args = line + strlen(dump_words[mode]);
@@ -223,7 +234,7 @@ static void command(struct client *cl, int idx, char *line)
         free(buf);
     } else {
         reply(cl->fd, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
-                      "restore, suspend, unsuspend\"}");
+                      "restore, suspend, unsuspend, rehome\"}");
     }
 }
 

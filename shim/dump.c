@@ -362,6 +362,7 @@ static uint64_t g_susp_ns;
  * back is the bus's time alone (pinning 16 GiB takes seconds; the job waits through all of resume). */
 static char *g_susp_map;
 static uint64_t g_susp_len;
+static uint64_t g_susp_ctx;
 
 int dump_suspended(void) { return g_suspended; }
 
@@ -906,6 +907,7 @@ char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
         g_susp_ns = now_ns();
         g_susp_map = map;
         g_susp_len = map_len;
+        g_susp_ctx = c.ctxs[0];
         map = NULL; /* stays mapped and pinned until unsuspend */
         own_fd = 0;
         paused = 0; /* the gate stays closed until unsuspend */
@@ -965,4 +967,28 @@ reply:
     }
     *len = b.len;
     return b.p;
+}
+
+/* `rehome` with an fd: a suspended job's image moves from the memfd it was copied into to a file
+ * holding the same bytes (`gputrace suspend -o DIR` writes it, checksummed, while the job waits), so
+ * the host memory goes back to the system and unsuspend reads the file.  The shim checks that the
+ * file is the same size and starts with the same header before it lets go of the memfd. */
+const char *dump_rehome(int fd)
+{
+    if (!g_suspended)
+        return "not suspended";
+    struct stat a, b;
+    if (fstat(g_susp_fd, &a) != 0 || fstat(fd, &b) != 0 || a.st_size != b.st_size)
+        return "the file is not the size of the suspended image";
+    char x[IMG_ALIGN], y[IMG_ALIGN];
+    size_t n = a.st_size < (off_t)IMG_ALIGN ? (size_t)a.st_size : IMG_ALIGN;
+    if (pread(g_susp_fd, x, n, 0) != (ssize_t)n || pread(fd, y, n, 0) != (ssize_t)n || memcmp(x, y, n))
+        return "the file does not hold the suspended image";
+    if (g_susp_map) {
+        direct_unmap(g_susp_map, g_susp_len, g_susp_ctx);
+        g_susp_map = NULL;
+    }
+    close(g_susp_fd);
+    g_susp_fd = fd;
+    return NULL;
 }

@@ -87,6 +87,7 @@ HIDDEN int gate_paused(void);
 enum dump_mode { M_DUMP, M_RESTORE, M_SUSPEND, M_UNSUSPEND };
 HIDDEN char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len);
 HIDDEN int dump_suspended(void); /* between a suspend and its unsuspend: the gate must stay closed */
+HIDDEN const char *dump_rehome(int fd); /* NULL: the suspended image now lives in fd (taken over) */
 
 /* ---- vmm.c: cuMemAlloc_v2 through the VMM API when GPUTRACE_SHIM_VMM=1, so `suspend` can release
  * an allocation's memory and `unsuspend` map new memory at the same address. */

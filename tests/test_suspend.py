@@ -18,6 +18,7 @@ from gputrace.checkpointer import resume, suspend
 from gputrace.errors import CheckpointError
 from gputrace.shim import client
 
+from ckpttest import small_fs  # noqa: F401  (fixture)
 from shimtest import procs, shim_dir  # noqa: F401  (fixtures)
 
 GRANULE = 2 << 20  # simcuda's VMM granularity
@@ -151,3 +152,50 @@ def test_vmm_served_allocations_behave_like_the_drivers(procs, shim_dir):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["check"] == "ok"
+
+
+def _fds(pid: int) -> list[str]:
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+def test_suspend_to_a_directory_gives_host_memory_back_and_leaves_a_checkpoint(procs, shim_dir, tmp_path):
+    from gputrace.checkpointer import restore
+    from gputrace.checkpointer.store import read_manifest
+
+    p = start(procs, "--plain", "--size", str(3 << 20))
+    ready = json.loads(p.stdout.readline())
+    out = tmp_path / "s1"
+    rep = suspend(p.pid, out=out)
+    assert rep.path == str(out) and rep.bytes == ready["bytes"]
+    m = read_manifest(out)  # a complete checkpoint of the suspended state
+    assert sorted((a["base"], a["size"]) for a in m["allocations"]) == \
+        sorted((a["base"], a["size"]) for a in ready["allocations"])
+    fds = _fds(p.pid)
+    assert str(out / "data.img") in fds  # the shim reads it back from disk ...
+    assert not any("gputrace-suspend" in f for f in fds)  # ... and has let the memfd (host memory) go
+    assert client.status(p.pid)["suspended"]
+    resume(p.pid)
+    assert ask(p, "sum")["sum"] == ready["sum"]
+    assert str(out / "data.img") not in _fds(p.pid)
+    # The directory is an ordinary checkpoint: the job rolls back to it after overwriting its memory.
+    assert ask(p, "fill 9")["sum"] != ready["sum"]
+    restore(p.pid, out)
+    assert ask(p, "sum")["sum"] == ready["sum"]
+
+
+def test_suspend_to_a_full_disk_keeps_the_job_suspended_in_host_memory(procs, shim_dir, small_fs):
+    p = start(procs, "--plain", "--size", str(3 << 20))
+    ready = json.loads(p.stdout.readline())
+    with pytest.raises(CheckpointError, match="no space left.*suspended with its data in host memory") as ei:
+        suspend(p.pid, out=small_fs / "s1")
+    assert f"gputrace resume -p {p.pid}" in ei.value.hint
+    assert not (small_fs / "s1").exists() and not list(small_fs.iterdir())  # nothing that claims to be valid
+    assert client.status(p.pid)["suspended"]
+    resume(p.pid)
+    assert ask(p, "sum")["sum"] == ready["sum"]

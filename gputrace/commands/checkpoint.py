@@ -194,6 +194,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
 
 SUSPEND_EPILOG = """examples:
   gputrace suspend -p 1234          free the job's GPU memory (its data wait in host memory)
+  gputrace suspend -p 1234 -o /ckpt/s1   the same, the data written to a checkpoint directory, host memory freed
   gputrace resume -p 1234           bring it back at the same addresses; the job continues
   gputrace suspend --backend driver -p 1234   the same with NVIDIA's API, for a job without the shim
 
@@ -205,6 +206,8 @@ suspended, the job waits at its next GPU submission.
 
 def configure_suspend(p: argparse.ArgumentParser) -> None:
     add_pid(p)
+    p.add_argument("-o", "--output", help="also write the data to this new checkpoint directory and give the host "
+                                          "memory back: resume reads them from disk (a valid checkpoint for restore)")
     _backend(p)
     _tuning(p, direct=True)
     add_json(p)
@@ -218,6 +221,11 @@ def suspend_cmd(args: argparse.Namespace) -> int:
     if args.backend == "driver":
         from ..checkpointer import driver
 
+        if args.output:
+            from ..errors import UsageError
+
+            raise UsageError("--backend driver writes no directory: the driver keeps the data in the process",
+                             "drop -o, or suspend a shimmed job to write its data to a directory")
         r = driver.suspend(args.pid, timeout_ms=args.timeout_ms)
         if args.json:
             _dump_json({"schema": 1, **r.to_dict()})
@@ -225,11 +233,17 @@ def suspend_cmd(args: argparse.Namespace) -> int:
             _driver_report(r)
         return 0
 
-    r = suspend(args.pid, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms, direct=args.direct)
+    prog = _Progress(not args.json and sys.stderr.isatty())
+    try:
+        r = suspend(args.pid, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms, direct=args.direct,
+                    out=args.output, progress=prog)
+    finally:
+        prog.end()
     if args.json:
         _dump_json({"schema": 1, **r.to_dict()})
         return 0
-    print(f"suspended pid {r.pid}: {r.allocations} allocation(s), {fmt_bytes(r.bytes)} copied to host memory, "
+    where = f"written to {r.path} ({_ms(r.write_ns)}, host memory given back)" if r.path else "kept in host memory"
+    print(f"suspended pid {r.pid}: {r.allocations} allocation(s), {fmt_bytes(r.bytes)} {where}, "
           f"{fmt_bytes(r.reserved_bytes)} of GPU memory freed")
     print(f"  copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}, release {_ms(r.release_ns)}; "
           f"resume with: gputrace resume -p {r.pid}")
