@@ -113,7 +113,7 @@ def nvml_used(pid: int) -> int | None:
     return 0  # not listed: holds no GPU memory
 
 
-def shim_size(size_gib: float, modes: list[str], work: Path) -> dict:
+def shim_size(size_gib: float, modes: list[str], work: Path, skip: set[str] = frozenset()) -> dict:
     nbytes = int(size_gib * GIB)
     res: dict = {"size_gib": size_gib, "modes": {}}
     log(f"{size_gib} GiB: shimmed job")
@@ -139,6 +139,8 @@ def shim_size(size_gib: float, modes: list[str], work: Path) -> dict:
             shutil.rmtree(ck, ignore_errors=True)
             if got != want:
                 break  # the job's data is no longer what later steps compare against
+        if "suspend" in skip:
+            return res_with_driver(res, size_gib, nbytes, work, skip)
         log(f"{size_gib} GiB: suspend / resume")
         before = nvml_used(job.pid)
         s = cli("suspend", "-p", str(job.pid))
@@ -150,6 +152,10 @@ def shim_size(size_gib: float, modes: list[str], work: Path) -> dict:
         job.cmd("train 5")  # the job goes on
     finally:
         job.close()
+    return res_with_driver(res, size_gib, nbytes, work, skip)
+
+
+def res_with_driver(res: dict, size_gib: float, nbytes: int, work: Path, skip: set[str]) -> dict:
     log(f"{size_gib} GiB: job without the shim (driver backend, torch.save)")
     job = Job(shim=False)
     try:
@@ -157,10 +163,11 @@ def shim_size(size_gib: float, modes: list[str], work: Path) -> dict:
         job.cmd("train 5")
         d = cli("checkpoint", "--backend", "driver", "-p", str(job.pid))
         res["driver"] = {**d, "restored_equal": job.cmd("checksum")["checksum"] == held["checksum"]}
-        path = work / "app.pt"
-        log(f"{size_gib} GiB: torch.save")
-        res["torch_save"] = job.cmd(f"save {path}")
-        path.unlink(missing_ok=True)
+        if "torch_save" not in skip:
+            path = work / "app.pt"
+            log(f"{size_gib} GiB: torch.save")
+            res["torch_save"] = job.cmd(f"save {path}")
+            path.unlink(missing_ok=True)
     finally:
         job.close()
     return res
@@ -209,6 +216,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1,16,40", help="GiB of live tensors, comma-separated (default 1,16,40)")
     ap.add_argument("--modes", default="staging,direct", help="shim copy modes (default staging,direct)")
     ap.add_argument("--large-modes", default="", help="modes for sizes above 16 GiB (default: --modes)")
+    ap.add_argument("--skip", default="", help="parts to leave out, comma-separated: suspend, torch_save")
     ap.add_argument("--training", action="store_true", help="also the loss test (on 1 GiB of extra tensors)")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/gputrace-bench"),
                     help="where checkpoints and torch.save files go (a disk, not tmpfs)")
@@ -233,7 +241,7 @@ def main() -> int:
         out_partial.write_text(json.dumps(doc, indent=1))
     for s in [float(x) for x in a.sizes.split(",") if x]:
         modes = (a.large_modes if s > 16 and a.large_modes else a.modes).split(",")
-        doc["sizes"].append(shim_size(s, modes, a.workdir))
+        doc["sizes"].append(shim_size(s, modes, a.workdir, set(a.skip.split(",")) - {""}))
         out_partial.write_text(json.dumps(doc, indent=1))  # what was done survives a timeout
     doc["duration_s"] = round(time.time() - t0, 1)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
@@ -294,7 +302,10 @@ def summary(d: dict) -> str:
           "| GiB | suspend ms (copy / release) | GPU memory of the process before / suspended / after (MiB) | "
           "resume ms (remap / copy) | data equal |", "|---:|---|---|---|---|"]
     for s in d["sizes"]:
-        x = s.get("suspend", {})
+        x = s.get("suspend")
+        if not x:
+            L.append(f"| {s['size_gib']:g} | not measured in this run |")
+            continue
         sp, rs = x.get("suspend", {}), x.get("resume", {})
         if "error" in sp or "error" in rs:
             L.append(f"| {s['size_gib']:g} | error: {(sp.get('error') or rs.get('error'))[:160]} |")
