@@ -75,6 +75,7 @@ class HostSession:
             t = Tracee(pid, self.probes, budget=o.budget, interval_s=o.interval_s, exact=o.exact,
                        prev=stats.get(pid), own_marker=False)
             t.set_marker(self.marker)
+            t.comm_every = 10  # 50 processes' comm every second is 50 file reads for nothing
             self.tracees[pid] = t
             self._pidfds[pid] = fd
             self.policy.members[pid] = t.policy
@@ -101,9 +102,11 @@ class HostSession:
             for fd, _ in p.poll(min(left, 0.2) * 1000):  # short polls: stop() is seen within 0.2 s
                 self.tracees[live[fd]].exited = True
 
-    def step(self, interval_s: float | None = None) -> dict[int, ProcessSnapshot]:
+    def step(self, interval_s: float | None = None, view: str = "recent") -> dict[int, ProcessSnapshot]:
         """One interval over every process added so far; returns their snapshots by pid (the
-        processes that exited in it included, for the last time: their pids are in `exited`)."""
+        processes that exited in it included, for the last time: their pids are in `exited`):
+        over their last few intervals (`view` "recent", Tracee.recent), over the whole session
+        ("summary"), or over this interval alone ("interval")."""
         interval_s = interval_s or self.options.interval_s
         self._admit(self._read() if self._adding else {})
         for t in self.tracees.values():
@@ -118,7 +121,10 @@ class HostSession:
         self.probes.outside_end()
         outside_s = self.probes.take_outside_s()
         stats = self._read()
-        snaps = {pid: t.account(span, window, stats.get(pid, {}), outside_s) for pid, t in self.tracees.items()}
+        snaps = {}
+        for pid, t in self.tracees.items():
+            snap = t.account(span, window, stats.get(pid, {}), outside_s, snapshot=view == "interval")
+            snaps[pid] = snap if snap is not None else t.recent() if view == "recent" else t.summary()
         self.exited = [pid for pid, t in self.tracees.items() if t.exited]
         for pid in self.exited:
             self._drop(pid)
@@ -149,12 +155,6 @@ class HostSession:
         for t in self.tracees.values():
             t.set_marker(f)
 
-    def summary(self, pid: int, recent: bool = False) -> ProcessSnapshot | None:
-        """`pid` over the whole session, or over its last few intervals (`recent`)."""
-        t = self.tracees.get(pid)
-        if t is None:
-            return None
-        return t.recent() if recent else t.summary()
 
     def _drop(self, pid: int) -> None:
         t = self.tracees.pop(pid)
@@ -180,10 +180,10 @@ class HostSession:
         for pid in list(self.tracees):
             self._drop(pid)
 
-    def run(self, on_step: Callable[[dict[int, ProcessSnapshot]], None]) -> None:
+    def run(self, on_step: Callable[[dict[int, ProcessSnapshot]], None], view: str = "recent") -> None:
         """Steps until stop(); the probes are detached at the end, even on an error."""
         try:
             while not self._stop.is_set():
-                on_step(self.step())
+                on_step(self.step(view=view))
         finally:
             self.probes.detach()

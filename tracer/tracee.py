@@ -86,6 +86,8 @@ class Tracee:
         self._marker_in = [0, 0.0]               # calls, seconds: inside windows
         self._marker_out = [0, 0.0]              # calls, seconds: between windows
         self._cpu_mark: float | None = None
+        self._steps = 0
+        self.comm_every = 1  # read /proc/PID/comm every that many intervals (it changes only on exec)
         # (CPU s, span s) of recent intervals: /proc counts CPU time in clock ticks (10 ms), so a
         # job using 1% of a CPU shows 0 or 10 ms in any one second; the budget wants its rate.
         self._cpu_recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=5)
@@ -93,6 +95,8 @@ class Tracee:
         # recent(): one short window per interval is too noisy a sample to show alone.
         self._recent: collections.deque[tuple[float, float, float | None, dict[int, RawStats], dict[int, float]]] = \
             collections.deque(maxlen=5)
+        self._recent_sum: dict[int, RawStats] = {}
+        self._recent_eff: dict[int, float] = {}
         self.started = time.monotonic()
         self.elapsed_s = 0.0
         self.target_cpu_s = 0.0
@@ -145,12 +149,16 @@ class Tracee:
         return min(max(ratio, 0.1), 1.5), 1.96 * math.sqrt(1 / ni + 1 / no)
 
     # --- one interval ------------------------------------------------------------------------
-    def account(self, span: float, window: float, now: Mapping[int, RawStats], outside_s: float) -> ProcessSnapshot:
-        """Turns this process's rows of the maps, read after an interval of `span` seconds whose
-        window counted `window` of them, into its snapshot; updates its policy and marker."""
-        comm = process_comm(self.pid)
-        if comm != "?":  # a held command has exec'd since: show its name, not ours
-            self.comm = comm
+    def account(self, span: float, window: float, now: Mapping[int, RawStats], outside_s: float,
+                *, snapshot: bool = True) -> ProcessSnapshot | None:
+        """Takes in this process's rows of the maps, read after an interval of `span` seconds whose
+        window counted `window` of them; updates its policy and marker; returns the interval's
+        snapshot (None without `snapshot`: a caller that shows recent() or summary() instead)."""
+        self._steps += 1
+        if self._steps % self.comm_every == 1 or self.comm_every == 1:
+            comm = process_comm(self.pid)
+            if comm != "?":  # a held command has exec'd since: show its name, not ours
+                self.comm = comm
         cpu = self._cpu_since_mark()
         if cpu is not None:
             self.target_cpu_s += cpu
@@ -193,7 +201,9 @@ class Tracee:
                 r = deltas.get(f, ZERO).calls / effective
                 self._sum_rate[f] = self._sum_rate.get(f, 0.0) + r
                 self._sum_rate2[f] = self._sum_rate2.get(f, 0.0) + r * r
-        self._recent.append((span, window, cpu, deltas, dict.fromkeys(self.probes.probed, effective) if window > 0 else {}))
+        self._remember(span, window, cpu, deltas, dict.fromkeys(self.probes.probed, effective) if window > 0 else {})
+        if not snapshot:
+            return None
         continuous = window >= span * 0.999
         errs = {f: self._rate_err(d.calls, window, effective, 0.0 if continuous else None) for f, d in deltas.items()}
         return self._snapshot(span, window, effective, cpu, deltas, errs)
@@ -293,19 +303,29 @@ class Tracee:
             driver_cpu_s_per_s=driver, wait_s_per_s=wait, classes=tuple(totals),
         )
 
+    def _remember(self, span: float, window: float, cpu: float | None, deltas: dict[int, RawStats],
+                  effective: dict[int, float]) -> None:
+        """Keeps running sums over the last intervals: the newest added, the one leaving subtracted."""
+        if len(self._recent) == self._recent.maxlen:
+            _, _, _, old, old_eff = self._recent[0]
+            for f, d in old.items():
+                self._recent_sum[f] = self._recent_sum[f] - d
+            for f, e in old_eff.items():
+                self._recent_eff[f] -= e
+        self._recent.append((span, window, cpu, deltas, effective))
+        for f, d in deltas.items():
+            self._recent_sum[f] = self._recent_sum.get(f, ZERO) + d
+        for f, e in effective.items():
+            self._recent_eff[f] = self._recent_eff.get(f, 0.0) + e
+
     def recent(self) -> ProcessSnapshot:
         """The last few intervals (up to 5) as one snapshot: what a live view shows each refresh."""
-        totals: dict[int, RawStats] = {}
-        eff: dict[int, float] = {}
-        span = window = 0.0
-        cpu: float | None = 0.0
-        for sp, w, c, deltas, probed in self._recent:
-            span, window = span + sp, window + w
-            cpu = cpu + c if cpu is not None and c is not None else None
-            for f, d in deltas.items():
-                totals[f] = totals.get(f, ZERO) + d
-            for f, e in probed.items():
-                eff[f] = eff.get(f, 0.0) + e
+        span = sum(r[0] for r in self._recent)
+        window = sum(r[1] for r in self._recent)
+        cpus = [r[2] for r in self._recent]
+        cpu = sum(cpus) if None not in cpus else None
+        totals = {f: d for f, d in self._recent_sum.items() if d.calls or d.timed or d.closed or d.outside}
+        eff = {f: e for f, e in self._recent_eff.items() if e > 1e-12}
         errs = {f: self._rate_err(d.calls, window, eff.get(f, 0.0), None) for f, d in totals.items()}
         return self._snapshot(span, window, eff, cpu, totals, errs)
 

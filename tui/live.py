@@ -72,10 +72,12 @@ class _FileTracer:
                     self.session.add(pid)
             if self._stopped.is_set():
                 return
-            self.session.run(self._publish)
+            # Rows show each process's last few intervals (the whole span for --once): one
+            # interval's window, a few ms at a 1% budget, is too short a sample of a bursty job.
+            self.session.run(self._publish, "summary" if self.cumulative else "recent")
         except GputraceError as exc:
             self.error = exc.msg
-        except OSError as exc:  # the file vanished under us, mostly
+        except Exception as exc:  # an OSError mostly (the file vanished); whatever it is, not a traceback on the screen
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             if self.session is not None:
@@ -87,11 +89,8 @@ class _FileTracer:
         s = self.session
         with self._lock:
             for pid, snap in snaps.items():
-                # Rows show the last few intervals (the whole span for --once): one interval's
-                # window, a few ms at a 1% budget, is too short a sample of a bursty job.
-                shown = s.summary(pid, recent=not self.cumulative) or snap
-                self.history.setdefault(pid, collections.deque(maxlen=self.history_len)).append(shown.calls_hz)
-                self.latest[pid] = shown
+                self.history.setdefault(pid, collections.deque(maxlen=self.history_len)).append(snap.calls_hz)
+                self.latest[pid] = snap
             for pid in s.exited:
                 self.latest.pop(pid, None)
                 self.history.pop(pid, None)
