@@ -17,6 +17,7 @@ from .text import COLUMNS, fmt_bytes
 
 class HostHeader(Static):
     DEFAULT_CSS = "HostHeader { height: auto; padding: 0 1; background: $boost; }"
+    _shape: tuple[int, ...] = ()
 
     def show(self, h: HostSnapshot | None, preset: str, sort: str, reverse: bool, filt: str, state: str) -> None:
         if h is None:
@@ -43,7 +44,12 @@ class HostHeader(Static):
         t.append(f"  {time.strftime('%H:%M:%S', time.localtime(h.t))}")
         if state:
             t.append(f"  {state}", style="yellow")
-        self.update(t)
+        # A layout pass (about 10 ms with 50 rows) only when the header's height may change: most
+        # refreshes change only figures and the clock, not how many lines the text wraps to.
+        width = max(1, self.content_region.width)
+        shape = (width, *(-(-max(1, len(line)) // width) for line in t.plain.split("\n")))
+        self.update(t, layout=shape != self._shape)
+        self._shape = shape
 
 
 class StatusLine(Static):
