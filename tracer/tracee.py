@@ -43,8 +43,8 @@ def process_comm(pid: int) -> str:
         return "?"
 
 
-def percentile_ns(hist, q: float) -> float | None:
-    total = sum(hist)
+def percentile_ns(hist, q: float, total: int | None = None) -> float | None:
+    total = sum(hist) if total is None else total
     if not total:
         return None
     need = q * total
@@ -77,8 +77,8 @@ class Tracee:
         self._sum_rate2: dict[int, float] = {}
         self._window_s = 0.0
         self._effective_s = 0.0
-        self._probed_s: dict[int, float] = {}       # per function: effective time it was probed
-        self._probed_windows: dict[int, int] = {}
+        # Effective time and windows, per set of functions probed together: what probed_s() sums.
+        self._probed_sets: dict[frozenset[int], tuple[float, int]] = {}
         # The marker: one function probed all the time, whose rate between windows against its rate
         # in them measures how much the windows slow the target (see perturbation).
         self.marker: int | None = None
@@ -91,12 +91,12 @@ class Tracee:
         # (CPU s, span s) of recent intervals: /proc counts CPU time in clock ticks (10 ms), so a
         # job using 1% of a CPU shows 0 or 10 ms in any one second; the budget wants its rate.
         self._cpu_recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=5)
-        # The last intervals' (span, window, CPU, deltas, effective time per probed function), for
+        # The last intervals' (span, window, CPU, deltas, functions probed, effective time), for
         # recent(): one short window per interval is too noisy a sample to show alone.
-        self._recent: collections.deque[tuple[float, float, float | None, dict[int, RawStats], dict[int, float]]] = \
+        self._recent: collections.deque[tuple[float, float, float | None, dict[int, RawStats], frozenset[int], float]] = \
             collections.deque(maxlen=5)
         self._recent_sum: dict[int, RawStats] = {}
-        self._recent_eff: dict[int, float] = {}
+
         self.started = time.monotonic()
         self.elapsed_s = 0.0
         self.target_cpu_s = 0.0
@@ -195,13 +195,17 @@ class Tracee:
             self._effective_s += effective
             for f, d in deltas.items():
                 self._total[f] = self._total.get(f, ZERO) + d
-            for f in self.probes.probed:
-                self._probed_s[f] = self._probed_s.get(f, 0.0) + effective
-                self._probed_windows[f] = self._probed_windows.get(f, 0) + 1
-                r = deltas.get(f, ZERO).calls / effective
-                self._sum_rate[f] = self._sum_rate.get(f, 0.0) + r
-                self._sum_rate2[f] = self._sum_rate2.get(f, 0.0) + r * r
-        self._remember(span, window, cpu, deltas, dict.fromkeys(self.probes.probed, effective) if window > 0 else {})
+            # Per probed set, not per probed function: a rescan window probes every function of
+            # the library (hundreds), and most are never called.
+            probed = self.probes.probed
+            s, k = self._probed_sets.get(probed, (0.0, 0))
+            self._probed_sets[probed] = (s + effective, k + 1)
+            for f, d in deltas.items():
+                if f in probed:  # a function probed and not called adds 0 to both sums
+                    r = d.calls / effective
+                    self._sum_rate[f] = self._sum_rate.get(f, 0.0) + r
+                    self._sum_rate2[f] = self._sum_rate2.get(f, 0.0) + r * r
+        self._remember(span, window, cpu, deltas, self.probes.probed if window > 0 else frozenset(), effective)
         if not snapshot:
             return None
         continuous = window >= span * 0.999
@@ -254,11 +258,18 @@ class Tracee:
         systematic = calls / effective_s * (window_s - effective_s) / effective_s * spread
         return statistical + systematic
 
+    def _means(self, f: int, d: RawStats) -> tuple[float | None, float | None]:
+        """Per-call time of all timed calls and of the outermost ones, probe bias subtracted."""
+        bias = self.costs[f].bias_ns
+        outer = d.timed - d.nested
+        return (max(0.0, d.total_ns / d.timed - bias) if d.timed else None,
+                max(0.0, d.outer_ns / outer - bias) if outer > 0 else None)
+
     def _function_stats(self, f: int, d: RawStats, effective_s: float, span_s: float, err: float) -> FunctionStats:
         fn = self.ids[f]
-        bias = self.costs[f].bias_ns
         rate = d.calls / effective_s if effective_s > 0 else 0.0
-        outer = d.timed - d.nested
+        mean_ns, outer_mean_ns = self._means(f, d)
+        timed = sum(d.hist)  # not d.timed: the two counters are bumped apart, a read may fall between
         return FunctionStats(
             name=fn.name,
             cls=fn.cls,
@@ -267,10 +278,10 @@ class Tracee:
             rate_hz=rate,
             rate_err_hz=err,
             timed_calls=d.timed,
-            mean_ns=max(0.0, d.total_ns / d.timed - bias) if d.timed else None,
-            outer_mean_ns=max(0.0, d.outer_ns / outer - bias) if outer > 0 else None,
-            p50_ns=percentile_ns(d.hist, 0.5),
-            p99_ns=percentile_ns(d.hist, 0.99),
+            mean_ns=mean_ns,
+            outer_mean_ns=outer_mean_ns,
+            p50_ns=percentile_ns(d.hist, 0.5, timed),
+            p99_ns=percentile_ns(d.hist, 0.99, timed),
             hist=d.hist,
         )
 
@@ -287,16 +298,18 @@ class Tracee:
             total = self._total.get(f)
             if fs.outer_mean_ns is None and total and total.timed:
                 # Counted but not timed in this window: per-call time from the session so far.
-                whole = self._function_stats(f, total, self._probed_s.get(f, 0.0), span_s, 0.0)
-                fs = dataclasses.replace(fs, mean_ns=whole.mean_ns, outer_mean_ns=whole.outer_mean_ns)
+                mean_ns, outer_mean_ns = self._means(f, total)
+                fs = dataclasses.replace(fs, mean_ns=mean_ns, outer_mean_ns=outer_mean_ns)
             funcs.append(fs)
         funcs.sort(key=lambda s: (-s.rate_hz, s.name))
-        totals = []
-        for cls in CLASS_ORDER:
-            members = [s for s in funcs if s.cls is cls]
-            totals.append(ClassTotals(cls, sum(s.rate_hz for s in members), sum(s.cpu_s_per_s for s in members)))
-        wait = sum(t.time_s_per_s for t in totals if t.cls is FunctionClass.SYNC)
-        driver = sum(t.time_s_per_s for t in totals if t.cls is not FunctionClass.SYNC)
+        rate = dict.fromkeys(CLASS_ORDER, 0.0)
+        busy = dict.fromkeys(CLASS_ORDER, 0.0)
+        for fs in funcs:
+            rate[fs.cls] += fs.rate_hz
+            busy[fs.cls] += fs.cpu_s_per_s
+        totals = [ClassTotals(cls, rate[cls], busy[cls]) for cls in CLASS_ORDER]
+        wait = busy[FunctionClass.SYNC]
+        driver = sum(t for cls, t in busy.items() if cls is not FunctionClass.SYNC)
         return ProcessSnapshot(
             pid=self.pid, comm=self.comm, interval_s=span_s, window_s=window_s, target_cpu_s=cpu_s,
             functions=tuple(funcs), tracer_cost_s=self._cost_s(stats),
@@ -304,19 +317,22 @@ class Tracee:
         )
 
     def _remember(self, span: float, window: float, cpu: float | None, deltas: dict[int, RawStats],
-                  effective: dict[int, float]) -> None:
+                  probed: frozenset[int], effective: float) -> None:
         """Keeps running sums over the last intervals: the newest added, the one leaving subtracted."""
         if len(self._recent) == self._recent.maxlen:
-            _, _, _, old, old_eff = self._recent[0]
-            for f, d in old.items():
+            for f, d in self._recent[0][3].items():
                 self._recent_sum[f] = self._recent_sum[f] - d
-            for f, e in old_eff.items():
-                self._recent_eff[f] -= e
-        self._recent.append((span, window, cpu, deltas, effective))
+        self._recent.append((span, window, cpu, deltas, probed, effective))
         for f, d in deltas.items():
             self._recent_sum[f] = self._recent_sum.get(f, ZERO) + d
-        for f, e in effective.items():
-            self._recent_eff[f] = self._recent_eff.get(f, 0.0) + e
+
+    def probed_s(self, f: int) -> tuple[float, int]:
+        """(effective seconds, windows) function f was probed for over the session."""
+        s = k = 0
+        for probed, (es, ek) in self._probed_sets.items():
+            if f in probed:
+                s, k = s + es, k + ek
+        return s, k
 
     def recent(self) -> ProcessSnapshot:
         """The last few intervals (up to 5) as one snapshot: what a live view shows each refresh."""
@@ -325,8 +341,8 @@ class Tracee:
         cpus = [r[2] for r in self._recent]
         cpu = sum(cpus) if None not in cpus else None
         totals = {f: d for f, d in self._recent_sum.items() if d.calls or d.timed or d.closed or d.outside}
-        eff = {f: e for f, e in self._recent_eff.items() if e > 1e-12}
-        errs = {f: self._rate_err(d.calls, window, eff.get(f, 0.0), None) for f, d in totals.items()}
+        eff = {f: sum(r[5] for r in self._recent if f in r[4]) for f in totals}
+        errs = {f: self._rate_err(d.calls, window, eff[f], None) for f, d in totals.items()}
         return self._snapshot(span, window, eff, cpu, totals, errs)
 
     def summary(self) -> ProcessSnapshot:
@@ -335,16 +351,16 @@ class Tracee:
         The uncertainty of a sampled rate is the larger of the count's Poisson half-width and the
         spread of the per-window rates (a bursty job varies more between windows than counts do)."""
         errs = {}
+        probed: dict[int, tuple[float, int]] = {}
         for f, d in self._total.items():
             statistical = 0.0
-            k = self._probed_windows.get(f, 0)
-            eff = self._probed_s.get(f, 0.0)
+            eff, k = probed[f] = self.probed_s(f)
             if not self.exact and eff:
                 statistical = 1.96 * math.sqrt(d.calls) / eff
                 if k >= 3:
-                    mean = self._sum_rate[f] / k
-                    var = max(0.0, self._sum_rate2[f] / k - mean * mean) * k / (k - 1)
+                    mean = self._sum_rate.get(f, 0.0) / k
+                    var = max(0.0, self._sum_rate2.get(f, 0.0) / k - mean * mean) * k / (k - 1)
                     statistical = max(statistical, 1.96 * math.sqrt(var / k))
             errs[f] = self._rate_err(d.calls, self._window_s, self._effective_s, statistical)
-        return self._snapshot(self.elapsed_s, self._window_s, dict(self._probed_s), self.target_cpu_s or None,
-                              dict(self._total), errs)
+        return self._snapshot(self.elapsed_s, self._window_s, {f: e for f, (e, _) in probed.items()},
+                              self.target_cpu_s or None, dict(self._total), errs)
