@@ -25,7 +25,8 @@ restore_full(DIR): every file checked against the manifest before anything runs,
 Manifest (schema 1, DIR/manifest.json): schema, format ("gputrace-full-checkpoint"), complete, created_unix,
 host, target {pid, comm, cmdline}, gpu {libcuda, shim (the shim's suspend report or null), driver_state},
 criu {path, version}, hash ("xxh3_64"), files [{path, bytes, xxh3}] (every file under DIR/criu),
-timings {shim_ns, lock_ns, checkpoint_ns, dump_ns, freeze_ns, write_ns, total_ns}, leave_running.
+timings {shim_ns (the shim's part of the freeze: gate closed to memory released), lock_ns, checkpoint_ns, dump_ns,
+freeze_ns (from the first stop of the job: the shim's gate closing, else the driver lock), write_ns, total_ns}, leave_running.
 """
 
 from __future__ import annotations
@@ -175,7 +176,10 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         if shim:
             try:
                 r = _shim_suspend(pid, tmp / GPU_IMAGE, timeout_ms)
-                shim_report, shim_ns, suspended = r.to_dict(), r.total_ns, True
+                # The job stops when the shim's gate closes, after the image is pinned (setup, seconds
+                # for tens of GiB, while the job runs on): the freeze counts from there.
+                t0 = time.monotonic_ns() - r.freeze_ns
+                shim_report, shim_ns, suspended = r.to_dict(), r.freeze_ns, True
                 shim_report["image_path"] = str(tmp / GPU_IMAGE)  # where the job's image says the file is
             except CheckpointError as exc:
                 if "cannot be suspended" not in exc.msg:
@@ -450,7 +454,8 @@ def _shim_suspend(pid: int, image: Path, timeout_ms: int):
                                   "start it with: gputrace run --checkpointable --suspendable -- CMD")
         raise _shim_failure(r, pid, "suspend")
     return SuspendReport(pid, r["allocations"], r["bytes"], r["reserved_bytes"], r["drain_ns"], r["copy_ns"],
-                         r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False))
+                         r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False),
+                         setup_ns=r.get("setup_ns", 0), freeze_ns=r.get("freeze_ns", 0))
 
 
 def _gpu_image_at_dump_path(path: Path, m: dict) -> Path | None:

@@ -35,6 +35,8 @@ class SuspendReport:
     direct: bool = False  # copied straight into the pinned image (no staging)
     path: str | None = None  # -o: the checkpoint directory the data now live in (host memory given back)
     write_ns: int = 0  # -o: hashing and writing it, while the job stayed suspended
+    setup_ns: int = 0  # pinning the image (and staging), while the job still ran
+    freeze_ns: int = 0  # from the gate closing to the memory released: the job's stop inside the suspend
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,7 +90,8 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
                                   "(only cuMemAlloc memory is served through the VMM API)")
         raise _shim_failure(r, pid, "suspend")
     return SuspendReport(pid, r["allocations"], r["bytes"], r["reserved_bytes"], r["drain_ns"], r["copy_ns"],
-                         r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False), path, write_ns)
+                         r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False), path, write_ns,
+                         r.get("setup_ns", 0), r.get("freeze_ns", 0))
 
 
 def _to_disk(s: _Session, pid: int, status: dict, r: dict, memfd: int, out: Path,
