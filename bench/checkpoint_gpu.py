@@ -40,6 +40,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "ckpt_job.py"
+sys.path.insert(0, str(HERE))
+from shim_gpu import nvml_used_bytes  # noqa: E402
 GIB = 1 << 30
 
 
@@ -103,14 +105,8 @@ def cli(*args: str) -> dict:
     return doc
 
 
-def nvml_used(pid: int) -> int | None:
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0] == str(pid):
-            return int(parts[1]) << 20
-    return 0  # not listed: holds no GPU memory
+def nvml_used(pid: int) -> int:
+    return nvml_used_bytes(pid) or 0  # not listed: holds no GPU memory
 
 
 def shim_size(size_gib: float, modes: list[str], work: Path, skip: set[str] = frozenset()) -> dict:
