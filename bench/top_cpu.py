@@ -48,11 +48,35 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def thread_times(pid: int) -> dict[int, tuple[float, float]]:
+    """tid -> (user s, system s) of every thread of `pid`."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) / TCK, int(fields[12]) / TCK)
+    return out
+
+
 def measure(pid: int, seconds: float) -> dict:
-    c0, t0 = cpu_s(pid), time.monotonic()
+    """CPU over `seconds`: the whole process, its main thread (top's UI event loop; record's writer)
+    and its other threads (the live source: discovery and the tracer's host sessions), user and
+    system (attaching and detaching probes is system time) apart."""
+    c0, th0, t0 = cpu_s(pid), thread_times(pid), time.monotonic()
     time.sleep(seconds)
-    c1, t1 = cpu_s(pid), time.monotonic()
-    return {"cpu_s": c1 - c0, "wall_s": t1 - t0, "cpu_share_of_one_core": (c1 - c0) / (t1 - t0), "rss_mib": rss_mib(pid)}
+    c1, th1, t1 = cpu_s(pid), thread_times(pid), time.monotonic()
+    wall = t1 - t0
+
+    def share(tids, i):
+        return sum(th1[t][i] - th0.get(t, (0.0, 0.0))[i] for t in tids) / wall
+
+    main, others = [t for t in th1 if t == pid], [t for t in th1 if t != pid]
+    return {"cpu_s": c1 - c0, "wall_s": wall, "cpu_share_of_one_core": (c1 - c0) / wall, "rss_mib": rss_mib(pid),
+            "main_thread": {"user": share(main, 0), "system": share(main, 1)},
+            "other_threads": {"user": share(others, 0), "system": share(others, 1)}}
 
 
 def wait_ui_ready(session: str, n: int, pids: set[int], timeout: float) -> float:
@@ -138,6 +162,9 @@ Workloads: {args.procs} x `{result['workload']}`; top at its defaults (refresh 1
 |---|---|---|
 | `gputrace top` (Textual UI in tmux), over {t['wall_s']:.0f} s | {100 * t['cpu_share_of_one_core']:.1f}% | {t['rss_mib']:.0f} MiB |
 | `gputrace record` (same live source, no UI), over {r['wall_s']:.0f} s | {100 * r['cpu_share_of_one_core']:.1f}% | {r['rss_mib']:.0f} MiB |
+
+Where top's share goes (user + system, share of one core): main thread (the Textual UI) {100 * t['main_thread']['user']:.1f}% + {100 * t['main_thread']['system']:.1f}%;
+other threads (discovery, the host session that attaches, detaches and reads the maps) {100 * t['other_threads']['user']:.1f}% + {100 * t['other_threads']['system']:.1f}%.
 
 Warm-up (until every process is measured): top {result['top_warmup_s']:.0f} s, record {result['record_warmup_s']:.0f} s.
 Tracer's in-target cost (uprobe hits, charged to the traced processes, not to top): {k['probe_cpu_s_per_s_all_targets'] * 1e3 if k['probe_cpu_s_per_s_all_targets'] is not None else float('nan'):.2f} ms of CPU per second over all {args.procs},
