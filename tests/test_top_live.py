@@ -1,5 +1,5 @@
 """`top` on this host's kernel: `top --once --json` over two simcuda workloads, with rates checked against the
-counts the workloads report, and the live source picking up a process started after it.
+counts the workloads report, and the live source picking up a process started after it and dropping one that exits.
 
 Needs root and bcc (CI has both). The workloads' knobs keep probe perturbation moderate on a small VM: short
 launches (0.2 ms of CPU each) and 3 ms kernels, so the processes mostly wait in cuStreamSynchronize (which
@@ -71,7 +71,7 @@ def test_once_json_shows_both_processes_with_rates_within_10_percent(spawned):
         assert abs(g - rate) <= 0.10 * rate, (pid, name, g, rate)
 
 
-def test_a_process_started_later_appears(spawned):
+def test_a_process_started_later_appears_and_one_that_exits_leaves(spawned):
     from gputrace.tracer.session import Options
     from gputrace.tui.live import LiveSource
 
@@ -79,13 +79,14 @@ def test_a_process_started_later_appears(spawned):
     spawned.append(first)
     src = LiveSource(Options(interval_s=0.5), refresh_s=0.5)
     later = None
+    shared = False
     try:
         for frame in src.frames():
             seen = {r.pid for r in frame.processes}
             if later is None and first.pid in seen:
                 later = workload(60)  # starts only once top is already showing the first
                 spawned.append(later)
-            if later is not None and later.pid in seen:
+            if not shared and later is not None and later.pid in seen:
                 row = next(r for r in frame.processes if r.pid == later.pid)
                 assert row.comm == "launch_bound"
                 if row.snapshot.calls_hz > 0:  # its first frame may precede its first window's calls
@@ -94,10 +95,16 @@ def test_a_process_started_later_appears(spawned):
                     session = src.session_of(first.pid)
                     assert session is not None and session is src.session_of(later.pid)
                     assert {first.pid, later.pid} <= set(session.tracees)
-                    break
+                    shared = True
+                    first.kill()
+                    first.wait()
+            if shared and first.pid not in seen and first.pid not in frame.pending:
+                assert later.pid in seen  # the one still running stays
+                assert first.pid not in session.tracees
+                break
     finally:
         src.close()
-    assert later is not None and later.poll() is None
+    assert shared and later.poll() is None
 
 
 def test_record_writes_a_session_that_replays(spawned, tmp_path):
