@@ -51,11 +51,21 @@ class RawStats:
             op(self.outside, other.outside),
         )
 
-    def __sub__(self, other: "RawStats") -> "RawStats":
-        return self._zip(other, int.__sub__)
+    # Spelled out rather than through _zip: run per process, function and interval by `top`.
+    def __sub__(self, o: "RawStats") -> "RawStats":
+        h, oh = self.hist, o.hist
+        hist = h if oh is ZERO_HIST else (ZERO_HIST if len(h) == HIST_SLOTS else (0,) * len(h)) if h == oh \
+            else tuple(map(int.__sub__, h, oh))
+        return RawStats(self.calls - o.calls, self.timed - o.timed, self.total_ns - o.total_ns,
+                        self.outer_ns - o.outer_ns, self.nested - o.nested, self.closed - o.closed, hist,
+                        self.outside - o.outside)
 
-    def __add__(self, other: "RawStats") -> "RawStats":
-        return self._zip(other, int.__add__)
+    def __add__(self, o: "RawStats") -> "RawStats":
+        h, oh = self.hist, o.hist
+        hist = h if oh is ZERO_HIST else oh if h is ZERO_HIST else tuple(map(int.__add__, h, oh))
+        return RawStats(self.calls + o.calls, self.timed + o.timed, self.total_ns + o.total_ns,
+                        self.outer_ns + o.outer_ns, self.nested + o.nested, self.closed + o.closed, hist,
+                        self.outside + o.outside)
 
 
 ZERO_HIST = (0,) * HIST_SLOTS

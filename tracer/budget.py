@@ -72,6 +72,7 @@ class Policy:
         self.cpu_s_per_s: float | None = None
         self.windows = 0
         self.skip = 0
+        self.rescan_next = False  # probe every function in the next window (rescan_soon)
 
     def _timed(self) -> frozenset[int]:
         if self.exact or self.windows % self.retime_every == 0:
@@ -101,9 +102,14 @@ class Policy:
         r = self.rates.get(f, 0.0) if rate_hz is None else rate_hz
         return r * self.costs[f].entry_ns * 1e-9
 
+    def rescan_soon(self) -> None:
+        """The next window probes every function (a process joined whose calls are not seen yet)."""
+        self.rescan_next = True
+
     def _probe(self) -> frozenset[int]:
         # Nothing seen yet (a window before the job's first driver call): keep looking everywhere.
-        if self.exact or not self.seen or self.windows % self.rescan_every == 0:
+        if self.exact or not self.seen or self.windows % self.rescan_every == 0 or self.rescan_next:
+            self.rescan_next = False
             return frozenset(self.classes)
         return frozenset(self.seen)
 

@@ -35,8 +35,11 @@ class HostSession:
         self.options = options
         self.probes = Probes(library, select_functions(read_functions(library), options.patterns),
                              program, calibration)
+        # Rescans (every function probed, in every process on the file: hundreds of breakpoints
+        # written in each address space, and as many removed) every 30th window rather than 10th,
+        # and in the window after a process joins, whose calls the others' may not cover.
         self.policy = AlignedPolicy(self.probes.classes, self.probes.costs, budget=options.budget,
-                                    interval_s=options.interval_s)
+                                    interval_s=options.interval_s, rescan_every=30)
         self.tracees: dict[int, Tracee] = {}
         self._pidfds: dict[int, int] = {}
         self._adding: dict[int, None] = {}
@@ -79,6 +82,7 @@ class HostSession:
             self.tracees[pid] = t
             self._pidfds[pid] = fd
             self.policy.members[pid] = t.policy
+            self.policy.rescan_soon()
 
     def _read(self) -> dict[int, dict[int, RawStats]]:
         by_tgid: dict[int, dict[int, RawStats]] = {}

@@ -56,6 +56,23 @@ def percentile_ns(hist, q: float, total: int | None = None) -> float | None:
     return float(2 ** (len(hist) - 1))
 
 
+def p50_p99_ns(hist, total: int) -> tuple[float | None, float | None]:
+    """percentile_ns at 0.5 and 0.99 in one pass over the histogram (per function and refresh)."""
+    if not total:
+        return None, None
+    need50, need99 = 0.5 * total, 0.99 * total
+    p50 = None
+    run = 0
+    for slot, n in enumerate(hist):
+        run += n
+        if p50 is None and run >= need50:
+            p50 = float(2**slot) if slot else 0.0
+        if run >= need99:
+            return p50, float(2**slot) if slot else 0.0
+    last = float(2 ** (len(hist) - 1))
+    return (last if p50 is None else p50), last
+
+
 class Tracee:
     def __init__(self, pid: int, probes: Probes, *, budget: float, interval_s: float, exact: bool,
                  prev: Mapping[int, RawStats] | None = None, own_marker: bool = True) -> None:
@@ -209,7 +226,8 @@ class Tracee:
         if not snapshot:
             return None
         continuous = window >= span * 0.999
-        errs = {f: self._rate_err(d.calls, window, effective, 0.0 if continuous else None) for f, d in deltas.items()}
+        m = self.perturbation()
+        errs = {f: self._rate_err(d.calls, window, effective, 0.0 if continuous else None, m) for f, d in deltas.items()}
         return self._snapshot(span, window, effective, cpu, deltas, errs)
 
     def close(self) -> None:
@@ -227,7 +245,11 @@ class Tracee:
         return ns * 1e-9
 
     def _counted_cost_s(self, stats: Mapping[int, RawStats]) -> float:
-        return self._cost_s({f: dataclasses.replace(d, closed=0, outside=0) for f, d in stats.items()})
+        ns = 0.0
+        for f, d in stats.items():  # _cost_s without the closed and outside hits
+            c = self.costs[f]
+            ns += d.calls * c.entry_ns + d.timed * (c.entry_return_ns - c.entry_ns)
+        return ns * 1e-9
 
     def _effective(self, window_s: float, stats: Mapping[int, RawStats]) -> float:
         """The time the target would have needed, untraced, for what it did in the window.
@@ -244,14 +266,19 @@ class Tracee:
             return window_s * measured[0]
         return max(window_s - self._counted_cost_s(stats), 0.1 * window_s)
 
-    def _rate_err(self, calls: int, window_s: float, effective_s: float, statistical: float | None) -> float:
+    _UNSET = object()
+
+    def _rate_err(self, calls: int, window_s: float, effective_s: float, statistical: float | None,
+                  measured=_UNSET) -> float:
         """95% half-width of calls/effective_s: the count's Poisson term (unless given), plus what an
-        error in the calibrated probe cost does to the probe time taken out of the window."""
+        error in the calibrated probe cost does to the probe time taken out of the window.
+        `measured`: perturbation(), when the caller has it already (one per snapshot, not per function)."""
         if effective_s <= 0:
             return 0.0
         if statistical is None:
             statistical = 1.96 * math.sqrt(calls) / effective_s
-        measured = self.perturbation()
+        if measured is Tracee._UNSET:
+            measured = self.perturbation()
         if measured is not None:
             return statistical + calls / effective_s * measured[1]
         spread = max(self.calibration.emulated.rel_spread, self.calibration.stepped.rel_spread)
@@ -269,7 +296,13 @@ class Tracee:
         fn = self.ids[f]
         rate = d.calls / effective_s if effective_s > 0 else 0.0
         mean_ns, outer_mean_ns = self._means(f, d)
+        if outer_mean_ns is None:
+            total = self._total.get(f)
+            if total and total.timed:
+                # Counted but not timed in this window: per-call time from the session so far.
+                mean_ns, outer_mean_ns = self._means(f, total)
         timed = sum(d.hist)  # not d.timed: the two counters are bumped apart, a read may fall between
+        p50, p99 = p50_p99_ns(d.hist, timed)
         return FunctionStats(
             name=fn.name,
             cls=fn.cls,
@@ -280,8 +313,8 @@ class Tracee:
             timed_calls=d.timed,
             mean_ns=mean_ns,
             outer_mean_ns=outer_mean_ns,
-            p50_ns=percentile_ns(d.hist, 0.5, timed),
-            p99_ns=percentile_ns(d.hist, 0.99, timed),
+            p50_ns=p50,
+            p99_ns=p99,
             hist=d.hist,
         )
 
@@ -294,13 +327,7 @@ class Tracee:
             if not d.calls and not d.timed:
                 continue  # hit only while counting was closed: a cost, not a rate
             eff = effective_s.get(f, 0.0) if isinstance(effective_s, dict) else effective_s
-            fs = self._function_stats(f, d, eff, span_s, errs.get(f, 0.0))
-            total = self._total.get(f)
-            if fs.outer_mean_ns is None and total and total.timed:
-                # Counted but not timed in this window: per-call time from the session so far.
-                mean_ns, outer_mean_ns = self._means(f, total)
-                fs = dataclasses.replace(fs, mean_ns=mean_ns, outer_mean_ns=outer_mean_ns)
-            funcs.append(fs)
+            funcs.append(self._function_stats(f, d, eff, span_s, errs.get(f, 0.0)))
         funcs.sort(key=lambda s: (-s.rate_hz, s.name))
         rate = dict.fromkeys(CLASS_ORDER, 0.0)
         busy = dict.fromkeys(CLASS_ORDER, 0.0)
@@ -341,8 +368,10 @@ class Tracee:
         cpus = [r[2] for r in self._recent]
         cpu = sum(cpus) if None not in cpus else None
         totals = {f: d for f, d in self._recent_sum.items() if d.calls or d.timed or d.closed or d.outside}
-        eff = {f: sum(r[5] for r in self._recent if f in r[4]) for f in totals}
-        errs = {f: self._rate_err(d.calls, window, eff[f], None) for f, d in totals.items()}
+        probed = [(r[4], r[5]) for r in self._recent if r[5]]
+        eff = {f: sum(e for p, e in probed if f in p) for f in totals}
+        m = self.perturbation()
+        errs = {f: self._rate_err(d.calls, window, eff[f], None, m) for f, d in totals.items()}
         return self._snapshot(span, window, eff, cpu, totals, errs)
 
     def summary(self) -> ProcessSnapshot:
