@@ -236,3 +236,59 @@ async def test_the_cursor_scrolls_into_view_on_a_short_terminal(recording):
         assert table.scroll_offset.y + table.size.height - 1 > len(table.pids) - 1 >= table.scroll_offset.y > 0
         await pilot.press("home")
         assert table.selected_pid() == 4242 and table.scroll_offset.y == 0
+
+
+async def test_whole_job_checkpoint_asks_then_shows_the_freeze_time_and_the_job_runs_on(recording):
+    gate = threading.Event()
+    fake = FakeCheckpointer(gate=gate)
+    app = app_for(recording, fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        before = main.query_one(ProcessTable).row_texts(4242)["ckpt"]
+        await pilot.press("w")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "whole job" in str(app.screen.query_one("#question").render())
+        await pilot.press("n")
+        assert fake.calls == [] and isinstance(app.screen, MainScreen)
+        await pilot.press("w", "y")
+        await until(pilot, lambda: fake.calls)
+        await until(pilot, lambda: "whole-job checkpoint of pid 4242: 0% checkpoint_full started"
+                    in str(main.query_one("#status").render()))
+        await pilot.press("c")  # the process is busy: refused, not queued
+        assert isinstance(app.screen, MainScreen) and len(fake.calls) == 1
+        gate.set()
+        await until(pilot, lambda: not app.busy)
+        status = str(main.query_one("#status").render())
+        assert "whole-job checkpoint of pid 4242 done, froze the job 34.0 ms" in status, status
+        assert "the job runs on" in status
+        assert fake.calls == [("checkpoint_full", 4242, "")] and fake.full == [4242]
+        # Not a checkpoint `r` could roll the live process back to: the column keeps what it had.
+        assert main.query_one(ProcessTable).row_texts(4242)["ckpt"] == before
+
+
+async def test_whole_job_checkpoint_needs_no_shim_and_its_failures_show(recording):
+    fake = FakeCheckpointer(fail={"checkpoint_full": GputraceError("CRIU is not installed", "run scripts/setup-host")})
+    app = app_for(recording, fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        await pilot.press("down")  # 1111 runs without the shim: the driver's API and CRIU need none
+        await pilot.press("w")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await until(pilot, lambda: app.last_results)
+        status = str(main.query_one("#status").render())
+        assert "whole-job checkpoint of pid 1111 FAILED: CRIU is not installed" in status, status
+        assert fake.calls == [("checkpoint_full", 1111, "")]
+        fake.fail["checkpoint_full"] = RuntimeError("a bug")  # not a GputraceError: still shown, not a crash
+        await pilot.press("w", "y")
+        await until(pilot, lambda: len(app.last_results) == 2)
+        assert "whole-job checkpoint failed: RuntimeError: a bug" in app.last_results[-1].error
+        assert app.is_running and isinstance(app.screen, MainScreen) and not app.busy
+
+
+async def test_whole_job_checkpoint_in_a_replay_says_why_not(recording):
+    app = TopApp(ReplaySource(recording, speed=0), NoCheckpointer())
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        await pilot.press("w")
+        assert "whole-job checkpoint is not available yet" in str(main.query_one("#status").render())

@@ -44,9 +44,17 @@ class Checkpointer(Protocol):
     def suspend(self, pid: int, progress: Progress) -> ActionResult: ...
     def resume(self, pid: int, progress: Progress) -> ActionResult: ...
     def list_checkpoints(self, pid: int) -> list[Checkpoint]: ...
+    def checkpoint_full(self, pid: int, progress: Progress) -> ActionResult:
+        """The whole job (GPU and CPU state, CRIU), left running: `gputrace checkpoint --full --leave-running`."""
+        ...
 
 
-ACTIONS = ("checkpoint", "restore", "suspend", "resume", "list_checkpoints")
+ACTIONS = ("checkpoint", "restore", "suspend", "resume", "list_checkpoints", "checkpoint_full")
+LABELS = {"checkpoint_full": "whole-job checkpoint"}  # what the UI calls an action, where not its name
+
+
+def label(action: str) -> str:
+    return LABELS.get(action, action)
 
 
 class FakeCheckpointer:
@@ -60,6 +68,7 @@ class FakeCheckpointer:
         self.size_bytes = size_bytes
         self.calls: list[tuple[str, int, str]] = []
         self.suspended: set[int] = set()
+        self.full: list[int] = []  # pids whole-job checkpointed, in order
         self._ckpts: dict[int, list[Checkpoint]] = {}
         self._lock = threading.Lock()
 
@@ -102,6 +111,15 @@ class FakeCheckpointer:
         with self._lock:
             return list(self._ckpts.get(pid, []))
 
+    def checkpoint_full(self, pid: int, progress: Progress) -> ActionResult:
+        # Not a Checkpoint of the table: `restore` rolls device memory back in a live process,
+        # a whole-job checkpoint comes back through `gputrace restore --full DIR`.
+        self._do("checkpoint_full", pid, progress)
+        with self._lock:
+            self.full.append(pid)
+            where = f"/tmp/fake-full/{pid}/{len(self.full) - 1}"
+        return ActionResult("checkpoint_full", pid, f"{where}; the job runs on", 0.034)
+
 
 class NoCheckpointer:
     """For a replay: the processes shown are not live."""
@@ -130,6 +148,9 @@ class NoCheckpointer:
     def list_checkpoints(self, pid):
         return []
 
+    def checkpoint_full(self, pid, progress):
+        self._no("whole-job checkpoint")
+
 
 def default_checkpoint_dir() -> Path:
     """Where `top` puts checkpoints: $GPUTRACE_CKPT_DIR, else $XDG_DATA_HOME (or ~/.local/share)/gputrace/checkpoints.
@@ -146,15 +167,23 @@ class CheckpointerAdapter:
     called as (phase, done, total); list_checkpoints(pid) if it has one, else the complete checkpoints
     of that pid under `root` (directories named PID-TIME, as this adapter names them)."""
 
-    def __init__(self, module: str = "gputrace.checkpointer", root: Path | None = None) -> None:
+    def __init__(self, module: str = "gputrace.checkpointer", root: Path | None = None,
+                 full_module: str = "gputrace.checkpointer.full") -> None:
         self.root = root or default_checkpoint_dir()
+        self._full_module = full_module  # its checkpoint_full(pid, out, leave_running=, progress=)
         try:
             self._mod = importlib.import_module(module)
         except ImportError:
             self._mod = None
 
     def _fn(self, action: str):
-        fn = getattr(self._mod, action, None) if self._mod is not None else None
+        mod = self._mod
+        if action == "checkpoint_full":
+            try:
+                mod = importlib.import_module(self._full_module)
+            except ImportError:
+                return None
+        fn = getattr(mod, action, None) if mod is not None else None
         return fn if callable(fn) else None
 
     def available(self, action: str) -> bool:
@@ -165,14 +194,7 @@ class CheckpointerAdapter:
         if fn is None:
             raise ActionUnavailable(f"{action} is not available yet", "it arrives with the checkpointer (issue 5)")
 
-        def report(*a) -> None:
-            if len(a) == 3:  # the checkpointer's (phase, done, total)
-                phase, done, total = a
-                progress(done / total if total else 0.0, f"{phase} {fmt_size(done)} of {fmt_size(total)}")
-            elif len(a) == 2:
-                progress(float(a[0]), str(a[1]))
-
-        kw = {"progress": report} if _takes(fn, "progress") else {}
+        kw = {"progress": _reporter(progress)} if _takes(fn, "progress") else {}
         t0 = time.monotonic()
         try:
             out = fn(pid, *args, **kw)
@@ -182,14 +204,43 @@ class CheckpointerAdapter:
             raise GputraceError(f"{action} failed: {type(exc).__name__}: {exc}", "see `gputrace " + action + " --help`") from exc
         return _as_result(action, pid, out, time.monotonic() - t0)
 
-    def checkpoint(self, pid: int, progress: Progress) -> ActionResult:
-        out = self.root / f"{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+    def _mkroot(self) -> None:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise GputraceError(f"cannot create {self.root}: {exc.strerror}",
                                 "set GPUTRACE_CKPT_DIR or --checkpoint-dir to a writable directory") from None
+
+    def checkpoint(self, pid: int, progress: Progress) -> ActionResult:
+        out = self.root / f"{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+        self._mkroot()
         return self._call("checkpoint", pid, progress, str(out))
+
+    def checkpoint_full(self, pid: int, progress: Progress) -> ActionResult:
+        """`gputrace checkpoint --full --leave-running` into full-PID-TIME under the root (not PID-TIME:
+        `_scan` lists what `restore` can roll a live process back to, and this is not that)."""
+        fn = self._fn("checkpoint_full")
+        if fn is None:
+            raise ActionUnavailable("whole-job checkpoint is not available", "gputrace.checkpointer.full is missing")
+        if _uprobed(pid):
+            # Found before anything is frozen: CRIU would refuse only after the GPU state was locked.
+            raise GputraceError(f"pid {pid} has been hit by a uprobe (top's own tracing, or another eBPF tracer): "
+                                "CRIU cannot dump the kernel's [uprobes] page",
+                                "restart the job and checkpoint it while nothing traces it: "
+                                f"`gputrace checkpoint --full -p PID -o DIR --leave-running`")
+        out = self.root / f"full-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+        self._mkroot()
+        t0 = time.monotonic()
+        try:
+            r = fn(pid, str(out), leave_running=True, progress=_reporter(progress))
+        except GputraceError:
+            raise
+        except Exception as exc:  # whatever it is, the UI shows it
+            raise GputraceError(f"whole-job checkpoint failed: {type(exc).__name__}: {exc}",
+                                "see `gputrace checkpoint --full --help`") from exc
+        return ActionResult("checkpoint_full", pid,
+                            f"{fmt_size(r.image_bytes)} to {r.path} in {time.monotonic() - t0:.2f} s; the job runs on "
+                            f"(back with `gputrace restore --full {r.path}`)", r.freeze_ns / 1e9)
 
     def restore(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
         return self._call("restore", pid, progress, checkpoint_id)
@@ -229,6 +280,25 @@ class CheckpointerAdapter:
             out.append(Checkpoint(str(self.root / n), float(m.get("created_unix", 0.0)), m.get("bytes"),
                                   freeze / 1e9 if freeze is not None else None))
         return out
+
+
+def _reporter(progress: Progress) -> Callable:
+    def report(*a) -> None:
+        if len(a) == 3:  # the checkpointer's (phase, done, total)
+            phase, done, total = a
+            progress(done / total if total else 0.0, f"{phase} {fmt_size(done)} of {fmt_size(total)}")
+        elif len(a) == 2:
+            progress(float(a[0]), str(a[1]))
+
+    return report
+
+
+def _uprobed(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return b"[uprobes]" in f.read()
+    except OSError:
+        return False  # gone or not ours to read: checkpoint_full says which
 
 
 def _takes(fn, name: str) -> bool:

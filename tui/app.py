@@ -12,7 +12,7 @@ from textual.binding import Binding
 from gputrace.errors import GputraceError
 from gputrace.tracer.audit import DEFAULT_PRESET, PRESETS
 
-from .actions import ActionResult, Checkpointer
+from .actions import ActionResult, Checkpointer, label
 from .messages import ActionDone, ActionFailed, ActionProgress, FrameArrived, SourceEnded
 from .model import Checkpoint, HostSnapshot, ProcessRow
 from .screens.dialogs import ConfirmScreen, HelpScreen, RestoreScreen
@@ -24,7 +24,11 @@ QUESTIONS = {
     "suspend": "Suspend pid {pid} ({comm})? Its device memory is moved off the GPU until you resume it.",
     "resume": "Resume pid {pid} ({comm})? Its device memory is brought back to the GPU.",
     "restore": "Roll pid {pid} ({comm}) back to {ckpt}? Device memory written since is lost.",
+    "checkpoint_full": "Checkpoint the whole job, pid {pid} ({comm}): GPU and CPU state (CRIU), to restore here or "
+                       "on another machine? It is frozen until the dump is written, then runs on.",
 }
+# Actions that need the shim in the job; the rest go through the driver's checkpoint API and CRIU.
+NEEDS_SHIM = frozenset({"checkpoint", "restore", "suspend", "resume"})
 
 
 class TopApp(App):
@@ -111,16 +115,16 @@ class TopApp(App):
 
     def request_action(self, action: str, row: ProcessRow) -> None:
         """Checks, asks, then runs `action` on the row's process in a worker."""
-        if not row.shimmed:
+        if not row.shimmed and action in NEEDS_SHIM:
             self.notify(f"pid {row.pid} ({row.comm}) runs without the shim; start it with "
                         "`gputrace run --checkpointable -- COMMAND` to checkpoint it", title=f"cannot {action}",
                         severity="warning")
             return
         if row.pid in self.busy:
-            self.notify(f"pid {row.pid} is busy: {self.busy[row.pid]} in progress", severity="warning")
+            self.notify(f"pid {row.pid} is busy: {label(self.busy[row.pid])} in progress", severity="warning")
             return
         if not self.checkpointer.available(action):
-            self._failed(ActionFailed(row.pid, action, f"{action} is not available yet",
+            self._failed(ActionFailed(row.pid, action, f"{label(action)} is not available yet",
                                       "it arrives with the checkpointer (issue 5)"))
             return
         fmt = {"pid": row.pid, "comm": row.comm}
@@ -162,7 +166,7 @@ class TopApp(App):
 
     def start_action(self, action: str, pid: int, arg: str | None = None) -> None:
         self.busy[pid] = action
-        self._status(f"{action} of pid {pid}: starting ...")
+        self._status(f"{label(action)} of pid {pid}: starting ...")
         self._action_worker(action, pid, arg)
 
     @work(thread=True, group="actions")
@@ -177,12 +181,12 @@ class TopApp(App):
             self.post_message(ActionFailed(pid, action, exc.msg, exc.hint))
             return
         except Exception as exc:  # whatever the checkpointer does, the dashboard stays up
-            self.post_message(ActionFailed(pid, action, f"{action} failed: {type(exc).__name__}: {exc}"))
+            self.post_message(ActionFailed(pid, action, f"{label(action)} failed: {type(exc).__name__}: {exc}"))
             return
         self.post_message(ActionDone(result))
 
     def on_action_progress(self, msg: ActionProgress) -> None:
-        self._status(f"{msg.action} of pid {msg.pid}: {100 * msg.fraction:.0f}% {msg.text}")
+        self._status(f"{label(msg.action)} of pid {msg.pid}: {100 * msg.fraction:.0f}% {msg.text}")
 
     def on_action_done(self, msg: ActionDone) -> None:
         r = msg.result
@@ -191,9 +195,9 @@ class TopApp(App):
         if r.checkpoint is not None:
             self._checkpoints[r.pid] = r.checkpoint
         froze = f", froze the job {r.freeze_s * 1e3:.1f} ms" if r.freeze_s is not None else ""
-        text = f"{r.action} of pid {r.pid} done{froze}: {r.message}"
+        text = f"{label(r.action)} of pid {r.pid} done{froze}: {r.message}"
         self._status(text)
-        self.notify(text, title=f"{r.action} done", timeout=6)
+        self.notify(text, title=f"{label(r.action)} done", timeout=6)
         self._refresh_screens()
 
     def on_action_failed(self, msg: ActionFailed) -> None:
@@ -202,6 +206,6 @@ class TopApp(App):
     def _failed(self, msg: ActionFailed) -> None:
         self.busy.pop(msg.pid, None)
         self.last_results.append(msg)
-        self._status(f"{msg.action} of pid {msg.pid} FAILED: {msg.error}")
-        self.notify(f"{msg.error}\n{msg.hint}" if msg.hint else msg.error, title=f"{msg.action} failed",
+        self._status(f"{label(msg.action)} of pid {msg.pid} FAILED: {msg.error}")
+        self.notify(f"{msg.error}\n{msg.hint}" if msg.hint else msg.error, title=f"{label(msg.action)} failed",
                     severity="error", timeout=10)

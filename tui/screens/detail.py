@@ -54,7 +54,8 @@ def audit_text(row: ProcessRow, preset: str, now: float | None = None) -> Text:
 class DetailScreen(Screen):
     BINDINGS = [Binding("escape,backspace", "app.pop_screen", "back"), Binding("p", "preset", "preset"),
                 Binding("c", "act('checkpoint')", "checkpoint"), Binding("r", "act('restore')", "restore"),
-                Binding("s", "act('suspend')", "suspend"), Binding("u", "act('resume')", "resume")]
+                Binding("s", "act('suspend')", "suspend"), Binding("u", "act('resume')", "resume"),
+                Binding("w", "act('checkpoint_full')", "whole job")]
     DEFAULT_CSS = """
     DetailScreen #audit { height: auto; padding: 0 1; background: $boost; }
     DetailScreen Horizontal { height: 1fr; }

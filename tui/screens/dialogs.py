@@ -75,6 +75,8 @@ HELP = """\
 [b]actions[/b]     on a shimmed process (started with `gputrace run --checkpointable`):
             c  checkpoint     r  restore (pick a checkpoint)     s  suspend     u  resume
             each asks first, shows progress below the table, then the freeze time
+            w  checkpoint the whole job (GPU and CPU state, CRIU), left running; any process,
+               shimmed or not, that no uprobe has hit (so not one this top has traced)
 [b]other[/b]       ?  this help      q  quit      escape  back
 
 OVERHEAD is lower–upper: the predicted slowdown if the layer's added CPU time hides in the time the

@@ -25,6 +25,7 @@ class MainScreen(Screen):
         Binding("r", "act('restore')", "restore"),
         Binding("s", "act('suspend')", "suspend"),
         Binding("u", "act('resume')", "resume"),
+        Binding("w", "act('checkpoint_full')", "whole job"),
         Binding("escape", "clear_filter", "clear filter", show=False),
     ]
     DEFAULT_CSS = """
