@@ -507,3 +507,41 @@ def test_recent_pools_the_last_intervals_of_a_process():
     # The last 5 intervals: 200 calls in 5 windows of 10 ms (taking the probe time out of them).
     assert recent.interval_s == pytest.approx(5.0) and recent.window_s == pytest.approx(0.05)
     assert recent.calls_hz == pytest.approx(200 / 0.05, rel=0.05)
+
+
+def test_a_window_every_other_interval_twice_as_long_within_the_same_budget():
+    one = policy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None)
+    two = policy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None, every=2)
+    for p in (one, two):
+        p.observe(0.01, {0: 1000}, 0.5)
+    plans = [two.plan() for _ in range(4)]
+    assert [p.attach for p in plans] == [True, False, True, False]
+    w1 = one.plan().window_s
+    assert plans[0].window_s == pytest.approx(2 * w1) and plans[2].window_s == pytest.approx(2 * w1)
+    assert plans[1].probe == frozenset()  # nothing attached, no rescan used up
+
+
+def test_a_process_joining_makes_the_next_window_a_rescan():
+    p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=30)
+    p.observe(0.01, {1: 100}, 0.5)
+    assert p.plan().probe == frozenset({1})
+    p.rescan_soon()
+    assert p.plan().probe == frozenset({0, 1})
+    assert p.plan().probe == frozenset({1})
+
+
+def test_p50_p99_in_one_pass_equals_percentile_ns():
+    from gputrace.tracer.tracee import p50_p99_ns
+
+    rng = random.Random(3)
+    for _ in range(200):
+        h = tuple(rng.choice([0, 0, 0, 1, 5, 100]) for _ in range(bpfprog.HIST_SLOTS))
+        t = sum(h)
+        assert p50_p99_ns(h, t) == (percentile_ns(h, 0.5, t), percentile_ns(h, 0.99, t))
+
+
+def test_rawstats_arithmetic_round_trips():
+    a = bpfprog.RawStats(10, 4, 1000, 900, 1, 2, tuple(range(bpfprog.HIST_SLOTS)), 3)
+    b = bpfprog.RawStats(3, 1, 100, 90, 0, 1, tuple(1 for _ in range(bpfprog.HIST_SLOTS)), 1)
+    assert (a - b) + b == a and a - a == bpfprog.ZERO and a + bpfprog.ZERO == a and bpfprog.ZERO + a == a
+    assert (a - b).hist == tuple(x - 1 for x in range(bpfprog.HIST_SLOTS)) and (a - b).calls == 7

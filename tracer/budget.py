@@ -10,6 +10,8 @@ attach window so that the expected cost stays under `budget` x the target's CPU 
   `retime_every`-th window times everything, so their per-call time is still measured.
 - When even `min_window_s` would cost too much, windows are spread out: one every k intervals.
 - Windows start at a random offset in the interval, so a periodic workload is not sampled in phase.
+- `every` > 1 (host-wide tracing, where one attach writes breakpoints into every process on the
+  file): a window every that many intervals, as long as those intervals' budget pays for.
 - Only functions seen called are probed, except in every `rescan_every`-th window, which probes all:
   each attach and detach rewrites the target's code pages once per probed function (a page
   replacement and a TLB flush in the target), so probing 682 functions to count the 11 a training
@@ -50,6 +52,7 @@ class Policy:
         rescan_every: int = 10,
         max_growth: float | None = 2.0,
         max_skip: int = 30,
+        every: int = 1,
         rng: random.Random | None = None,
     ) -> None:
         self.classes = dict(classes)
@@ -73,6 +76,10 @@ class Policy:
         self.windows = 0
         self.skip = 0
         self.rescan_next = False  # probe every function in the next window (rescan_soon)
+        # A window every `every` intervals, `every` times as long (the same budget over those
+        # intervals): each window's attach and detach costs the same whatever its length.
+        self.every = max(1, every)
+        self._ticks = 0
 
     def _timed(self) -> frozenset[int]:
         if self.exact or self.windows % self.retime_every == 0:
@@ -134,6 +141,10 @@ class Policy:
         return self.interval_s if cost <= 0 else allowed / cost
 
     def plan(self) -> Plan:
+        if self.every > 1 and not self.exact:
+            self._ticks += 1
+            if (self._ticks - 1) % self.every:  # the first interval has its window
+                return Plan(False, 0.0, 0.0, frozenset(), frozenset())
         timed = self._timed()
         probe = self._probe()
         if self.exact:
@@ -141,7 +152,7 @@ class Policy:
         if self.skip > 0:
             self.skip -= 1
             return Plan(False, 0.0, 0.0, timed, probe)
-        window = self.affordable_s(timed)
+        window = self.affordable_s(timed) * self.every
         if window < self.min_window_s:
             # Never for good: a CPU time measured as zero (a light job between two clock ticks)
             # affords no window at all, and would otherwise stop the sampling for ever.

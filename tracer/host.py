@@ -35,11 +35,13 @@ class HostSession:
         self.options = options
         self.probes = Probes(library, select_functions(read_functions(library), options.patterns),
                              program, calibration)
-        # Rescans (every function probed, in every process on the file: hundreds of breakpoints
-        # written in each address space, and as many removed) every 30th window rather than 10th,
-        # and in the window after a process joins, whose calls the others' may not cover.
+        # An attach or detach writes (or removes) a breakpoint per probed function in every process
+        # on the file, whatever the window's length: so a window every 2nd interval, twice as long,
+        # and rescans (every function probed) every 30th window rather than 10th, and in the window
+        # after a process joins, whose calls the others' may not cover.
         self.policy = AlignedPolicy(self.probes.classes, self.probes.costs, budget=options.budget,
-                                    interval_s=options.interval_s, rescan_every=30)
+                                    interval_s=options.interval_s, rescan_every=30,
+                                    every=1 if options.exact else 2)
         self.tracees: dict[int, Tracee] = {}
         self._pidfds: dict[int, int] = {}
         self._adding: dict[int, None] = {}

@@ -49,7 +49,12 @@ class ProcessRow:
     library: str = ""
 
     def audit(self, preset: str) -> Audit:
-        return audit(self.snapshot, PRESETS[preset])
+        # Asked for three times a row and refresh (sort key, cell, header): kept on the row.
+        cache = self.__dict__.setdefault("_audits", {})
+        a = cache.get(preset)
+        if a is None:
+            a = cache[preset] = audit(self.snapshot, PRESETS[preset])
+        return a
 
 
 @dataclass(frozen=True)
