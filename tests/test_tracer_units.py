@@ -507,6 +507,15 @@ def test_recent_pools_the_last_intervals_of_a_process():
     # The last 5 intervals: 200 calls in 5 windows of 10 ms (taking the probe time out of them).
     assert recent.interval_s == pytest.approx(5.0) and recent.window_s == pytest.approx(0.05)
     assert recent.calls_hz == pytest.approx(200 / 0.05, rel=0.05)
+    # An interval without a window: the last recent snapshot stands, the very object; after one
+    # with a window, a new one with its calls.
+    assert t.recent(rebuild=False) is recent
+    t.account(1.0, 0.0, {0: cum}, 0.0, snapshot=False)
+    assert t.recent(rebuild=False) is recent
+    cum = cum + RawStats(300, 0, 0, 0, 0, 0, ZERO.hist)
+    t.account(1.0, 0.01, {0: cum}, 0.0, snapshot=False)
+    fresh = t.recent(rebuild=True)
+    assert fresh is not recent and fresh.calls_hz > recent.calls_hz
 
 
 def test_a_window_every_other_interval_twice_as_long_within_the_same_budget():

@@ -130,7 +130,11 @@ class HostSession:
         snaps = {}
         for pid, t in self.tracees.items():
             snap = t.account(span, window, stats.get(pid, {}), outside_s, snapshot=view == "interval")
-            snaps[pid] = snap if snap is not None else t.recent() if view == "recent" else t.summary()
+            if snap is None:
+                # An interval without a window adds no calls to the pooled rates: the last recent
+                # snapshot stands (the same object, so a caller can tell nothing new came).
+                snap = t.recent(rebuild=window > 0) if view == "recent" else t.summary()
+            snaps[pid] = snap
         self.exited = [pid for pid, t in self.tracees.items() if t.exited]
         for pid in self.exited:
             self._drop(pid)

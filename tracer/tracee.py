@@ -113,6 +113,7 @@ class Tracee:
         self._recent: collections.deque[tuple[float, float, float | None, dict[int, RawStats], frozenset[int], float]] = \
             collections.deque(maxlen=5)
         self._recent_sum: dict[int, RawStats] = {}
+        self._recent_snap: ProcessSnapshot | None = None
 
         self.started = time.monotonic()
         self.elapsed_s = 0.0
@@ -361,8 +362,16 @@ class Tracee:
                 s, k = s + es, k + ek
         return s, k
 
-    def recent(self) -> ProcessSnapshot:
-        """The last few intervals (up to 5) as one snapshot: what a live view shows each refresh."""
+    def recent(self, rebuild: bool = True) -> ProcessSnapshot:
+        """The last few intervals (up to 5) as one snapshot: what a live view shows each refresh.
+        Without `rebuild`, the one built last, if any (per process and second, building it is most
+        of what host-wide tracing costs in Python)."""
+        if not rebuild and self._recent_snap is not None:
+            return self._recent_snap
+        self._recent_snap = self._build_recent()
+        return self._recent_snap
+
+    def _build_recent(self) -> ProcessSnapshot:
         span = sum(r[0] for r in self._recent)
         window = sum(r[1] for r in self._recent)
         cpus = [r[2] for r in self._recent]

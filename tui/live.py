@@ -89,7 +89,8 @@ class _FileTracer:
         s = self.session
         with self._lock:
             for pid, snap in snaps.items():
-                self.history.setdefault(pid, collections.deque(maxlen=self.history_len)).append(snap.calls_hz)
+                if snap is not self.latest.get(pid):  # the same one: no new measurement, no new point
+                    self.history.setdefault(pid, collections.deque(maxlen=self.history_len)).append(snap.calls_hz)
                 self.latest[pid] = snap
             for pid in s.exited:
                 self.latest.pop(pid, None)
