@@ -47,6 +47,9 @@ class HostSession:
         self._adding: dict[int, None] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # stop() wakes _wait with it
+        self._poll = select.poll()
+        self._polled: set[int] = set()
         self.marker: int | None = None  # one for all the processes: see Tracee.own_marker
         self._marker_link = None
         self.exited: list[int] = []  # of the last step
@@ -65,6 +68,12 @@ class HostSession:
     def stop(self) -> None:
         """Ends the interval in progress soon (from any thread)."""
         self._stop.set()
+        with self._lock:  # not while close() closes the pipe
+            if self._wake_w >= 0:
+                try:
+                    os.write(self._wake_w, b"x")
+                except OSError:
+                    pass  # the pipe is full: the waits end all the same
 
     def _admit(self, stats: dict[int, dict[int, RawStats]]) -> None:
         with self._lock:
@@ -102,11 +111,15 @@ class HostSession:
             left = deadline - time.monotonic()
             if left <= 0:
                 return True
-            p = select.poll()
-            for fd in live:
-                p.register(fd, select.POLLIN)
-            for fd, _ in p.poll(min(left, 0.2) * 1000):  # short polls: stop() is seen within 0.2 s
-                self.tracees[live[fd]].exited = True
+            if set(live) != self._polled:  # the poll set is kept: 50 registrations a wait add up
+                self._poll = select.poll()
+                self._poll.register(self._wake_r, select.POLLIN)
+                for fd in live:
+                    self._poll.register(fd, select.POLLIN)
+                self._polled = set(live)
+            for fd, _ in self._poll.poll(left * 1000):  # stop() writes to _wake_w: no need to wake up to look
+                if fd in live:
+                    self.tracees[live[fd]].exited = True
 
     def step(self, interval_s: float | None = None, view: str = "recent") -> dict[int, ProcessSnapshot]:
         """One interval over every process added so far; returns their snapshots by pid (the
@@ -189,6 +202,11 @@ class HostSession:
         self.probes.close()
         for pid in list(self.tracees):
             self._drop(pid)
+        with self._lock:
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
 
     def run(self, on_step: Callable[[dict[int, ProcessSnapshot]], None], view: str = "recent") -> None:
         """Steps until stop(); the probes are detached at the end, even on an error."""
