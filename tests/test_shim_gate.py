@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,14 @@ def test_pause_resume_loop_against_many_submitting_threads(procs, shim_dir):
             assert c.resume()["ok"]
         after = c.status()
         assert not after["paused"] and after["calls"]["cuLaunchKernel"] > before  # the threads ran meanwhile
+        if not stalled:
+            # The samples above caught no thread at the gate (a loaded machine may not have scheduled one
+            # in time): hold the gate closed until one arrives, as it must while 16 threads submit.
+            assert c.pause(10000)["ok"]
+            deadline = time.monotonic() + 60
+            while not stalled and time.monotonic() < deadline:
+                stalled += c.status()["waiting"] > 0
+            assert c.resume()["ok"]
     assert stalled > 0  # threads really were stopped at the gate while paused
     p.stdin.write("stop\n")
     p.stdin.flush()
