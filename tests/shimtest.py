@@ -3,6 +3,7 @@ of a workload's own view of its allocations with the shim's."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -48,4 +49,15 @@ def reported_allocs(st: dict) -> set:
         kind = a["kind"]
         extra = (a["handle"],) if kind == "vmm_phys" else (a["handle"], a["offset"], a["access"]) if kind == "vmm_map" else ()
         out.add((kind, a["base"], a["size"], *extra))
+    return out
+
+
+def open_files(pid: int) -> list[str]:
+    """What process `pid`'s descriptors point at (readlink of /proc/PID/fd/*; ones closed meanwhile left out)."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
     return out

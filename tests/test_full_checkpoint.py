@@ -25,6 +25,8 @@ from gputrace.checkpointer import criu as criu_mod
 from gputrace.checkpointer import driver
 from gputrace.simcuda.device import Device
 
+from shimtest import open_files, shim_dir  # noqa: F401  (fixture)
+
 STEPS = 150
 
 
@@ -186,16 +188,6 @@ def job(tmp_path, device):
         j.kill()
 
 
-def fds(pid: int) -> list[str]:
-    out = []
-    for f in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            out.append(os.readlink(f"/proc/{pid}/fd/{f}"))
-        except OSError:
-            pass
-    return out
-
-
 def state(pid: int) -> str:
     return driver._Driver(pid).state()
 
@@ -206,7 +198,7 @@ def test_device_memory_is_outside_the_process_and_criu_refuses_it(job, device, t
     j = job()
     j.at_step(2)
     assert len(device.files()) == 2  # the buffer and the VMM handle, in the daemon's files
-    assert any(f.startswith("socket:") for f in fds(j.pid))
+    assert any(f.startswith("socket:") for f in open_files(j.pid))
     c = criu_mod.find()
     (tmp_path / "img").mkdir()
     with pytest.raises(criu_mod.CriuFailed) as e:
@@ -341,14 +333,6 @@ def test_no_criu_or_one_too_old_is_a_clear_error_and_the_job_is_untouched(job, d
         assert "no CRIU >= 4.0" in r.stderr and says in r.stderr and "hint:" in r.stderr
         assert "Traceback" not in r.stderr
         assert state(j.pid) == "running" and not (tmp_path / "ck").exists()
-
-
-@pytest.fixture
-def shim_dir(tmp_path, monkeypatch):
-    d = tmp_path / "rt"
-    d.mkdir(mode=0o700)
-    monkeypatch.setenv("GPUTRACE_SHIM_DIR", str(d))
-    return d
 
 
 def test_a_shimmed_job_moves_its_device_memory_by_the_shim_first(job, device, tmp_path, reference, shim_dir):

@@ -19,7 +19,7 @@ from gputrace.errors import CheckpointError
 from gputrace.shim import client
 
 from ckpttest import small_fs  # noqa: F401  (fixture)
-from shimtest import procs, shim_dir  # noqa: F401  (fixtures)
+from shimtest import open_files, procs, shim_dir  # noqa: F401  (fixtures)
 
 GRANULE = 2 << 20  # simcuda's VMM granularity
 
@@ -154,16 +154,6 @@ def test_vmm_served_allocations_behave_like_the_drivers(procs, shim_dir):
     assert json.loads(r.stdout)["check"] == "ok"
 
 
-def _fds(pid: int) -> list[str]:
-    out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            pass
-    return out
-
-
 def test_suspend_to_a_directory_gives_host_memory_back_and_leaves_a_checkpoint(procs, shim_dir, tmp_path):
     from gputrace.checkpointer import restore
     from gputrace.checkpointer.store import read_manifest
@@ -176,13 +166,13 @@ def test_suspend_to_a_directory_gives_host_memory_back_and_leaves_a_checkpoint(p
     m = read_manifest(out)  # a complete checkpoint of the suspended state
     assert sorted((a["base"], a["size"]) for a in m["allocations"]) == \
         sorted((a["base"], a["size"]) for a in ready["allocations"])
-    fds = _fds(p.pid)
+    fds = open_files(p.pid)
     assert str(out / "data.img") in fds  # the shim reads it back from disk ...
     assert not any("gputrace-suspend" in f for f in fds)  # ... and has let the memfd (host memory) go
     assert client.status(p.pid)["suspended"]
     resume(p.pid)
     assert ask(p, "sum")["sum"] == ready["sum"]
-    assert str(out / "data.img") not in _fds(p.pid)
+    assert str(out / "data.img") not in open_files(p.pid)
     # The directory is an ordinary checkpoint: the job rolls back to it after overwriting its memory.
     assert ask(p, "fill 9")["sum"] != ready["sum"]
     restore(p.pid, out)
