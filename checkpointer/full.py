@@ -40,7 +40,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import orjson
 import xxhash
@@ -49,17 +48,14 @@ from gputrace.errors import CheckpointError, CorruptCheckpoint, NoSuchProcess
 
 from . import criu as criu_mod
 from . import driver
-from .store import _fsync_dir, check_target, disk_error
+from .store import HASH, MANIFEST, Progress, _fsync_dir, check_target, disk_error, load_manifest
+from .suspend import resume, suspend
 
 SCHEMA = 1
 FORMAT = "gputrace-full-checkpoint"
-MANIFEST = "manifest.json"
 IMAGES = "criu"
 GPU_IMAGE = "gpu.img"
-HASH = "xxh3_64"
 _BLOCK = 8 << 20
-
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -146,7 +142,6 @@ def _give_back(pid: int, d: driver._Driver, stopped: bool, shim_suspended: bool)
     if st == "locked":
         d.call("Unlock")
     if shim_suspended:
-        from .suspend import resume
 
         resume(pid)
 
@@ -175,7 +170,11 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     try:
         if shim:
             try:
-                r = _shim_suspend(pid, tmp / GPU_IMAGE, timeout_ms)
+                # Into a file of the checkpoint directory, not a memfd: the job then holds its GPU data
+                # in a file that CRIU records by path instead of copying it, so the dump stays small and
+                # the data reach the directory at the shim's copy speed, with no second copy.  Restore
+                # puts the file back at that path.
+                r = suspend(pid, timeout_ms=timeout_ms, image_file=tmp / GPU_IMAGE)
                 # The job stops when the shim's gate closes, after the image is pinned (setup, seconds
                 # for tens of GiB, while the job runs on): the freeze counts from there.
                 t0 = time.monotonic_ns() - r.freeze_ns
@@ -273,18 +272,7 @@ def _is_stopped(pid: int) -> bool:
 def read_manifest(path: Path) -> dict:
     """The manifest of a complete whole-process checkpoint; CorruptCheckpoint for anything else."""
     path = Path(path)
-    if not path.is_dir():
-        raise CorruptCheckpoint(f"{path} is not a checkpoint directory",
-                                "give the directory `gputrace checkpoint --full` wrote")
-    try:
-        m = orjson.loads((path / MANIFEST).read_bytes())
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"{path} has no {MANIFEST}: it is not a complete checkpoint",
-                                "an interrupted checkpoint never gets one; take a new checkpoint") from None
-    except orjson.JSONDecodeError:
-        raise CorruptCheckpoint(f"{path / MANIFEST} is not valid JSON", "the checkpoint is damaged; take a new one") from None
-    except OSError as exc:
-        raise CorruptCheckpoint(f"cannot read {path / MANIFEST}: {exc.strerror}", "check its permissions") from None
+    m = load_manifest(path, "give the directory `gputrace checkpoint --full` wrote")
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         hint = ("it is a GPU-memory checkpoint: restore it with `gputrace restore -p PID DIR`"
                 if isinstance(m, dict) and m.get("format") == "gputrace-checkpoint" else "give a --full checkpoint directory")
@@ -356,8 +344,7 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
         un_ns = d.call("Unlock")
         shim_ns = 0
         if (m["gpu"].get("shim") or {}).get("allocations") is not None:
-            from .suspend import resume
-
+    
             shim_ns = resume(pid).total_ns
     except CheckpointError as exc:
         # A process back from CRIU without its GPU state is of no use: end it, so that the checkpoint
@@ -425,37 +412,6 @@ def _restore_gpu(d: "driver._Driver", pairs: list[tuple[bytes, bytes]]) -> int:
                               "each OLD must be a GPU the job used and each NEW a GPU of this host; the job is "
                               "still checkpointed: retry with another --gpu-map")
     return time.monotonic_ns() - t
-
-
-def _shim_suspend(pid: int, image: Path, timeout_ms: int):
-    """The shim's `suspend` into `image`, a file of the checkpoint directory (not a memfd, as `gputrace
-    suspend` uses): the job then holds its GPU data in a file that CRIU records by path instead of
-    copying it, so the CRIU dump stays small and the data reach the directory at the speed the shim
-    copies, in the freeze, with no second copy.  Restore puts the file back at that path."""
-    from .ops import DEFAULT_CHUNK, DEFAULT_LANES, _copy_timeout, _Session, _shim_failure
-    from .suspend import SuspendReport
-
-    t0 = time.monotonic_ns()
-    with _Session(pid, "suspend") as s:
-        held = s.request("status")
-        if held.get("suspended"):
-            raise CheckpointError(f"process {pid} is already suspended",
-                                  f"bring it back first: gputrace resume -p {pid}")
-        fd = os.open(image, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            r = s.request(f"suspend lanes={DEFAULT_LANES} chunk={DEFAULT_CHUNK} timeout={timeout_ms} direct=1", fd=fd,
-                          timeout_s=_copy_timeout(held.get("totals", {}).get("device_bytes", 0)))
-        finally:
-            os.close(fd)  # the shim holds its own descriptor of it until resume
-    if not r.get("ok"):
-        image.unlink(missing_ok=True)
-        if r.get("error") == "unsupported":
-            raise CheckpointError(f"process {pid} cannot be suspended: {r.get('detail', '')}",
-                                  "start it with: gputrace run --checkpointable --suspendable -- CMD")
-        raise _shim_failure(r, pid, "suspend")
-    return SuspendReport(pid, r["allocations"], r["bytes"], r["reserved_bytes"], r["drain_ns"], r["copy_ns"],
-                         r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False),
-                         setup_ns=r.get("setup_ns", 0), freeze_ns=r.get("freeze_ns", 0))
 
 
 def _gpu_image_at_dump_path(path: Path, m: dict) -> Path | None:

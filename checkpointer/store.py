@@ -118,10 +118,11 @@ def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: 
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def read_manifest(path: Path) -> dict:
-    """The manifest of a complete checkpoint; CorruptCheckpoint for anything else."""
+def load_manifest(path: Path, hint: str) -> object:
+    """DIR/manifest.json parsed, whatever it holds; CorruptCheckpoint when there is none to parse.
+    `hint`: what to give instead when `path` is no directory."""
     if not path.is_dir():
-        raise CorruptCheckpoint(f"{path} is not a checkpoint directory", "give the directory `gputrace checkpoint` wrote")
+        raise CorruptCheckpoint(f"{path} is not a checkpoint directory", hint)
     try:
         raw = (path / MANIFEST).read_bytes()
     except FileNotFoundError:
@@ -130,9 +131,14 @@ def read_manifest(path: Path) -> dict:
     except OSError as exc:
         raise CorruptCheckpoint(f"cannot read {path / MANIFEST}: {exc.strerror}", "check its permissions") from None
     try:
-        m = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise CorruptCheckpoint(f"{path / MANIFEST} is not valid JSON", "the checkpoint is damaged; take a new one") from None
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of a complete checkpoint; CorruptCheckpoint for anything else."""
+    m = load_manifest(path, "give the directory `gputrace checkpoint` wrote")
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise CorruptCheckpoint(f"{path / MANIFEST} is not a gputrace checkpoint manifest", "give a checkpoint directory")
     if m.get("schema") != SCHEMA:

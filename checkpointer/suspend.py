@@ -58,11 +58,14 @@ class ResumeReport:
 
 
 def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK, timeout_ms: int = 5000,
-            direct: bool = True, out: Path | str | None = None, progress: store.Progress | None = None) -> SuspendReport:
+            direct: bool = True, out: Path | str | None = None, progress: store.Progress | None = None,
+            image_file: Path | None = None) -> SuspendReport:
     """Suspends shimmed process `pid`.  `out`: also write the data as a checkpoint directory there
     (what `gputrace restore` reads) and let the job's host memory go: the shim keeps the on-disk image
     instead of the memfd, and resume reads it back from disk.  The job is frozen for the copy alone
-    either way; with `out` it stays suspended while the data are written (it is waiting anyway)."""
+    either way; with `out` it stays suspended while the data are written (it is waiting anyway).
+    `image_file`: the shim copies into this new file instead of a memfd (a whole-process checkpoint's
+    gpu.img, which CRIU then records by path); removed again if the suspend fails."""
     t0 = time.monotonic_ns()
     if out is not None:
         out = Path(out).absolute()
@@ -72,7 +75,10 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
         if held.get("suspended"):
             raise CheckpointError(f"process {pid} is already suspended", f"bring it back with: gputrace resume -p {pid}")
         nbytes = held.get("totals", {}).get("device_bytes", 0)
-        memfd = os.memfd_create(f"gputrace-suspend-{pid}", os.MFD_CLOEXEC)
+        if image_file is None:
+            memfd = os.memfd_create(f"gputrace-suspend-{pid}", os.MFD_CLOEXEC)
+        else:
+            memfd = os.open(image_file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         write_ns, path = 0, None
         try:
             r = s.request(f"suspend lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
@@ -84,6 +90,8 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
         finally:
             os.close(memfd)  # the shim holds its own descriptor of it (or of the file) now
     if not r.get("ok"):
+        if image_file is not None:
+            image_file.unlink(missing_ok=True)
         if r.get("error") == "unsupported":
             raise CheckpointError(f"process {pid} cannot be suspended: {r.get('detail', '')}",
                                   "start it with: gputrace run --checkpointable --suspendable -- CMD "
