@@ -35,6 +35,40 @@ import torch
 GIB = 1 << 30
 
 
+def fill(nbytes: int, dev, g) -> list:
+    """nbytes of uint8 tensors (1 GiB each, the last one smaller) filled from generator g."""
+    held = []
+    while nbytes > 0:
+        t = torch.empty(min(GIB, nbytes), dtype=torch.uint8, device=dev)
+        t.view(torch.int64).random_(generator=g)
+        held.append(t)
+        nbytes -= t.numel()
+    torch.cuda.synchronize()
+    return held
+
+
+def checksums(held: list) -> list[list[int]]:
+    """Per tensor: int64 sums of the data and of a stride of it."""
+    return [[int(t.view(torch.int64).sum()), int(t.view(torch.int64)[::4099].sum())] for t in held]
+
+
+def copy_limit(n: int, dev) -> tuple[float, float]:
+    """Best of 3 pinned copies of n bytes, device to host and host to device, in GB/s (bytes per ns)."""
+    d = torch.empty(n, dtype=torch.uint8, device=dev)
+    h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    best = [0.0, 0.0]
+    for _ in range(3):
+        for i, (dst, src) in enumerate(((h, d), (d, h))):
+            torch.cuda.synchronize()
+            t = time.perf_counter_ns()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            best[i] = max(best[i], n / (time.perf_counter_ns() - t))
+    del d, h, dst, src  # the loop's names hold them too
+    torch.cuda.empty_cache()
+    return best[0], best[1]
+
+
 def main() -> int:
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
@@ -49,11 +83,7 @@ def main() -> int:
     step = 0
 
     def checksum() -> list[list[int]]:
-        out = []
-        for t in held:
-            v = t.view(torch.int64)
-            out.append([int(v.sum()), int(v[::4099].sum())])
-        return out
+        return checksums(held)
 
     def reply(**kw) -> None:
         print(json.dumps(kw), flush=True)
@@ -63,14 +93,7 @@ def main() -> int:
         cmd, *arg = line.split()
         t0 = time.perf_counter_ns()
         if cmd == "hold":
-            left = int(arg[0])
-            while left > 0:
-                n = min(GIB, left)
-                t = torch.empty(n, dtype=torch.uint8, device=dev)
-                t.view(torch.int64).random_(generator=g)
-                held.append(t)
-                left -= n
-            torch.cuda.synchronize()
+            held += fill(int(arg[0]), dev, g)
             reply(ok=True, tensors=len(held), bytes=sum(t.numel() for t in held), checksum=checksum())
         elif cmd == "checksum":
             reply(ok=True, checksum=checksum())
@@ -106,22 +129,8 @@ def main() -> int:
             reply(ok=True, save_ns=ns, file_bytes=os.path.getsize(arg[0]))
         elif cmd == "limit":
             n = min(int(arg[0]), 8 * GIB)
-            d = torch.empty(n, dtype=torch.uint8, device=dev)
-            h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-            res = {}
-            for name, dst, src in (("d2h", h, d), ("h2d", d, h)):
-                best = None
-                for _ in range(3):
-                    torch.cuda.synchronize()
-                    t1 = time.perf_counter_ns()
-                    dst.copy_(src, non_blocking=True)
-                    torch.cuda.synchronize()
-                    el = time.perf_counter_ns() - t1
-                    best = el if best is None else min(best, el)
-                res[name + "_gbps"] = n / best
-            del d, h, dst, src  # the loop's names hold them too
-            torch.cuda.empty_cache()
-            reply(ok=True, bytes=n, **res)
+            d2h, h2d = copy_limit(n, dev)
+            reply(ok=True, bytes=n, d2h_gbps=d2h, h2d_gbps=h2d)
         elif cmd == "mem":
             reply(ok=True, allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved())
         elif cmd == "quit":

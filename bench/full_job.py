@@ -20,11 +20,9 @@ import argparse
 import json
 import os
 import signal
-import time
 
 import torch
-
-GIB = 1 << 30
+from ckpt_job import checksums, copy_limit, fill  # bench/, beside this file
 
 
 def main() -> int:
@@ -44,35 +42,16 @@ def main() -> int:
     g = torch.Generator(device=dev).manual_seed(1)
     xs = torch.randn(32, 128, 512, device=dev, generator=g)
     ys = torch.randn(32, 128, 512, device=dev, generator=g)
-    held = []
-    left = a.hold
-    while left > 0:
-        n = min(GIB, left)
-        t = torch.empty(n, dtype=torch.uint8, device=dev)
-        t.view(torch.int64).random_(generator=g)
-        held.append(t)
-        left -= n
-    torch.cuda.synchronize()
+    held = fill(a.hold, dev, g)
 
     def emit(**kw) -> None:
         print(json.dumps(kw), flush=True)
 
     def checksum() -> list:
-        return [[int(t.view(torch.int64).sum()), int(t.view(torch.int64)[::4099].sum())] for t in held]
+        return checksums(held)
 
     def limit() -> tuple[float, float]:
-        n = a.limit
-        d = torch.empty(n, dtype=torch.uint8, device=dev)
-        h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-        best = [0.0, 0.0]
-        for _ in range(3):
-            for i, (dst, src) in enumerate(((h, d), (d, h))):
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                dst.copy_(src, non_blocking=True)
-                torch.cuda.synchronize()
-                best[i] = max(best[i], n / (time.perf_counter() - t) / 1e9)
-        return best[0], best[1]
+        return copy_limit(a.limit, dev)
 
     if a.limit:  # pinned host memory stays cached by torch: measured in a process that is not checkpointed
         d2h, h2d = limit()
