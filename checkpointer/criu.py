@@ -19,6 +19,7 @@ from pathlib import Path
 from gputrace.errors import CheckpointError
 
 MIN_VERSION = (4, 0)
+UPROBES_VERSION = (4, 2)  # --allow-uprobes: dump and restore a process holding the kernel's [uprobes] page
 PRIVATE = Path("/usr/local/lib/gputrace/criu/bin/criu")
 INSTALL_HINT = ("run scripts/setup-host (it installs a CRIU >= 4.0: the distribution's, or Debian 13's unpacked "
                 "into /usr/local/lib/gputrace/criu), or point GPUTRACE_CRIU at a criu >= 4.0")
@@ -40,6 +41,10 @@ class Criu:
     @property
     def version_str(self) -> str:
         return ".".join(map(str, self.version))
+
+    @property
+    def allows_uprobes(self) -> bool:
+        return self.version >= UPROBES_VERSION
 
 
 def version_of(path: str) -> tuple[int, ...] | None:
@@ -106,8 +111,8 @@ def _dump_hint(errs: list[str]) -> str:
         return ("the job holds a socket to a process outside it (a GPU device connection the driver did not "
                 "release, or a server): CRIU cannot carry it")
     if "Unsupported mapping" in text and "7fffffffe000" in text:
-        return ("a uprobe hit this process (gputrace attach, doctor, or another eBPF tracer): the kernel's [uprobes] "
-                "page cannot be dumped; checkpoint a job no tracer has probed (restart it after tracing)")
+        return ("a uprobe hit this process (gputrace attach, doctor, or another eBPF tracer): CRIU before 4.2 cannot "
+                "dump the kernel's [uprobes] page; scripts/install-criu installs 4.2 (--allow-uprobes)")
     if "tty" in text.lower() or "shell-job" in text.lower():
         return "start the job with setsid and its stdin, stdout and stderr on files (not a terminal or a pipe)"
     if "pipe" in text.lower():
@@ -123,6 +128,8 @@ def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True) -> int:
     cmd = [c.path, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", "-v2", "--file-locks"]
     if leave_stopped:
         cmd.append("--leave-stopped")
+    if c.allows_uprobes:
+        cmd.append("--allow-uprobes")
     t = time.monotonic_ns()
     r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     ns = time.monotonic_ns() - t
@@ -139,6 +146,8 @@ def restore(c: Criu, images: Path, work: Path, pid: int) -> int:
     log = work / "restore.log"
     cmd = [c.path, "restore", "-D", str(images), "-W", str(work), "-o", "restore.log", "-v2", "--file-locks",
            "--restore-detached", "--pidfile", str(work / "restored.pid")]
+    if c.allows_uprobes:
+        cmd.append("--allow-uprobes")
     t = time.monotonic_ns()
     r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     ns = time.monotonic_ns() - t

@@ -47,7 +47,7 @@ import xxhash
 from gputrace.errors import CheckpointError, CorruptCheckpoint, NoSuchProcess
 
 from . import criu as criu_mod
-from . import driver
+from . import driver, uprobes
 from .store import HASH, MANIFEST, Progress, _fsync_dir, check_target, disk_error, load_manifest
 from .suspend import resume, suspend
 
@@ -158,6 +158,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     if d.state() != "running":
         raise CheckpointError(f"process {pid} is {d.state()} in the driver, not running",
                               "another checkpoint holds it; wait for it, or resume it")
+    _check_traces(pid, c, "")
     shim = _shim_suspendable(pid) if use_shim is None else use_shim
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     images = tmp / IMAGES
@@ -188,6 +189,8 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                 shim_report = {"skipped": exc.msg}
         lock_ns = d.call("Lock", timeout_ms)
         ck_ns = d.call("Checkpoint")
+        # Again, now that the job is still: a tracer may have attached since.
+        traced = _check_traces(pid, c, "; the job was given back as it was").uprobes_page is not None
         stopped = True  # from here on CRIU may have stopped the job, even if the dump fails
         try:
             dump_ns = criu_mod.dump(c, pid, images, leave_stopped=True)
@@ -213,7 +216,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             "schema": SCHEMA, "format": FORMAT, "complete": True, "created_unix": time.time(),
             "host": socket.gethostname(), "target": {"pid": pid, "comm": comm, "cmdline": _cmdline(pid)},
             "gpu": {"libcuda": d.path, "shim": shim_report, "driver_state": "checkpointed"},
-            "criu": {"path": c.path, "version": c.version_str}, "hash": HASH, "files": files,
+            "criu": {"path": c.path, "version": c.version_str, "allow_uprobes": traced}, "hash": HASH, "files": files,
             "leave_running": leave_running,
             "timings": {"shim_ns": shim_ns, "lock_ns": lock_ns, "checkpoint_ns": ck_ns, "dump_ns": dump_ns,
                         "freeze_ns": freeze_ns},
@@ -250,6 +253,26 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                                 shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
                                 leave_running, f"{c.path} {c.version_str}")
+
+
+def _check_traces(pid: int, c: criu_mod.Criu, after: str) -> uprobes.Traces:
+    """What uprobe tracers left in the job, refused where CRIU cannot carry it or the restored job would
+    trap: see checkpointer/uprobes.py."""
+    try:
+        t = uprobes.traces(pid)
+    except OSError:
+        return uprobes.Traces()  # gone or unreadable: the steps that follow say which
+    if t.harmful:
+        raise CheckpointError(f"process {pid} carries {t.describe()}; restored, it would trap on its next driver "
+                              f"call{after}",
+                              "stop the tracer (`gputrace attach`, another eBPF tool) and try again; calls in "
+                              "flight return within moments. In `gputrace top`, `w` pauses top's own tracing")
+    if t.uprobes_page is not None and not c.allows_uprobes:
+        raise CheckpointError(f"process {pid} holds the kernel's [uprobes] page (a uprobe tracer has hit it), "
+                              f"which CRIU {c.version_str} cannot dump{after}",
+                              "CRIU >= 4.2 can (--allow-uprobes): run scripts/install-criu, or set GPUTRACE_CRIU to "
+                              "one; or restart the job and checkpoint it before anything traces it")
+    return t
 
 
 def _subreaper(on: bool) -> None:
@@ -310,6 +333,11 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
     verify(path, m)
     verify_ns = time.monotonic_ns() - tv
     c = criu_mod.find()
+    if m["criu"].get("allow_uprobes") and not c.allows_uprobes:
+        raise CheckpointError(f"this checkpoint holds the kernel's [uprobes] page (a tracer had hit the job), "
+                              f"which CRIU {c.version_str} cannot restore",
+                              "CRIU >= 4.2 can (--allow-uprobes): run scripts/install-criu, or set GPUTRACE_CRIU "
+                              "to one")
     pid = int(m["target"]["pid"])
     pairs = _resolve_pairs(m["gpu"]["libcuda"], gpu_map) if gpu_map else None  # bad GPUs: refused before CRIU runs
     if Path(f"/proc/{pid}").exists():

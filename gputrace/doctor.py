@@ -442,6 +442,11 @@ class _Doctor:
         if not ok:
             return Check("", WARN, f"criu {c.version_str} at {c.path}: `criu check` fails: {line}",
                          "this kernel lacks what CRIU needs; `gputrace checkpoint --full` will fail here")
+        if not c.allows_uprobes:
+            return Check("", WARN, f"criu {c.version_str} at {c.path} passes `criu check` but cannot dump a job that "
+                         "a uprobe tracer (gputrace attach or top) has probed",
+                         "scripts/install-criu installs CRIU >= 4.2 (--allow-uprobes); until then such a job is "
+                         "refused by `checkpoint --full`")
         return Check("", OK, f"criu {c.version_str} at {c.path}; `criu check`: {line}")
 
     def cleanup(self) -> None:

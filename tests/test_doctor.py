@@ -249,3 +249,12 @@ def test_criu_missing_or_too_old_is_a_warn_with_a_hint(tmp_path, monkeypatch):
         monkeypatch.setenv("GPUTRACE_CRIU", str(path))
         c = doctor._run_one("criu", doctor._Doctor().criu)
         assert c.status == WARN and says in c.detail and "setup-host" in c.hint, c
+
+
+def test_a_criu_before_4_2_is_a_warn_for_traced_jobs(tmp_path, monkeypatch):
+    v41 = tmp_path / "criu"
+    v41.write_text("#!/bin/sh\necho 'Version: 4.1.1'\n[ \"$1\" = check ] && echo 'Looks good.'\nexit 0\n")
+    v41.chmod(0o755)
+    monkeypatch.setenv("GPUTRACE_CRIU", str(v41))
+    c = doctor._run_one("criu", doctor._Doctor().criu)
+    assert c.status == WARN and "4.1.1" in c.detail and "uprobe" in c.detail and "4.2" in c.hint, c

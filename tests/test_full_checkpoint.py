@@ -55,9 +55,13 @@ def ckpt(j: "Job", *args: str, env: dict | None = None) -> subprocess.CompletedP
     job, which CRIU cannot dump: that is no failure of the code under test, and a serial CI run has no
     such tracer, so the test is skipped with that reason instead."""
     r = gputrace(args[0], *(["--full"] if args[0] == "checkpoint" else []), "-p", str(j.pid), *args[1:], env=env)
-    if r.returncode and "[uprobes]" in r.stderr + j.maps():
-        pytest.skip("a uprobe tracer outside this test probed the job; CRIU cannot dump its [uprobes] page")
+    if r.returncode and any(s in r.stderr for s in FOREIGN_TRACER):
+        pytest.skip(f"a uprobe tracer outside this test probed the job: {r.stderr.splitlines()[0]}")
     return r
+
+
+# What checkpoint --full says of a tracer's traces in the job (checkpointer/uprobes.py).
+FOREIGN_TRACER = ("[uprobes]", "uprobe breakpoints", "uprobe trampoline")
 
 
 # --- awaiting events, not sleeping ----------------------------------------------------------------------------
@@ -387,4 +391,65 @@ def test_migrate_and_gpu_map(job, device, tmp_path, reference):
     r = gputrace("restore", "--full", str(tmp_path / "ck"), "--gpu-map", "0=0")
     assert r.returncode == 0, r.stderr
     wait_exit(j.pid)
+    assert j.out.read_text() == reference
+
+
+# --- jobs a uprobe tracer has probed ----------------------------------------------------------------------------
+
+def _attach(pid: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "gputrace", "attach", "-p", str(pid), "--exact", "--interval", "0.3", *args]
+
+
+def _needs_criu_for_uprobes():
+    c = criu_mod.find()
+    if not c.allows_uprobes:
+        pytest.skip(f"CRIU {c.version_str} here cannot dump a process with the [uprobes] page (4.2 can): "
+                    "scripts/install-criu installs one")
+
+
+def test_a_job_a_tracer_has_let_go_is_checkpointed_and_restored(job, device, tmp_path, reference):
+    _needs_criu_for_uprobes()
+    j = job()
+    j.at_step(2)
+    r = subprocess.run(_attach(j.pid, "-d", "1", "-q"), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "[uprobes]" in j.maps()  # the kernel's page stays for the process's life
+    ck = tmp_path / "ck"
+    r = ckpt(j, "checkpoint", "-o", str(ck))  # skipped if another tracer on this host is attached now
+    assert r.returncode == 0, r.stderr
+    assert orjson.loads((ck / "manifest.json").read_bytes())["criu"]["allow_uprobes"] is True
+    j.reap()
+    # A CRIU that cannot restore the page is refused before it runs, and the checkpoint stays usable.
+    old = tmp_path / "criu-4.1"
+    old.write_text("#!/bin/sh\necho 'Version: 4.1.1'\nexit 1\n")
+    old.chmod(0o755)
+    r = gputrace("restore", "--full", str(ck), env=dict(os.environ, GPUTRACE_CRIU=str(old)))
+    assert r.returncode == 10 and "[uprobes]" in r.stderr and "4.2" in r.stderr and "Traceback" not in r.stderr
+    r = gputrace("restore", "--full", str(ck))
+    assert r.returncode == 0, r.stderr
+    j.restored = True
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference  # no breakpoint trapped, no return jumped into a missing page
+
+
+def test_a_job_under_a_live_tracer_is_refused_and_runs_on(job, device, tmp_path, reference):
+    j = job(kernel_ns=100_000_000)  # 15 s: it runs on after the tracer's setup
+    j.at_step(2)
+    tracer = subprocess.Popen(_attach(j.pid, "-d", "120"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        for line in tracer.stderr:  # its first interval's line: the probes are in place
+            if line.startswith("[") and f"pid {j.pid}" in line:
+                break
+        assert "done" not in j.out.read_text()
+        r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"))
+        assert r.returncode == 10, r.stderr
+        assert "live uprobe breakpoints" in r.stderr and "libcuda.so.1" in r.stderr and "hint:" in r.stderr
+        assert "Traceback" not in r.stderr
+        assert state(j.pid) == "running" and not (tmp_path / "ck").exists()
+        assert not list(tmp_path.glob(".ck.partial-*"))
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.communicate(timeout=60)
+    assert j.reap() == 0
     assert j.out.read_text() == reference

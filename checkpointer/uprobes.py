@@ -1,0 +1,172 @@
+"""What a uprobe tracer leaves in a process, and whether CRIU can carry the process anyway.
+
+A process a uprobe has hit holds the kernel's `[uprobes]` page (the out-of-line area) for the rest of
+its life. CRIU >= 4.2 can dump and restore such a process (`--allow-uprobes`); older ones refuse it.
+Two traces of a tracer would still break the restored process, because CRIU copies them with it while
+the kernel's probes that gave them meaning stay behind:
+
+- live breakpoints: while a probe is attached, its function's first byte in the process's copy of the
+  library is an int3 (the page is a private anonymous copy of the file's). Restored without the probe,
+  the next call traps (SIGTRAP).
+- pending returns: a call entered while a return probe was attached returns through a trampoline in
+  the `[uprobes]` page (its return address on the stack points there) even after the probe is gone.
+  Restored, that return jumps into a page that is no longer there (SIGSEGV).
+
+`traces(pid)` finds both from /proc (pagemap, mem, each thread's stack); the whole-process checkpoint
+refuses a job that has either, before it is frozen and again right before CRIU runs.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+INT3 = 0xCC
+PM_PRESENT = 1 << 63
+PM_FILE = 1 << 61  # file page or shared anonymous: set for a text page that is the file's own
+
+
+@dataclass
+class Mapping:
+    lo: int
+    hi: int
+    perms: str
+    offset: int
+    path: str
+
+
+@dataclass
+class Traces:
+    """What a uprobe tracer left in a process; `uprobes_page` alone is harmless to CRIU >= 4.2."""
+    uprobes_page: int | None = None  # start of the [uprobes] mapping (the return trampoline's page)
+    breakpoints: dict[str, int] = field(default_factory=dict)  # library -> int3s not in its file
+    pending_returns: dict[int, int] = field(default_factory=dict)  # tid -> return addresses into the page
+
+    @property
+    def harmful(self) -> bool:
+        return bool(self.breakpoints or self.pending_returns)
+
+    def describe(self) -> str:
+        parts = []
+        if self.breakpoints:
+            libs = ", ".join(f"{n} in {os.path.basename(lib)}" for lib, n in sorted(self.breakpoints.items()))
+            parts.append(f"live uprobe breakpoints ({libs}): a tracer is attached to it now")
+        if self.pending_returns:
+            n = sum(self.pending_returns.values())
+            parts.append(f"{n} call(s) in {len(self.pending_returns)} thread(s) still to return through the "
+                         "kernel's uprobe trampoline")
+        return "; ".join(parts)
+
+
+def _maps(pid: int) -> list[Mapping]:
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for ln in f:
+            p = ln.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in p[0].split("-"))
+            out.append(Mapping(lo, hi, p[1], int(p[2], 16), p[5].strip() if len(p) > 5 else ""))
+    return out
+
+
+def _pagemap(pm, lo: int, hi: int) -> list[int]:
+    pm.seek(lo // PAGE * 8)
+    raw = pm.read((hi - lo) // PAGE * 8)
+    return list(struct.unpack(f"<{len(raw) // 8}Q", raw))
+
+
+def _breakpoints(pid: int, maps: list[Mapping]) -> dict[str, int]:
+    """int3 bytes in private copies of executable file pages that the file itself does not have."""
+    found: dict[str, int] = {}
+    with open(f"/proc/{pid}/pagemap", "rb") as pm, open(f"/proc/{pid}/mem", "rb") as mem:
+        for m in maps:
+            if "x" not in m.perms or m.perms[3] != "p" or not m.path.startswith("/"):
+                continue
+            for i, e in enumerate(_pagemap(pm, m.lo, m.hi)):
+                if not e & PM_PRESENT or e & PM_FILE:
+                    continue  # not there, or the file's own page
+                va = m.lo + i * PAGE
+                mem.seek(va)
+                ours = mem.read(PAGE)
+                try:
+                    with open(m.path, "rb") as f:
+                        f.seek(m.offset + va - m.lo)
+                        theirs = f.read(PAGE)
+                except OSError:
+                    continue  # the file is gone or not readable: nothing to compare with
+                n = sum(1 for a, b in zip(ours, theirs) if a != b and a == INT3)
+                if n:
+                    found[m.path] = found.get(m.path, 0) + n
+    return found
+
+
+def _stack_pointers(pid: int) -> dict[int, int | None]:
+    """Each thread's user stack pointer, from /proc/PID/task/TID/syscall (None while it runs)."""
+    out: dict[int, int | None] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+                fields = f.read().split()
+        except OSError:
+            continue  # exited
+        out[int(tid)] = int(fields[-2], 16) if len(fields) >= 3 else None
+    return out
+
+
+def _scan(pm, mem, lo: int, hi: int, word: int) -> int:
+    """Occurrences of the aligned 8-byte `word` in the present pages of [lo, hi)."""
+    hits = 0
+    start = lo & ~(PAGE - 1)
+    entries = _pagemap(pm, start, (hi + PAGE - 1) & ~(PAGE - 1))
+    va = start
+    for e in entries:
+        if e & PM_PRESENT:
+            a, b = max(va, lo & ~7), min(va + PAGE, hi)
+            mem.seek(a)
+            data = mem.read(b - a)
+            hits += sum(1 for (w,) in struct.iter_unpack("<Q", data[:len(data) // 8 * 8]) if w == word)
+        va += PAGE
+    return hits
+
+
+def _pending_returns(pid: int, maps: list[Mapping], page: int) -> dict[int, int]:
+    """Return addresses into the trampoline page on the threads' stacks: from each blocked thread's
+    stack pointer up; for a thread that is running (no stack pointer to read), every mapping that
+    looks like a thread stack (anonymous, read-write, above a guard page) and [stack]."""
+    sps = _stack_pointers(pid)
+    found: dict[int, int] = {}
+    with open(f"/proc/{pid}/pagemap", "rb") as pm, open(f"/proc/{pid}/mem", "rb") as mem:
+        scanned: set[int] = set()
+        for tid, sp in sps.items():
+            if sp is None:
+                continue
+            m = next((m for m in maps if m.lo <= sp < m.hi), None)
+            if m is None:
+                continue
+            scanned.add(m.lo)
+            n = _scan(pm, mem, sp, m.hi, page)
+            if n:
+                found[tid] = n
+        if any(sp is None for sp in sps.values()):
+            running = [t for t, sp in sps.items() if sp is None]
+            for prev, m in zip([None, *maps], maps):
+                stacky = m.path == "[stack]" or (not m.path and m.perms.startswith("rw") and prev is not None
+                                                 and prev.perms.startswith("---") and prev.hi == m.lo)
+                if stacky and m.lo not in scanned:
+                    n = _scan(pm, mem, m.lo, m.hi, page)
+                    if n:
+                        found[running[0]] = found.get(running[0], 0) + n
+    return found
+
+
+def traces(pid: int) -> Traces:
+    """What uprobe tracers left in `pid` (OSError if it cannot be read: gone, or not ours)."""
+    maps = _maps(pid)
+    page = next((m.lo for m in maps if m.path == "[uprobes]"), None)
+    t = Traces(uprobes_page=page)
+    # A probe attached to a function the process has not called yet leaves an int3 and no page.
+    t.breakpoints = _breakpoints(pid, maps)
+    if page is not None:  # else no return ever went through a trampoline
+        t.pending_returns = _pending_returns(pid, maps, page)
+    return t
