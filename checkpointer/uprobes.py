@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -158,6 +159,20 @@ def _pending_returns(pid: int, maps: list[Mapping], page: int) -> dict[int, int]
                     if n:
                         found[running[0]] = found.get(running[0], 0) + n
     return found
+
+
+def settle(pid: int, timeout_s: float = 2.0, every_s: float = 0.02) -> Traces:
+    """Once the tracers have let go: waits up to `timeout_s` for the calls entered under a return probe
+    to return (nothing signals it, so it looks every `every_s`); returns what is left."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            t = traces(pid)
+        except OSError:
+            return Traces()  # gone, or not ours: the checkpoint says which
+        if not t.harmful or time.monotonic() >= deadline:
+            return t
+        time.sleep(every_s)
 
 
 def traces(pid: int) -> Traces:

@@ -453,3 +453,47 @@ def test_a_job_under_a_live_tracer_is_refused_and_runs_on(job, device, tmp_path,
         tracer.communicate(timeout=60)
     assert j.reap() == 0
     assert j.out.read_text() == reference
+
+
+@pytest.mark.bpf
+@pytest.mark.usefixtures("bpf_host")
+def test_top_checkpoints_a_job_it_traces_whole_and_it_restores(job, device, tmp_path, reference):
+    """`w` in top: top's own probes leave the libcuda file for the checkpoint (LiveSource.hold_tracing),
+    so a job top has traced since it started is copied without them, runs on, and restores."""
+    _needs_criu_for_uprobes()
+    from gputrace.tracer.session import Options
+    from gputrace.tui.actions import CheckpointerAdapter
+    from gputrace.tui.live import LiveSource
+
+    j = job(kernel_ns=100_000_000)  # 15 s: long enough for top to start and trace it
+    j.at_step(1)
+    src = LiveSource(Options(interval_s=0.5), refresh_s=0.5)
+    adapter = CheckpointerAdapter(root=tmp_path / "cks")
+    adapter.hold_tracing = src.hold_tracing
+    res, log_then = None, []
+
+    def progress(done: float, what: str) -> None:
+        if what.startswith("checksum") and not log_then:  # the job is still stopped as dumped
+            log_then.append(j.out.read_bytes())
+
+    try:
+        for frame in src.frames():
+            row = next((r for r in frame.processes if r.pid == j.pid), None)
+            if row is not None and row.snapshot.calls_hz > 0:
+                assert "[uprobes]" in j.maps()  # top has traced it
+                res = adapter.checkpoint_full(j.pid, progress)
+                break
+            assert "done" not in j.out.read_text(), "the job ended before top had traced it"
+    finally:
+        src.close()
+    assert res is not None and res.action == "checkpoint_full" and res.freeze_s > 0
+    ck = Path(res.message.split(" to ", 1)[1].split(" in ", 1)[0])
+    assert (ck / "manifest.json").is_file()
+    assert j.reap() == 0  # it ran on to the end
+    assert j.out.read_text() == reference
+    j.out.write_bytes(log_then[0])  # its log as it was at the checkpoint (CRIU checks the size)
+    r = gputrace("restore", "--full", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    j.restored = True
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference  # the restored job ran its last steps again, the same way

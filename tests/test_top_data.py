@@ -3,6 +3,8 @@ checkpointer adapter's fallbacks, and the CLI's argument checks."""
 
 from __future__ import annotations
 
+import contextlib
+
 import subprocess
 import sys
 import types
@@ -143,22 +145,32 @@ def test_adapter_whole_job_checkpoint_leaves_it_running_and_reports_the_freeze(m
     mod = types.ModuleType("fake_full")
     got = []
 
+    held = []
+
     def checkpoint_full(pid, out, *, leave_running=False, progress=None):  # checkpointer.full's shape
-        got.append((pid, out, leave_running))
+        got.append((pid, out, leave_running, list(held)))
         progress("dump", 3, 4)
         return types.SimpleNamespace(path=out, image_bytes=2048, freeze_ns=250_000_000)
 
+    @contextlib.contextmanager
+    def hold_tracing(pid):  # LiveSource.hold_tracing's shape
+        held.append(pid)
+        try:
+            yield True
+        finally:
+            held.remove(pid)
+
     mod.checkpoint_full = checkpoint_full
     monkeypatch.setitem(sys.modules, "fake_full", mod)
-    assert actions._uprobed(2**22 + 12345) is False  # no such process: checkpoint_full says so itself
-    monkeypatch.setattr(actions, "_uprobed", lambda pid: False)
     a = actions.CheckpointerAdapter("no_such_module_here", root=tmp_path, full_module="fake_full")
     assert a.available("checkpoint_full") and not a.available("checkpoint")
+    a.hold_tracing = hold_tracing
     seen = []
-    res = a.checkpoint_full(7, lambda f, m: seen.append((f, m)))
-    assert len(got) == 1 and got[0][0] == 7 and got[0][2] is True
-    assert got[0][1].startswith(f"{tmp_path}/full-7-")  # not PID-TIME: no restore target for the live `restore`
-    assert seen == [(0.75, "dump 3 B of 4 B")]
+    res = a.checkpoint_full(2**22 + 7, lambda f, m: seen.append((f, m)))  # no such process: nothing to settle
+    assert len(got) == 1 and got[0][0] == 2**22 + 7 and got[0][2] is True
+    assert got[0][3] == [2**22 + 7] and held == []  # top's probes were off the job during the checkpoint only
+    assert got[0][1].startswith(f"{tmp_path}/full-{2**22 + 7}-")  # not PID-TIME: no restore target for `restore`
+    assert seen[-1] == (0.75, "dump 3 B of 4 B") and "pausing" in seen[0][1]
     assert res.action == "checkpoint_full" and res.freeze_s == 0.25 and res.checkpoint is None
     assert "the job runs on" in res.message and "restore --full" in res.message
     assert a.list_checkpoints(7) == []
@@ -166,15 +178,8 @@ def test_adapter_whole_job_checkpoint_leaves_it_running_and_reports_the_freeze(m
     mod.checkpoint_full = lambda pid, out, **kw: (_ for _ in ()).throw(actions.GputraceError("CRIU is not installed", "h"))
     with pytest.raises(actions.GputraceError, match="CRIU is not installed"):
         a.checkpoint_full(7, lambda f, m: None)
+    assert held == []
     mod.checkpoint_full = lambda pid, out, **kw: 1 / 0
     with pytest.raises(actions.GputraceError, match="ZeroDivisionError"):
         a.checkpoint_full(7, lambda f, m: None)
-
-    # A process a uprobe has hit: refused before the job is touched.
-    monkeypatch.setattr(actions, "_uprobed", lambda pid: True)
-    got.clear()
-    mod.checkpoint_full = checkpoint_full
-    with pytest.raises(actions.GputraceError, match=r"\[uprobes\]"):
-        a.checkpoint_full(7, lambda f, m: None)
-    assert got == []
     assert not actions.CheckpointerAdapter(full_module="no_such_module_here").available("checkpoint_full")

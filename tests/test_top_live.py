@@ -119,3 +119,34 @@ def test_record_writes_a_session_that_replays(spawned, tmp_path):
     frames = list(ReplaySource(str(out), speed=0).frames())
     assert frames, out.read_text()
     assert any(r.pid == proc.pid and r.snapshot.calls_hz > 0 for f in frames for r in f.processes)
+
+
+def test_hold_takes_tops_probes_off_every_process_on_the_file_until_it_ends(spawned):
+    """What `w` (a whole-job checkpoint) relies on: while held, no breakpoint of top's is in any process
+    on the libcuda file, so CRIU copies none; afterwards top traces them again."""
+    from gputrace.checkpointer import uprobes
+    from gputrace.tracer.session import Options
+    from gputrace.tui.live import LiveSource
+
+    procs = [workload(60), workload(60)]
+    spawned.extend(procs)
+    src = LiveSource(Options(interval_s=0.5), refresh_s=0.5)
+    held = False
+    try:
+        for n, frame in enumerate(src.frames()):
+            rows = {r.pid: r for r in frame.processes}
+            if not held and all(p.pid in rows and rows[p.pid].snapshot.calls_hz > 0 for p in procs):
+                with src.hold_tracing(procs[0].pid) as quiet:
+                    assert quiet
+                    session = src.session_of(procs[0].pid)
+                    assert not session.probes.links and session.marker is None
+                    for p in procs:  # the links are the file's: the other process is free of them too
+                        t = uprobes.settle(p.pid)
+                        assert t.uprobes_page is not None and not t.harmful, t.describe()
+                held, resumed_by = True, n + 40
+            elif held and any(uprobes.traces(p.pid).breakpoints for p in procs):
+                break  # a window or the marker is back
+            assert not held or n < resumed_by, "top did not trace again after the hold"
+    finally:
+        src.close()
+    assert held and all(p.poll() is None for p in procs)

@@ -13,11 +13,12 @@ Processes are added (`add`) and leave when they exit; a HostSession steps in wha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from .bpfprog import Program, RawStats
 from .budget import AlignedPolicy
@@ -46,6 +47,9 @@ class HostSession:
         self._pidfds: dict[int, int] = {}
         self._adding: dict[int, None] = {}
         self._lock = threading.Lock()
+        self._held = 0  # hold()s in force: no window opens, no link stays, while it is > 0
+        self._held_cond = threading.Condition(self._lock)
+        self._quiet = threading.Event()  # set by the stepping thread once it holds no link
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # stop() wakes _wait with it
         self._poll = select.poll()
@@ -68,12 +72,45 @@ class HostSession:
     def stop(self) -> None:
         """Ends the interval in progress soon (from any thread)."""
         self._stop.set()
+        self._wake()
+
+    def _wake(self) -> None:
         with self._lock:  # not while close() closes the pipe
+            self._held_cond.notify_all()
             if self._wake_w >= 0:
                 try:
                     os.write(self._wake_w, b"x")
                 except OSError:
                     pass  # the pipe is full: the waits end all the same
+
+    @contextlib.contextmanager
+    def hold(self, timeout_s: float = 10.0) -> Iterator[bool]:
+        """(From another thread.) Takes every probe off the file for the duration: the window in
+        progress ends, the marker goes, and none opens again until the last hold ends. A uprobe's
+        breakpoints are in every process on the file, so this is what lets one of them be copied
+        whole (CRIU) without them. Yields True once the stepping thread has let go of its links
+        (False if it did not within `timeout_s`: it is not stepping, or stuck)."""
+        with self._lock:
+            self._held += 1
+        self._wake()
+        try:
+            yield self._quiet.wait(timeout_s) or not self.probes.links and self._marker_link is None
+        finally:
+            with self._lock:
+                self._held -= 1
+                if self._held == 0:
+                    self._quiet.clear()
+                self._held_cond.notify_all()
+
+    def _quiet_interval(self, interval_s: float) -> float:
+        """An interval under hold(): every link detached (exact mode keeps them between intervals),
+        then a wait until the interval ends or the hold does; returns the span counted."""
+        counted = self.probes.detach() if self.probes.links else 0.0
+        self._set_marker(None)
+        self._quiet.set()
+        with self._held_cond:
+            self._held_cond.wait_for(lambda: self._held == 0 or self._stop.is_set(), timeout=interval_s)
+        return counted
 
     def _admit(self, stats: dict[int, dict[int, RawStats]]) -> None:
         with self._lock:
@@ -106,7 +143,7 @@ class HostSession:
         deadline = time.monotonic() + max(0.0, seconds)
         while True:
             live = {fd: pid for pid, fd in self._pidfds.items() if not self.tracees[pid].exited}
-            if not live or self._stop.is_set():
+            if not live or self._stop.is_set() or self._held:
                 return False
             left = deadline - time.monotonic()
             if left <= 0:
@@ -132,8 +169,11 @@ class HostSession:
             t.begin()
         plan = self.policy.plan()
         t_start = time.monotonic()
-        window = self.probes.window(plan, interval_s, self.options.exact, self._wait,
-                                    lambda: self._marker_link is not None)
+        if self._held:
+            window = self._quiet_interval(interval_s)
+        else:
+            window = self.probes.window(plan, interval_s, self.options.exact, self._wait,
+                                        lambda: self._marker_link is not None)
         if not self.tracees and not self._stop.is_set():
             self._stop.wait(max(0.0, t_start + interval_s - time.monotonic()))
         span = time.monotonic() - t_start
@@ -165,7 +205,7 @@ class HostSession:
             else:
                 for p in self.policy.members.values():
                     p.reserved_s_per_s = p.marker_cost(self.marker)
-        if self.marker is None and self.tracees and window > 0 and not self.options.exact:
+        if self.marker is None and self.tracees and window > 0 and not self.options.exact and not self._held:
             self._set_marker(self.policy.choose_marker())
 
     def _set_marker(self, f: int | None) -> None:

@@ -8,6 +8,7 @@ Every method blocks: the UI calls them from a thread worker, never from its even
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import os
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
+from gputrace.checkpointer import uprobes
 from gputrace.errors import GputraceError, NotYetAvailable
 
 from .model import Checkpoint
@@ -170,6 +172,8 @@ class CheckpointerAdapter:
     def __init__(self, module: str = "gputrace.checkpointer", root: Path | None = None,
                  full_module: str = "gputrace.checkpointer.full") -> None:
         self.root = root or default_checkpoint_dir()
+        # pid -> a context in which no probe of this top's is in the job (LiveSource.hold_tracing)
+        self.hold_tracing: Callable[[int], contextlib.AbstractContextManager] = lambda pid: contextlib.nullcontext(True)
         self._full_module = full_module  # its checkpoint_full(pid, out, leave_running=, progress=)
         try:
             self._mod = importlib.import_module(module)
@@ -222,17 +226,17 @@ class CheckpointerAdapter:
         fn = self._fn("checkpoint_full")
         if fn is None:
             raise ActionUnavailable("whole-job checkpoint is not available", "gputrace.checkpointer.full is missing")
-        if _uprobed(pid):
-            # Found before anything is frozen: CRIU would refuse only after the GPU state was locked.
-            raise GputraceError(f"pid {pid} has been hit by a uprobe (top's own tracing, or another eBPF tracer): "
-                                "CRIU cannot dump the kernel's [uprobes] page",
-                                "restart the job and checkpoint it while nothing traces it: "
-                                f"`gputrace checkpoint --full -p PID -o DIR --leave-running`")
         out = self.root / f"full-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
         self._mkroot()
         t0 = time.monotonic()
         try:
-            r = fn(pid, str(out), leave_running=True, progress=_reporter(progress))
+            # top's own probes leave the libcuda file while CRIU copies the job: their breakpoints would
+            # go with it and trap once it is restored. The checkpointer refuses any that remain (another
+            # tracer's) before it freezes the job.
+            progress(0.0, "pausing top's tracing of this libcuda")
+            with self.hold_tracing(pid):
+                uprobes.settle(pid)  # calls entered under a return probe come back out
+                r = fn(pid, str(out), leave_running=True, progress=_reporter(progress))
         except GputraceError:
             raise
         except Exception as exc:  # whatever it is, the UI shows it
@@ -291,14 +295,6 @@ def _reporter(progress: Progress) -> Callable:
             progress(float(a[0]), str(a[1]))
 
     return report
-
-
-def _uprobed(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as f:
-            return b"[uprobes]" in f.read()
-    except OSError:
-        return False  # gone or not ours to read: checkpoint_full says which
 
 
 def _takes(fn, name: str) -> bool:

@@ -12,6 +12,7 @@ calibration is measured once, with the first program, and shared.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import socket
 import threading
@@ -144,6 +145,12 @@ class LiveSource:
         """The host session (one program, one set of links: one per libcuda file) tracing `pid`."""
         entry = self._pids.get(pid)
         return entry[0].session if entry is not None else None
+
+    def hold_tracing(self, pid: int) -> contextlib.AbstractContextManager[bool]:
+        """Takes top's probes off the libcuda file that `pid` maps, for every process on it, for the
+        duration (HostSession.hold): a whole-job checkpoint must not copy their breakpoints."""
+        s = self.session_of(pid)
+        return s.hold() if s is not None else contextlib.nullcontext(True)
 
     def _discover(self) -> None:
         from gputrace.shim.client import has_shim

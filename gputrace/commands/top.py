@@ -68,7 +68,9 @@ def _live(args: argparse.Namespace, cumulative: bool = False):
     say = lambda msg: print(f"gputrace: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     root = getattr(args, "checkpoint_dir", None)
     adapter = CheckpointerAdapter(root=Path(root).absolute() if root else None)
-    return LiveSource(_options(args), args.interval, cumulative=cumulative, checkpointer=adapter, warn=say)
+    source = LiveSource(_options(args), args.interval, cumulative=cumulative, checkpointer=adapter, warn=say)
+    adapter.hold_tracing = source.hold_tracing  # `w` takes top's own probes off the job while CRIU copies it
+    return source
 
 
 def once(args: argparse.Namespace) -> int:
