@@ -16,6 +16,9 @@ to the job running).  Targets (issue 7): freeze >= 2x faster than the baseline; 
 On the GPU machine (see bench/gpu-env.sh; CRIU from bench/make-criu-bundle in .gpu/criu):
     source bench/gpu-env.sh
     python3 bench/full_checkpoint_gpu.py --out bench/results/full-h200 --sizes 4,16 --images /dev/shm/gtfull
+The `traced` path (--paths traced): the gputrace path for a job that `gputrace attach --exact` traced while it
+spun; checkpointing it under the live tracer must be refused, and after the tracer has gone (the kernel's
+[uprobes] page stays in the job) it must checkpoint, restore and train on as the others (CRIU >= 4.2).
 Here, without a GPU (simcuda's train workload in device mode, sizes in MiB):
     .venv/bin/python bench/full_checkpoint_gpu.py --simcuda --out /tmp/full-sim --sizes 4,64
     .venv/bin/python bench/full_checkpoint_gpu.py --dry-run --out /tmp/x     checks only, runs nothing
@@ -210,13 +213,56 @@ def reference(job, size: int, work: Path, timeout_s: float) -> dict:
     return out
 
 
+def traced_first(p: subprocess.Popen, log: Path, timeout_s: float) -> dict:
+    """The "traced" path: while the job spins (driver calls), `gputrace attach` traces it. A checkpoint
+    under the live tracer must be refused with the job running on; once the tracer has exited, the job
+    (with the kernel's [uprobes] page) goes on to its pause and is checkpointed like the others."""
+    from gputrace.checkpointer import uprobes
+    from gputrace.checkpointer.full import checkpoint_full
+    from gputrace.errors import CheckpointError
+
+    wait_for_text(log, '"spinning"', p, timeout_s)
+    tracer = subprocess.Popen([sys.executable, "-m", "gputrace", "attach", "-p", str(p.pid), "--exact",
+                               "--interval", "0.5", "-d", str(int(timeout_s))],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    found: dict = {}
+    try:
+        for line in tracer.stderr:  # its first interval: the probes are in place
+            if line.startswith("[") and f"pid {p.pid}" in line:
+                found["tracer_line"] = line.strip()
+                break
+        t = time.monotonic_ns()
+        live = uprobes.traces(p.pid)
+        found["traces_ms"] = (time.monotonic_ns() - t) / 1e6
+        found["live"] = {"breakpoints": live.breakpoints, "pending_returns": len(live.pending_returns)}
+        try:
+            checkpoint_full(p.pid, log.parent / "refused", use_shim=True)
+            found["refused"] = False
+        except CheckpointError as exc:
+            found["refused"], found["refusal"] = True, exc.msg
+        found["running_after_refusal"] = p.poll() is None
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.communicate(timeout=120)
+    left = uprobes.settle(p.pid)
+    found["after_tracer"] = {"uprobes_page": left.uprobes_page is not None, "harmful": left.harmful}
+    if not found.get("refused") or left.harmful or left.uprobes_page is None:
+        raise RuntimeError(f"traced path: {found}")
+    os.kill(p.pid, signal.SIGUSR2)
+    return found
+
+
 def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float) -> dict:
     from gputrace.checkpointer.full import checkpoint_full, restore_full
 
     log = work / f"{path}-{size}.log"
-    shimmed = path == "gputrace"
-    p = start(job, job.argv(size), job.env(shimmed), log)
+    shimmed = path in ("gputrace", "traced")
+    traced = None
+    argv = job.argv(size) + (["--spin"] if path == "traced" else [])
+    p = start(job, argv, job.env(shimmed), log)
     try:
+        if path == "traced":
+            traced = traced_first(p, log, timeout_s)
         wait_for_text(log, job.marker, p, timeout_s)
         ck = images / f"{path}-{size}"
         shutil.rmtree(ck, ignore_errors=True)
@@ -243,7 +289,7 @@ def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float) -
             "shim_bytes": (c.shim or {}).get("bytes", 0), "back_s": r.total_ns / 1e9,
             "criu_restore_s": r.criu_ns / 1e9, "driver_restore_s": r.driver_restore_ns / 1e9,
             "unlock_s": r.unlock_ns / 1e9, "shim_restore_s": r.shim_ns / 1e9, "verify_s": r.verify_ns / 1e9,
-            "exit_status": status, "outcome": out}
+            "exit_status": status, "outcome": out, **({"traced": traced} if traced else {})}
 
 
 # --- reports ----------------------------------------------------------------------------------------------------
@@ -276,7 +322,9 @@ def main() -> int:
     ap.add_argument("--images", help="where checkpoints go while a case runs (default OUT/images); /dev/shm is fine")
     ap.add_argument("--steps-before", type=int, default=20)
     ap.add_argument("--steps-after", type=int, default=20)
-    ap.add_argument("--paths", default="baseline,gputrace", help="which paths to run (default both)")
+    ap.add_argument("--paths", default="baseline,gputrace",
+                    help="which paths to run (default baseline,gputrace); `traced` is the gputrace path for a job "
+                         "that `gputrace attach` traced first, refused while the tracer is live (GPU only)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds any one step may take (default 600)")
     ap.add_argument("--simcuda", action="store_true", help="simcuda's train workload instead of PyTorch (no GPU)")
     ap.add_argument("--dry-run", action="store_true", help="check the prerequisites and print the plan only")
@@ -303,6 +351,8 @@ def main() -> int:
         problems.append(f"{exc.msg} ({exc.hint}; on the GPU machine: bench/make-criu-bundle here, carry .gpu)")
     if os.geteuid() != 0:
         problems.append("CRIU needs root")
+    if args.simcuda and "traced" in paths:
+        problems.append("the traced path needs the PyTorch job (its --spin phase)")
     if not args.simcuda:
         r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available(), "
                             "torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"],

@@ -8,6 +8,8 @@ Trains a small deterministic model and holds BYTES of extra device memory ("live
 contents).  Prints one JSON line per event on stdout (a file):
   {"ready": ..., "allocated": ..., "reserved": ...}               after allocating
   {"step": K, "loss": "<float.hex>"}                               each training step
+  {"spinning": true}                    with --spin: before training, it runs matmuls on a tensor of its
+                                        own (driver calls for a tracer to see) until SIGUSR2
   {"paused": N, "checksum": [...]}                                 after N steps: it then waits for SIGUSR1
   {"resumed": true, "checksum": [...]}                             on SIGUSR1, then M more steps
   {"done": true, "checksum": [...]}
@@ -31,8 +33,9 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--steps-before", type=int, default=20)
     ap.add_argument("--steps-after", type=int, default=20)
+    ap.add_argument("--spin", action="store_true")
     a = ap.parse_args()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # taken by sigwait below, never lost
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})  # taken by sigwait, never lost
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
@@ -69,6 +72,15 @@ def main() -> int:
             opt.step()
             emit(step=k + 1, loss=float(loss.item()).hex())
 
+    if a.spin:  # no random numbers, nothing of the model's: the losses stay the reference's
+        w = torch.ones(1024, 1024, device=dev)
+        emit(spinning=True)
+        while signal.SIGUSR2 not in signal.sigpending():
+            for _ in range(20):
+                w = torch.tanh(w @ w)
+            torch.cuda.synchronize()
+        signal.sigwait({signal.SIGUSR2})
+        del w
     train(0, a.steps_before)
     emit(paused=a.steps_before, checksum=checksum())
     signal.sigwait({signal.SIGUSR1})
