@@ -224,13 +224,15 @@ def traced_first(p: subprocess.Popen, log: Path, timeout_s: float) -> dict:
     wait_for_text(log, '"spinning"', p, timeout_s)
     tracer = subprocess.Popen([sys.executable, "-m", "gputrace", "attach", "-p", str(p.pid), "--exact",
                                "--interval", "0.5", "-d", str(int(timeout_s))],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    found: dict = {}
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              cwd="/")  # not the repository's root, whose gputrace/ is not the installed package
+    found: dict = {"tracer_said": []}
     try:
         for line in tracer.stderr:  # its first interval: the probes are in place
             if line.startswith("[") and f"pid {p.pid}" in line:
                 found["tracer_line"] = line.strip()
                 break
+            found["tracer_said"].append(line.rstrip()[:300])
         t = time.monotonic_ns()
         live = uprobes.traces(p.pid)
         found["traces_ms"] = (time.monotonic_ns() - t) / 1e6
@@ -243,7 +245,8 @@ def traced_first(p: subprocess.Popen, log: Path, timeout_s: float) -> dict:
         found["running_after_refusal"] = p.poll() is None
     finally:
         tracer.send_signal(signal.SIGINT)
-        tracer.communicate(timeout=120)
+        found["tracer_said"] += [ln[:300] for ln in tracer.communicate(timeout=120)[1].splitlines()[-5:]]
+        found["tracer_status"] = tracer.returncode
     left = uprobes.settle(p.pid)
     found["after_tracer"] = {"uprobes_page": left.uprobes_page is not None, "harmful": left.harmful}
     if not found.get("refused") or left.harmful or left.uprobes_page is None:

@@ -35,7 +35,9 @@ def main() -> int:
     ap.add_argument("--steps-after", type=int, default=20)
     ap.add_argument("--spin", action="store_true")
     a = ap.parse_args()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})  # taken by sigwait, never lost
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # taken by sigwait below, never lost
+    go_on = []  # SIGUSR2 ends --spin: a handler, since no thread waits for it (torch's would take it and die)
+    signal.signal(signal.SIGUSR2, lambda *_: go_on.append(True))
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
@@ -75,11 +77,10 @@ def main() -> int:
     if a.spin:  # no random numbers, nothing of the model's: the losses stay the reference's
         w = torch.ones(1024, 1024, device=dev)
         emit(spinning=True)
-        while signal.SIGUSR2 not in signal.sigpending():
+        while not go_on:
             for _ in range(20):
                 w = torch.tanh(w @ w)
             torch.cuda.synchronize()
-        signal.sigwait({signal.SIGUSR2})
         del w
     train(0, a.steps_before)
     emit(paused=a.steps_before, checksum=checksum())
