@@ -255,7 +255,19 @@ def traced_first(p: subprocess.Popen, log: Path, timeout_s: float) -> dict:
     return found
 
 
-def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float) -> dict:
+def gpu_of(pid: int) -> str | None:
+    """The UUID of the GPU a process uses, as nvidia-smi lists it (None without nvidia-smi or the process)."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return next((ln.split(",")[1].strip() for ln in r.stdout.splitlines() if ln.split(",")[0].strip() == str(pid)),
+                None)
+
+
+def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float,
+        gpu_map: list[tuple[str, str]] | None = None) -> dict:
     from gputrace.checkpointer.full import checkpoint_full, restore_full
 
     log = work / f"{path}-{size}.log"
@@ -267,13 +279,15 @@ def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float) -
         if path == "traced":
             traced = traced_first(p, log, timeout_s)
         wait_for_text(log, job.marker, p, timeout_s)
+        gpu_before = gpu_of(p.pid) if gpu_map else None
         ck = images / f"{path}-{size}"
         shutil.rmtree(ck, ignore_errors=True)
         c = checkpoint_full(p.pid, ck, use_shim=shimmed, timeout_ms=int(timeout_s * 1000))
         status = p.wait(timeout=timeout_s)
         if status != -signal.SIGKILL:
             raise RuntimeError(f"the job was not ended by the checkpoint (status {status})")
-        r = restore_full(ck)
+        r = restore_full(ck, gpu_map=gpu_map)
+        gpu_after = gpu_of(r.pid) if gpu_map else None  # where the restored job's context is now
         job.continue_(r.pid)
         status = wait_exit(r.pid, timeout_s)
         shutil.rmtree(ck, ignore_errors=True)
@@ -292,7 +306,8 @@ def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float) -
             "shim_bytes": (c.shim or {}).get("bytes", 0), "back_s": r.total_ns / 1e9,
             "criu_restore_s": r.criu_ns / 1e9, "driver_restore_s": r.driver_restore_ns / 1e9,
             "unlock_s": r.unlock_ns / 1e9, "shim_restore_s": r.shim_ns / 1e9, "verify_s": r.verify_ns / 1e9,
-            "exit_status": status, "outcome": out, **({"traced": traced} if traced else {})}
+            "exit_status": status, "outcome": out, **({"traced": traced} if traced else {}),
+            **({"gpu_map": gpu_map, "gpu_before": gpu_before, "gpu_after": gpu_after} if gpu_map else {})}
 
 
 # --- reports ----------------------------------------------------------------------------------------------------
@@ -329,6 +344,8 @@ def main() -> int:
                     help="which paths to run (default baseline,gputrace); `traced` is the gputrace path for a job "
                          "that `gputrace attach` traced first, refused while the tracer is live (GPU only)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds any one step may take (default 600)")
+    ap.add_argument("--gpu-map", action="append", default=[], metavar="OLD=NEW",
+                    help="restore onto another GPU (restore --full --gpu-map); repeat for several")
     ap.add_argument("--simcuda", action="store_true", help="simcuda's train workload instead of PyTorch (no GPU)")
     ap.add_argument("--dry-run", action="store_true", help="check the prerequisites and print the plan only")
     args = ap.parse_args()
@@ -385,7 +402,8 @@ def main() -> int:
             lim = job.limit(size)
             for path in paths:
                 try:
-                    c = one(job, size, path, work, images, args.timeout)
+                    c = one(job, size, path, work, images, args.timeout,
+                            [tuple(m.split("=", 1)) for m in args.gpu_map] or None)
                 except Exception as exc:  # one failed case must not hide the others' numbers
                     failures.append(f"{size} {unit} {path}: {type(exc).__name__}: {exc}")
                     print(f"FAILED {size} {unit} {path}: {exc}", file=sys.stderr)
