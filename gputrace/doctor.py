@@ -390,7 +390,11 @@ class _Doctor:
                          NO_DRIVER_HINT)
         parts = [f"{loads} (what a job started here loads)" if loads else "none for a job started here to load"]
         if mapped:
-            pids = sorted(mapped)
+            try:  # processes on the library a job started here loads first: the ones that matter here
+                st = os.stat(loads) if loads else None
+            except OSError:
+                st = None
+            pids = sorted(mapped, key=lambda p: (st is None or (mapped[p].dev, mapped[p].inode) != (st.st_dev, st.st_ino), p))
             shown = ", ".join(f"{pid} ({_comm(pid)})" for pid in pids[:5]) + (" ..." if len(pids) > 5 else "")
             files = {(f.dev, f.inode) for f in mapped.values()}
             parts.append(f"mapped by {len(pids)} process{'es' if len(pids) > 1 else ''}"
