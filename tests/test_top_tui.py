@@ -292,3 +292,20 @@ async def test_whole_job_checkpoint_in_a_replay_says_why_not(recording):
         main = await started(pilot)
         await pilot.press("w")
         assert "whole-job checkpoint is not available yet" in str(main.query_one("#status").render())
+
+
+@pytest.mark.parametrize("width", [80, 150])
+async def test_a_long_question_wraps_inside_its_dialog(recording, width):
+    from gputrace.tui.app import QUESTIONS
+
+    app = app_for(recording, FakeCheckpointer())
+    question = QUESTIONS["checkpoint_full"].format(pid=4242, comm="train_big")
+    async with app.run_test(size=(width, 30)) as pilot:
+        await started(pilot)
+        app.push_screen(ConfirmScreen(question))
+        await pilot.pause()
+        label = app.screen.query_one("#question")
+        box = app.screen.query_one("Vertical")
+        assert label.region.width <= box.content_region.width <= width
+        svg = app.export_screenshot().replace("&#160;", " ")
+        assert "then runs on." in svg and "It is frozen" in svg  # its last words, not cut off at the border

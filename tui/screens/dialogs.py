@@ -22,7 +22,12 @@ _CSS = """
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    DEFAULT_CSS = _CSS.format(name="ConfirmScreen")
+    # A question as wide as the screen allows, wrapped inside the border (an auto-width box let a long one
+    # run past it, cut off).
+    DEFAULT_CSS = _CSS.format(name="ConfirmScreen") + """
+ConfirmScreen > Vertical { width: 90%; max-width: 100; }
+ConfirmScreen #question { width: 100%; }
+"""
     BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
 
     def __init__(self, question: str) -> None:
