@@ -154,6 +154,16 @@ def restore(c: Criu, images: Path, work: Path, pid: int) -> int:
     if r.returncode:
         errs = _errors(log) or [ln for ln in r.stderr.splitlines() if ln.strip()][-3:]
         text = " ".join(errs)
+        m = re.search(r"File (\S+) has bad size (\d+) \(expect (\d+)\)", text)
+        if m:
+            f, now, then = "/" + m.group(1).lstrip("/"), int(m.group(2)), int(m.group(3))
+            how = "grew" if now > then else "shrank"
+            raise CriuFailed(f"cannot restore process {pid}: its open file {f} {how} from {then} to {now} bytes since "
+                             "the checkpoint, and CRIU restores a process only with its files as they were",
+                             (f"a log the job kept writing after a --leave-running checkpoint? Keep a copy, cut it back "
+                              f"to its size then (`cp {f} {f}.after && truncate -s {then} {f}`) and restore again"
+                              if now > then else f"put back the file as it was at the checkpoint ({then} bytes)")
+                             + f"; nothing was restored (log: {log})")
         if "File exists" in text and "fork" in text.lower():
             raise CriuFailed(f"cannot restore process {pid}: pid {pid} is in use on this host",
                              "CRIU brings a process back at its old pid: end the process that holds it, or restore "

@@ -253,6 +253,18 @@ def test_leave_running_keeps_the_job_going(job, device, tmp_path, reference):
     assert j.reap() == 0
     assert j.out.read_text() == reference
     assert (tmp_path / "ck" / "manifest.json").is_file()
+    # The job wrote on to its log after the checkpoint: CRIU will not restore it with a longer file. The
+    # error says which file, its sizes and how to cut it back; done as it says, the restore works.
+    r = gputrace("restore", "--full", str(tmp_path / "ck"))
+    assert r.returncode == 10 and "Traceback" not in r.stderr, r.stderr
+    assert f"{j.out} grew from" in r.stderr and "truncate -s" in r.stderr, r.stderr
+    cmd = r.stderr.split("`")[1]  # cp LOG LOG.after && truncate -s N LOG
+    assert subprocess.run(cmd, shell=True).returncode == 0
+    r = gputrace("restore", "--full", str(tmp_path / "ck"))
+    assert r.returncode == 0, r.stderr
+    j.restored = True
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference and Path(f"{j.out}.after").read_text() == reference
 
 
 def test_restore_onto_a_taken_pid_is_a_clear_error(job, device, tmp_path):
