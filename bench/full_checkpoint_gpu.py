@@ -28,6 +28,7 @@ Writes OUT/full-checkpoint.json and OUT/full-checkpoint.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -111,14 +112,19 @@ class TorchJob:
         env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
         return {**shim.preload_env(env), "GPUTRACE_SHIM_VMM": "1"} if shimmed else env
 
-    def argv(self, size: int) -> list[str]:
+    def argv(self, size: int, spin: bool = False) -> list[str]:
         return [sys.executable, str(REPO / "bench" / "full_job.py"), "--hold", str(size * self.unit),
-                "--steps-before", str(self.args.steps_before), "--steps-after", str(self.args.steps_after)]
+                "--steps-before", str(self.args.steps_before), "--steps-after", str(self.args.steps_after),
+                *(["--spin"] if spin else [])]
 
     marker = '"paused"'
+    spinning = '"spinning"'  # with argv(spin=True): a phase of driver calls for a tracer, ended by end_spin
 
     def continue_(self, pid: int) -> None:
         os.kill(pid, signal.SIGUSR1)
+
+    def end_spin(self, pid: int) -> None:
+        os.kill(pid, signal.SIGUSR2)
 
     def outcome(self, log: str) -> dict:
         lines = [json.loads(ln) for ln in log.splitlines() if ln.startswith("{")]
@@ -166,9 +172,11 @@ class SimJob:
         env = self.device.env(env)
         return {**shim.preload_env(env), "GPUTRACE_SHIM_VMM": "1"} if shimmed else env
 
-    def argv(self, size: int, kernel_ns: int = 5_000_000) -> list[str]:
+    def argv(self, size: int, kernel_ns: int = 5_000_000, spin: bool = False) -> list[str]:
         from gputrace import simcuda
 
+        if spin:  # long enough for a tracer to start and see it before the step it is checkpointed at
+            kernel_ns = 500_000_000
         return simcuda.workload("train") + ["--size", str(size * self.unit), "--steps", str(self.steps),
                                             "--kernel-ns", str(kernel_ns), "--vmm", "0"]
 
@@ -176,8 +184,13 @@ class SimJob:
     def marker(self) -> str:
         return f"step {self.args.steps_before} "
 
+    spinning = "step 1 "  # its steps are driver calls enough; argv(spin=True) makes them last
+
     def continue_(self, pid: int) -> None:
         pass  # it never stopped
+
+    def end_spin(self, pid: int) -> None:
+        pass
 
     def outcome(self, log: str) -> dict:
         steps = [ln for ln in log.splitlines() if ln.startswith("step ")]
@@ -213,7 +226,7 @@ def reference(job, size: int, work: Path, timeout_s: float) -> dict:
     return out
 
 
-def traced_first(p: subprocess.Popen, log: Path, timeout_s: float) -> dict:
+def traced_first(job, p: subprocess.Popen, log: Path, timeout_s: float) -> dict:
     """The "traced" path: while the job spins (driver calls), `gputrace attach` traces it. A checkpoint
     under the live tracer must be refused with the job running on; once the tracer has exited, the job
     (with the kernel's [uprobes] page) goes on to its pause and is checkpointed like the others."""
@@ -221,7 +234,7 @@ def traced_first(p: subprocess.Popen, log: Path, timeout_s: float) -> dict:
     from gputrace.checkpointer.full import checkpoint_full
     from gputrace.errors import CheckpointError
 
-    wait_for_text(log, '"spinning"', p, timeout_s)
+    wait_for_text(log, job.spinning, p, timeout_s)
     tracer = subprocess.Popen([sys.executable, "-m", "gputrace", "attach", "-p", str(p.pid), "--exact",
                                "--interval", "0.5", "-d", str(int(timeout_s))],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -251,7 +264,7 @@ def traced_first(p: subprocess.Popen, log: Path, timeout_s: float) -> dict:
     found["after_tracer"] = {"uprobes_page": left.uprobes_page is not None, "harmful": left.harmful}
     if not found.get("refused") or left.harmful or left.uprobes_page is None:
         raise RuntimeError(f"traced path: {found}")
-    os.kill(p.pid, signal.SIGUSR2)
+    job.end_spin(p.pid)
     return found
 
 
@@ -266,23 +279,58 @@ def gpu_of(pid: int) -> str | None:
                 None)
 
 
+def top_first(job, p: subprocess.Popen, log: Path, timeout_s: float):
+    """The "top" path: `gputrace top`'s live source (host-wide tracing of every libcuda file) traces the job
+    while it spins; returns the source, still tracing, and what it saw. The checkpoint is then taken the way
+    top's `w` takes it: inside LiveSource.hold_tracing, once calls under a return probe have returned."""
+    from gputrace.tracer.session import Options
+    from gputrace.tui.live import LiveSource
+
+    wait_for_text(log, job.spinning, p, timeout_s)
+    src = LiveSource(Options(interval_s=0.5), refresh_s=0.5)
+    deadline = time.monotonic() + min(timeout_s, 120)
+    for frame in src.frames():
+        row = next((r for r in frame.processes if r.pid == p.pid), None)
+        if row is not None and row.snapshot.calls_hz > 0:
+            seen = {"calls_hz": row.snapshot.calls_hz, "comm": row.comm, "processes": len(frame.processes),
+                    "uprobes_page": "[uprobes]" in Path(f"/proc/{p.pid}/maps").read_text()}
+            break
+        if time.monotonic() > deadline:
+            src.close()
+            raise RuntimeError("top never showed the job with calls")
+    job.end_spin(p.pid)
+    return src, seen
+
+
 def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float,
         gpu_map: list[tuple[str, str]] | None = None) -> dict:
     from gputrace.checkpointer.full import checkpoint_full, restore_full
 
     log = work / f"{path}-{size}.log"
-    shimmed = path in ("gputrace", "traced")
-    traced = None
-    argv = job.argv(size) + (["--spin"] if path == "traced" else [])
+    from gputrace.checkpointer import uprobes
+
+    shimmed = path in ("gputrace", "traced", "top")
+    traced, src = None, None
+    argv = job.argv(size, spin=path in ("traced", "top"))
     p = start(job, argv, job.env(shimmed), log)
     try:
         if path == "traced":
-            traced = traced_first(p, log, timeout_s)
+            traced = traced_first(job, p, log, timeout_s)
+        if path == "top":
+            src, traced = top_first(job, p, log, timeout_s)
         wait_for_text(log, job.marker, p, timeout_s)
         gpu_before = gpu_of(p.pid) if gpu_map else None
         ck = images / f"{path}-{size}"
         shutil.rmtree(ck, ignore_errors=True)
-        c = checkpoint_full(p.pid, ck, use_shim=shimmed, timeout_ms=int(timeout_s * 1000))
+        with src.hold_tracing(p.pid) if src is not None else contextlib.nullcontext(True) as quiet:
+            if src is not None:
+                left = uprobes.settle(p.pid)
+                traced.update(held=quiet, breakpoints_while_held=left.breakpoints,
+                              pending_returns_while_held=len(left.pending_returns))
+            c = checkpoint_full(p.pid, ck, use_shim=shimmed, timeout_ms=int(timeout_s * 1000))
+        if src is not None:
+            src.close()
+            src = None
         status = p.wait(timeout=timeout_s)
         if status != -signal.SIGKILL:
             raise RuntimeError(f"the job was not ended by the checkpoint (status {status})")
@@ -292,6 +340,8 @@ def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float,
         status = wait_exit(r.pid, timeout_s)
         shutil.rmtree(ck, ignore_errors=True)
     finally:
+        if src is not None:
+            src.close()
         if p.poll() is None:
             p.kill()
             p.wait()
@@ -342,7 +392,8 @@ def main() -> int:
     ap.add_argument("--steps-after", type=int, default=20)
     ap.add_argument("--paths", default="baseline,gputrace",
                     help="which paths to run (default baseline,gputrace); `traced` is the gputrace path for a job "
-                         "that `gputrace attach` traced first, refused while the tracer is live (GPU only)")
+                         "that `gputrace attach` traced first, refused while the tracer is live; `top` the same for a job "
+                         "that top's live source traces, checkpointed as `w` does (GPU only)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds any one step may take (default 600)")
     ap.add_argument("--gpu-map", action="append", default=[], metavar="OLD=NEW",
                     help="restore onto another GPU (restore --full --gpu-map); repeat for several")
@@ -371,8 +422,6 @@ def main() -> int:
         problems.append(f"{exc.msg} ({exc.hint}; on the GPU machine: bench/make-criu-bundle here, carry .gpu)")
     if os.geteuid() != 0:
         problems.append("CRIU needs root")
-    if args.simcuda and "traced" in paths:
-        problems.append("the traced path needs the PyTorch job (its --spin phase)")
     if not args.simcuda:
         r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available(), "
                             "torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"],
