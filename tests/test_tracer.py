@@ -563,6 +563,10 @@ def test_nesting_recursion_and_dying_threads(fake_driver, spawned):
         assert proc.wait() == 0
         raw = {f: st for (tgid, f), st in session.program.read_stats().items() if tgid == proc.pid}
         errors = {k: v - errors0[k] for k, v in session.program.read_errors().items()}
+        # The batched read (parsed with struct) gives what bcc's row-by-row ctypes read gives.
+        assert session.program._batch is not None
+        session.program._batch, session.program._rows = None, {}
+        assert {f: st for (tgid, f), st in session.program.read_stats().items() if tgid == proc.pid} == raw
     finally:
         session.close()
         session.program.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import struct
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -27,6 +28,10 @@ COOKIE_MARKER = 1 << 33
 COOKIE_STEPPED = 1 << 34
 CLOSED, OPEN, OUTSIDE = 0, 1, 2  # GT_CLOSED, GT_OPEN, GT_OUTSIDE
 _BATCH = 1024  # rows per lookup-batch syscall
+# struct gt_key and struct gt_stats (bpf/gputrace.h) as the batch read returns them, parsed in one C
+# call a row rather than through ctypes' field accessors; checked against bcc's own layout at load.
+_KEY = struct.Struct("=II")
+_LEAF = struct.Struct(f"={7 + HIST_SLOTS}Q")  # calls, timed, total_ns, outer_ns, nested, closed, outside, hist
 ERROR_NAMES = ("stats_full", "threads_full", "depth", "unpaired", "stale")
 
 
@@ -96,7 +101,7 @@ class Program:
             ) from None
         self._stats = self.bpf[b"stats"]
         self._batch: object = True  # True: not tried yet; None: unsupported; else the buffers
-        self._rows: dict[tuple[int, int], tuple[bytes, RawStats]] = {}
+        self._rows: dict[tuple[int, int], tuple[bytes, RawStats]] = {}  # (tgid, func) -> last bytes read
         self._errors = self.bpf[b"errors"]
         self._config = self.bpf[b"config"]
         self.generation = 0
@@ -137,53 +142,68 @@ class Program:
         self._set_config(OUTSIDE)
 
     def read_stats(self) -> dict[tuple[int, int], RawStats]:
-        """Every row of the `stats` map. Read in batches (one syscall per 1024 rows, not two per
-        row) where the kernel has them (5.6+); a row whose bytes did not change since the last
-        read comes back as the same RawStats object, so callers can skip it cheaply."""
+        """Every row of the `stats` map, by (tgid, function)."""
+        return {(tgid, f): st for tgid, rows in self.read_by_tgid().items() for f, st in rows.items()}
+
+    def read_by_tgid(self) -> dict[int, dict[int, RawStats]]:
+        """Every row of the `stats` map, by tgid then function. Read in batches (one syscall per 1024
+        rows, not two per row) where the kernel has them (5.6+); a row whose bytes did not change
+        since the last read comes back as the same RawStats object, so callers can skip it cheaply."""
         if self._batch is not None:
             try:
                 return self._read_batched()
             except OSError:
                 self._batch = None  # no batch ops here: read row by row from now on
-        out = {}
+        out: dict[int, dict[int, RawStats]] = {}
         for k, v in self._stats.items():
-            out[(k.tgid, k.func)] = self._raw(k.tgid, k.func, bytes(v), v)
+            key = (k.tgid, k.func)
+            blob = bytes(v)
+            cached = self._rows.get(key)
+            if cached is None or cached[0] != blob:
+                cached = self._rows[key] = (blob, RawStats(v.calls, v.timed, v.total_ns, v.outer_ns, v.nested,
+                                                           v.closed, tuple(v.hist), v.outside))
+            out.setdefault(k.tgid, {})[k.func] = cached[1]
         return out
 
-    def _raw(self, tgid: int, func: int, blob: bytes, v) -> RawStats:
-        cached = self._rows.get((tgid, func))
-        if cached is not None and cached[0] == blob:
-            return cached[1]
-        st = RawStats(v.calls, v.timed, v.total_ns, v.outer_ns, v.nested, v.closed, tuple(v.hist), v.outside)
-        self._rows[(tgid, func)] = (blob, st)
-        return st
-
-    def _read_batched(self) -> dict[tuple[int, int], RawStats]:
+    def _read_batched(self) -> dict[int, dict[int, RawStats]]:
         from bcc.libbcc import lib
 
         if self._batch is True:
+            if ctypes.sizeof(self._stats.Key) != _KEY.size or ctypes.sizeof(self._stats.Leaf) != _LEAF.size:
+                raise OSError(errno.EINVAL, "unexpected stats layout")  # then the ctypes path reads it
             self._batch = ((self._stats.Key * _BATCH)(), (self._stats.Leaf * _BATCH)())
         keys, vals = self._batch
-        size = ctypes.sizeof(self._stats.Leaf)
+        size = _LEAF.size
+        rows, unpack = self._rows, _LEAF.unpack
         token_in, token_out, count = ctypes.c_uint32(0), ctypes.c_uint32(0), ctypes.c_uint32(0)
-        out, first = {}, True
+        out: dict[int, dict[int, RawStats]] = {}
+        first, n_rows = True, 0
         while True:
             count.value = _BATCH
             res = lib.bpf_lookup_batch(self._stats.map_fd, None if first else ctypes.byref(token_in),
                                        ctypes.byref(token_out), ctypes.byref(keys), ctypes.byref(vals),
                                        ctypes.byref(count))
             err = ctypes.get_errno()
-            raw = bytes(vals)[: count.value * size]
-            for i in range(count.value):
-                k = keys[i]
-                out[(k.tgid, k.func)] = self._raw(k.tgid, k.func, raw[i * size:(i + 1) * size], vals[i])
+            n = count.value
+            n_rows += n
+            raw = ctypes.string_at(vals, n * size)
+            for i, key in enumerate(_KEY.iter_unpack(ctypes.string_at(keys, n * _KEY.size))):
+                blob = raw[i * size:(i + 1) * size]
+                cached = rows.get(key)
+                if cached is None or cached[0] != blob:
+                    v = unpack(blob)
+                    cached = rows[key] = (blob, RawStats(v[0], v[1], v[2], v[3], v[4], v[5], v[7:], v[6]))
+                tgid_rows = out.get(key[0])
+                if tgid_rows is None:
+                    tgid_rows = out[key[0]] = {}
+                tgid_rows[key[1]] = cached[1]
             if res != 0:
                 if err == errno.ENOENT:  # the end of the map
                     break
                 raise OSError(err, os.strerror(err))
             token_in.value, first = token_out.value, False
-        if len(self._rows) > 2 * len(out) + 64:  # rows forgotten or of exited processes
-            self._rows = {k: v for k, v in self._rows.items() if k in out}
+        if len(rows) > 2 * n_rows + 64:  # rows forgotten or of exited processes
+            self._rows = {k: v for k, v in rows.items() if k[1] in out.get(k[0], ())}
         return out
 
     def forget(self, keys: Sequence[tuple[int, int]]) -> None:

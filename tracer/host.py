@@ -133,10 +133,7 @@ class HostSession:
             self.policy.rescan_soon()
 
     def _read(self) -> dict[int, dict[int, RawStats]]:
-        by_tgid: dict[int, dict[int, RawStats]] = {}
-        for (tgid, func), st in self.program.read_stats().items():
-            by_tgid.setdefault(tgid, {})[func] = st
-        return by_tgid
+        return self.program.read_by_tgid()
 
     def _wait(self, seconds: float) -> bool:
         """Waits up to `seconds`, noting processes that exit; False once none is left or on stop()."""
