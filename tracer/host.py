@@ -166,6 +166,7 @@ class HostSession:
             t.begin()
         plan = self.policy.plan()
         t_start = time.monotonic()
+        marked = self._marker_link is not None  # a hold drops the marker in the interval
         if self._held:
             window = self._quiet_interval(interval_s)
         else:
@@ -176,10 +177,13 @@ class HostSession:
         span = time.monotonic() - t_start
         self.probes.outside_end()
         outside_s = self.probes.take_outside_s()
-        stats = self._read()
+        # Without a window or a marker, no probe was attached in the interval: nothing counted,
+        # there is nothing to read (and every process's accounting has nothing to diff).
+        stats = self._read() if window > 0 or marked or self._marker_link is not None else None
         snaps = {}
         for pid, t in self.tracees.items():
-            snap = t.account(span, window, stats.get(pid, {}), outside_s, snapshot=view == "interval")
+            rows = None if stats is None else stats.get(pid, {})
+            snap = t.account(span, window, rows, outside_s, snapshot=view == "interval")
             if snap is None:
                 # An interval without a window adds no calls to the pooled rates: the last recent
                 # snapshot stands (the same object, so a caller can tell nothing new came).
@@ -190,7 +194,8 @@ class HostSession:
             self._drop(pid)
         self.policy.merge(window)
         self._update_marker(window)
-        self._forget_strays(stats)
+        if stats is not None:
+            self._forget_strays(stats)
         if self._marker_link is not None and not self.probes.links:
             self.probes.outside_begin()
         return snaps

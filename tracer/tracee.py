@@ -7,8 +7,10 @@ per process; what differs between them is only who plans and runs the windows.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import itertools
 import math
 import os
 import time
@@ -27,18 +29,52 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu_s(pid: int) -> float | None:
-    # os.open/os.read, not open(): read per process and interval by `top`, and a file object
-    # (a buffer, a wrapper, a context manager) costs more than the read itself.
+    # os.open/os.read, not open(): a file object (a buffer, a wrapper, a context manager) costs more
+    # than the read itself.
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            data = os.read(fd, 4096)
+            return _cpu_s(os.read(fd, 4096))
         finally:
             os.close(fd)
-        fields = data.rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-    except (OSError, IndexError, ValueError):
+    except OSError:
         return None
+
+
+def _cpu_s(stat: bytes) -> float | None:
+    try:
+        fields = stat.rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (IndexError, ValueError):
+        return None
+
+
+class CpuClock:
+    """A process's CPU time, read per interval by `top` for every traced process: /proc/PID/stat
+    kept open and read again with pread (one syscall rather than open, read and close). The file
+    stays bound to that process: once it is reaped, reads fail (None), whoever gets the pid next."""
+
+    def __init__(self, pid: int) -> None:
+        try:
+            self._fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = -1
+
+    def read(self) -> float | None:
+        if self._fd < 0:
+            return None
+        try:
+            return _cpu_s(os.pread(self._fd, 4096, 0))
+        except OSError:
+            return None
+
+    def close(self, _close=os.close) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            _close(fd)
+
+    def __del__(self) -> None:
+        self.close()  # a Tracee dropped without close() (a test's) does not leak the file
 
 
 def process_comm(pid: int) -> str:
@@ -63,20 +99,15 @@ def percentile_ns(hist, q: float, total: int | None = None) -> float | None:
 
 
 def p50_p99_ns(hist, total: int) -> tuple[float | None, float | None]:
-    """percentile_ns at 0.5 and 0.99 in one pass over the histogram (per function and refresh)."""
+    """percentile_ns at 0.5 and 0.99, from one cumulative sum of the histogram (per function and
+    refresh: accumulate and bisect run in C)."""
     if not total:
         return None, None
-    need50, need99 = 0.5 * total, 0.99 * total
-    p50 = None
-    run = 0
-    for slot, n in enumerate(hist):
-        run += n
-        if p50 is None and run >= need50:
-            p50 = float(2**slot) if slot else 0.0
-        if run >= need99:
-            return p50, float(2**slot) if slot else 0.0
-    last = float(2 ** (len(hist) - 1))
-    return (last if p50 is None else p50), last
+    run = list(itertools.accumulate(hist))
+    last = len(hist) - 1
+    s50 = min(bisect.bisect_left(run, 0.5 * total), last)
+    s99 = min(bisect.bisect_left(run, 0.99 * total), last)
+    return (float(2**s50) if s50 else 0.0), (float(2**s99) if s99 else 0.0)
 
 
 class Tracee:
@@ -109,6 +140,7 @@ class Tracee:
         self._marker_in = [0, 0.0]               # calls, seconds: inside windows
         self._marker_out = [0, 0.0]              # calls, seconds: between windows
         self._cpu_mark: float | None = None
+        self._cpu = CpuClock(pid)
         self._steps = 0
         self.comm_every = 1  # read /proc/PID/comm every that many intervals (it changes only on exec)
         # (CPU s, span s) of recent intervals: /proc counts CPU time in clock ticks (10 ms), so a
@@ -129,10 +161,10 @@ class Tracee:
     def begin(self) -> None:
         """At the start of an interval: the CPU time the next one is measured from."""
         if self._cpu_mark is None:
-            self._cpu_mark = process_cpu_s(self.pid)
+            self._cpu_mark = self._cpu.read()
 
     def _cpu_since_mark(self) -> float | None:
-        now = process_cpu_s(self.pid)
+        now = self._cpu.read()
         before, self._cpu_mark = self._cpu_mark, now
         return now - before if now is not None and before is not None else None
 
@@ -173,11 +205,13 @@ class Tracee:
         return min(max(ratio, 0.1), 1.5), 1.96 * math.sqrt(1 / ni + 1 / no)
 
     # --- one interval ------------------------------------------------------------------------
-    def account(self, span: float, window: float, now: Mapping[int, RawStats], outside_s: float,
+    def account(self, span: float, window: float, now: Mapping[int, RawStats] | None, outside_s: float,
                 *, snapshot: bool = True) -> ProcessSnapshot | None:
         """Takes in this process's rows of the maps, read after an interval of `span` seconds whose
-        window counted `window` of them; updates its policy and marker; returns the interval's
-        snapshot (None without `snapshot`: a caller that shows recent() or summary() instead)."""
+        window counted `window` of them (kept as they are: the caller hands over a mapping it no
+        longer changes; None: the maps were not read, since no probe was attached to count
+        anything); updates its policy and marker; returns the interval's snapshot (None without
+        `snapshot`: a caller that shows recent() or summary() instead)."""
         self._steps += 1
         if self._steps % self.comm_every == 1 or self.comm_every == 1:
             comm = process_comm(self.pid)
@@ -187,10 +221,20 @@ class Tracee:
         if cpu is not None:
             self.target_cpu_s += cpu
         self.elapsed_s += span
-        prev, self._prev = self._prev, dict(now)
-        # Most rows of a process do not change between two reads (functions called at start-up only).
-        deltas = {f: st - prev.get(f, ZERO) for f, st in now.items() if f in self.ids and st != prev.get(f)}
-        deltas = {f: d for f, d in deltas.items() if d.calls or d.timed or d.closed or d.outside}
+        deltas: dict[int, RawStats] = {}
+        if now is not None:
+            prev, self._prev = self._prev, now
+            ids = self.ids
+            for f, st in now.items():
+                # Most rows of a process do not change between two reads (functions called at
+                # start-up only, every function between windows): the program hands back the same
+                # object for a row whose bytes did not change.
+                p = prev.get(f)
+                if st is p or f not in ids:
+                    continue
+                d = st if p is None else st - p
+                if d.calls or d.timed or d.closed or d.outside:
+                    deltas[f] = d
         if self.marker is not None and window > 0:
             d = deltas.get(self.marker, ZERO)
             self._marker_in[0] += d.calls
@@ -241,6 +285,7 @@ class Tracee:
         if self.marker_link is not None:
             self.marker_link.close()
             self.marker_link = None
+        self._cpu.close()
 
     # --- snapshots ---------------------------------------------------------------------------
     def _cost_s(self, stats: Mapping[int, RawStats]) -> float:
@@ -308,8 +353,8 @@ class Tracee:
             if total and total.timed:
                 # Counted but not timed in this window: per-call time from the session so far.
                 mean_ns, outer_mean_ns = self._means(f, total)
-        timed = sum(d.hist)  # not d.timed: the two counters are bumped apart, a read may fall between
-        p50, p99 = p50_p99_ns(d.hist, timed)
+        # sum(hist), not d.timed: the two counters are bumped apart, a read may fall between.
+        p50, p99 = p50_p99_ns(d.hist, sum(d.hist))
         return FunctionStats(
             name=fn.name,
             cls=fn.cls,
@@ -353,12 +398,14 @@ class Tracee:
     def _remember(self, span: float, window: float, cpu: float | None, deltas: dict[int, RawStats],
                   probed: frozenset[int], effective: float) -> None:
         """Keeps running sums over the last intervals: the newest added, the one leaving subtracted."""
+        total = self._recent_sum
         if len(self._recent) == self._recent.maxlen:
             for f, d in self._recent[0][3].items():
-                self._recent_sum[f] = self._recent_sum[f] - d
+                total[f] = total[f] - d
         self._recent.append((span, window, cpu, deltas, probed, effective))
         for f, d in deltas.items():
-            self._recent_sum[f] = self._recent_sum.get(f, ZERO) + d
+            t = total.get(f)
+            total[f] = d if t is None else t + d
 
     def probed_s(self, f: int) -> tuple[float, int]:
         """(effective seconds, windows) function f was probed for over the session."""
