@@ -144,9 +144,25 @@ def test_hold_takes_tops_probes_off_every_process_on_the_file_until_it_ends(spaw
                         t = uprobes.settle(p.pid)
                         assert t.uprobes_page is not None and not t.harmful, t.describe()
                 held, resumed_by = True, n + 40
+                session._epoll = waits = CountingEpoll(session._epoll)
             elif held and any(uprobes.traces(p.pid).breakpoints for p in procs):
                 break  # a window or the marker is back
             assert not held or n < resumed_by, "top did not trace again after the hold"
     finally:
         src.close()
     assert held and all(p.poll() is None for p in procs)
+    # The hold woke the stepping thread through its wake pipe; emptied, the waits after it sleep
+    # again (a few a frame) rather than return at once until their deadline.
+    assert waits.polls < 10 * (n + 1 - (resumed_by - 40)), waits.polls
+
+
+class CountingEpoll:
+    def __init__(self, epoll) -> None:
+        self.epoll, self.polls = epoll, 0
+
+    def poll(self, *args):
+        self.polls += 1
+        return self.epoll.poll(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.epoll, name)

@@ -52,8 +52,11 @@ class HostSession:
         self._quiet = threading.Event()  # set by the stepping thread once it holds no link
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # stop() wakes _wait with it
-        self._poll = select.poll()
-        self._polled: set[int] = set()
+        # _wait sleeps in epoll on every process's pidfd (and the wake pipe), each registered once:
+        # poll() would hand the kernel all 50 of them on every wait.
+        self._epoll = select.epoll()
+        self._epoll.register(self._wake_r, select.EPOLLIN)
+        self._by_fd: dict[int, int] = {}  # pidfd -> pid, while the process has not exited
         self.marker: int | None = None  # one for all the processes: see Tracee.own_marker
         self._marker_link = None
         self.exited: list[int] = []  # of the last step
@@ -129,6 +132,8 @@ class HostSession:
             t.comm_every = 10  # 50 processes' comm every second is 50 file reads for nothing
             self.tracees[pid] = t
             self._pidfds[pid] = fd
+            self._by_fd[fd] = pid
+            self._epoll.register(fd, select.EPOLLIN)
             self.policy.members[pid] = t.policy
             self.policy.rescan_soon()
 
@@ -139,21 +144,28 @@ class HostSession:
         """Waits up to `seconds`, noting processes that exit; False once none is left or on stop()."""
         deadline = time.monotonic() + max(0.0, seconds)
         while True:
-            live = {fd: pid for pid, fd in self._pidfds.items() if not self.tracees[pid].exited}
-            if not live or self._stop.is_set() or self._held:
+            if not self._by_fd or self._stop.is_set() or self._held:
                 return False
             left = deadline - time.monotonic()
             if left <= 0:
                 return True
-            if set(live) != self._polled:  # the poll set is kept: 50 registrations a wait add up
-                self._poll = select.poll()
-                self._poll.register(self._wake_r, select.POLLIN)
-                for fd in live:
-                    self._poll.register(fd, select.POLLIN)
-                self._polled = set(live)
-            for fd, _ in self._poll.poll(left * 1000):  # stop() writes to _wake_w: no need to wake up to look
-                if fd in live:
-                    self.tracees[live[fd]].exited = True
+            for fd, _ in self._epoll.poll(left):  # stop() and hold() write to _wake_w: no need to wake up to look
+                if fd == self._wake_r:
+                    # Emptied, or every later wait would return at once and spin to its deadline
+                    # (after a hold ends). The flags are read again at the top of the loop.
+                    self._drain_wake()
+                    continue
+                pid = self._by_fd.pop(fd, None)
+                if pid is not None:
+                    self.tracees[pid].exited = True
+                    self._epoll.unregister(fd)  # readable for good now; _drop closes it after the step
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def step(self, interval_s: float | None = None, view: str = "recent") -> dict[int, ProcessSnapshot]:
         """One interval over every process added so far; returns their snapshots by pid (the
@@ -225,7 +237,10 @@ class HostSession:
         t = self.tracees.pop(pid)
         t.close()
         self.policy.members.pop(pid, None)
-        os.close(self._pidfds.pop(pid))
+        fd = self._pidfds.pop(pid)
+        if self._by_fd.pop(fd, None) is not None:
+            self._epoll.unregister(fd)
+        os.close(fd)
         self.program.forget([(pid, f) for f in self.probes.ids])  # a reused pid starts from nothing
 
     def _forget_strays(self, stats: dict[int, dict[int, RawStats]]) -> None:
@@ -244,6 +259,7 @@ class HostSession:
         self.probes.close()
         for pid in list(self.tracees):
             self._drop(pid)
+        self._epoll.close()
         with self._lock:
             for fd in (self._wake_r, self._wake_w):
                 if fd >= 0:
