@@ -284,6 +284,25 @@ def test_libcuda_of_dead_process() -> None:
         libcuda_of(proc.pid)
 
 
+def test_scanner_rereads_processes_without_libcuda_but_never_unmapped_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Kernel threads (and zombies) have no memory map: a libcuda can never appear in one. Here
+    # every even pid reads as unmapped, every odd one as a process without libcuda.
+    reads: dict[int, int] = {}
+
+    def maps(pid: int) -> str:
+        reads[pid] = reads.get(pid, 0) + 1
+        return "" if pid % 2 == 0 else "55d4c0000000-55d4c0001000 r-xp 00000000 fe:00 12 /usr/bin/true\n"
+
+    monkeypatch.setattr(targets, "_maps", maps)
+    scan = targets.CudaScanner(recheck_every=5)
+    before = {int(e) for e in os.listdir("/proc") if e.isdigit()}
+    for _ in range(6):
+        assert scan() == {}
+    stayed = before & {int(e) for e in os.listdir("/proc") if e.isdigit()}
+    assert {p: reads[p] for p in stayed if p % 2 == 0} == {p: 1 for p in stayed if p % 2 == 0}
+    assert {p: reads[p] for p in stayed if p % 2} == {p: 2 for p in stayed if p % 2}  # the first call and the 6th
+
+
 def _may_open_map_files() -> bool:
     caps = procs.effective_caps()
     return bool(caps & (1 << procs.CAP_SYS_ADMIN)) or bool(caps & (1 << 40))  # 40: CAP_CHECKPOINT_RESTORE

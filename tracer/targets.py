@@ -79,45 +79,58 @@ class CudaScanner:
     each time was most of top's own CPU. Processes seen for the first time are read at once, and
     so are `hints` (pids the caller has other evidence for: a tracer's links without a pid filter
     count the calls of any process that maps a file already traced); the rest of the processes
-    without a libcuda are read again every `recheck_every`-th call, since one may load it late."""
+    without a libcuda are read again every `recheck_every`-th call, since one may load it late,
+    except those with no memory map at all (kernel threads, about half the pids of a quiet host,
+    and zombies), which never will."""
 
     def __init__(self, recheck_every: int = 5) -> None:
         self.recheck_every = recheck_every
         self._cuda: dict[int, LibcudaFile] = {}
         self._other: set[int] = set()
+        self._unmapped: set[int] = set()
         self._calls = 0
 
     def __call__(self, hints: Iterable[int] = ()) -> dict[int, LibcudaFile]:
         pids = {int(e) for e in os.listdir("/proc") if e.isdigit()}
         cuda = {p: lib for p, lib in self._cuda.items() if p in pids}
         other = self._other & pids
-        check = pids - cuda.keys() - other
+        unmapped = self._unmapped & pids
+        check = pids - cuda.keys() - other - unmapped
         check |= (set(hints) & pids) - cuda.keys()
         if self._calls % self.recheck_every == 0:
             check |= other
         self._calls += 1
         for pid in check:
             try:
-                lib = _libcuda_in(pid)
+                text = _maps(pid)
+                lib = _libcuda_in(pid, text)
             except (OSError, GputraceError):
-                lib = None
-            if lib is None:
-                other.add(pid)
-            else:
+                text, lib = None, None
+            if lib is not None:
                 cuda[pid] = lib
                 other.discard(pid)
-        self._cuda, self._other = cuda, other
+            elif text == "":
+                unmapped.add(pid)
+            else:
+                other.add(pid)
+        self._cuda, self._other, self._unmapped = cuda, other, unmapped
         return dict(cuda)
 
     def forget(self, pid: int) -> None:
         """`pid` exited: if the number comes back, it is another process, to be read afresh."""
         self._cuda.pop(pid, None)
         self._other.discard(pid)
+        self._unmapped.discard(pid)
 
 
-def _libcuda_in(pid: int) -> LibcudaFile | None:
+def _maps(pid: int) -> str:
     with open(f"/proc/{pid}/maps") as f:
-        text = f.read()
+        return f.read()
+
+
+def _libcuda_in(pid: int, text: str | None = None) -> LibcudaFile | None:
+    if text is None:
+        text = _maps(pid)
     if "libcuda.so" not in text:  # cheap skip for the many processes without it
         return None
     chosen: tuple[str, str] | None = None  # (start-end, mapped_as)
