@@ -183,3 +183,22 @@ def test_adapter_whole_job_checkpoint_leaves_it_running_and_reports_the_freeze(m
     with pytest.raises(actions.GputraceError, match="ZeroDivisionError"):
         a.checkpoint_full(7, lambda f, m: None)
     assert not actions.CheckpointerAdapter(full_module="no_such_module_here").available("checkpoint_full")
+
+
+def test_live_source_hands_the_same_row_until_its_process_has_something_new():
+    """A refresh without a window brings no new figures: the row is the very same object, so the
+    screen reuses its audits and cells; anything new about the process makes a new row."""
+    from gputrace.tracer.targets import LibcudaFile
+    from gputrace.tui.live import LiveSource
+
+    src = LiveSource(discover=lambda hints: {})
+    lib = LibcudaFile("/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1", 1, 2)
+    snap = frame(0).processes[1].snapshot
+    ft = types.SimpleNamespace(take=lambda pid: (ft.snap, ft.hist))
+    ft.snap, ft.hist = snap, (1.0, 2.0)
+    first = src._row(snap.pid, ft, lib)
+    src._rows = {snap.pid: first}
+    assert src._row(snap.pid, ft, lib) is first
+    ft.hist = (1.0, 2.0, 3.0)  # a new point: a new measurement came
+    second = src._row(snap.pid, ft, lib)
+    assert second is not first and second.calls_history == (1.0, 2.0, 3.0) and second.snapshot is snap

@@ -44,6 +44,7 @@ class _FileTracer:
         self.cumulative, self.history_len = cumulative, history
         self.latest: dict[int, ProcessSnapshot] = {}
         self.history: dict[int, collections.deque[float]] = {}
+        self._history_t: dict[int, tuple[float, ...]] = {}  # the same tuple until a point is added
         self.gone: set[int] = set()    # pids that exited while traced
         self.error: str | None = None
         self._program = program
@@ -91,16 +92,20 @@ class _FileTracer:
         with self._lock:
             for pid, snap in snaps.items():
                 if snap is not self.latest.get(pid):  # the same one: no new measurement, no new point
-                    self.history.setdefault(pid, collections.deque(maxlen=self.history_len)).append(snap.calls_hz)
+                    h = self.history.setdefault(pid, collections.deque(maxlen=self.history_len))
+                    h.append(snap.calls_hz)
+                    self._history_t[pid] = tuple(h)
                 self.latest[pid] = snap
             for pid in s.exited:
                 self.latest.pop(pid, None)
                 self.history.pop(pid, None)
+                self._history_t.pop(pid, None)
                 self.gone.add(pid)
 
     def take(self, pid: int) -> tuple[ProcessSnapshot | None, tuple[float, ...]]:
+        """The latest snapshot and calls/s history of `pid`: the same objects until new ones come."""
         with self._lock:
-            return self.latest.get(pid), tuple(self.history.get(pid, ()))
+            return self.latest.get(pid), self._history_t.get(pid, ())
 
     def strays(self) -> set[int]:
         s = self.session
@@ -133,6 +138,7 @@ class LiveSource:
         self._first: Program | None = None  # compiled by start(), handed to the first file
         self.first_seen: dict[int, float] = {}
         self.host = socket.gethostname()
+        self._rows: dict[int, ProcessRow] = {}  # the last frame's rows
 
     def start(self) -> None:
         """Compiles the first program and calibrates the probe cost (seconds): call it from a worker."""
@@ -195,6 +201,12 @@ class LiveSource:
         if shimmed and self.checkpointer is not None:
             cks = self.checkpointer.list_checkpoints(pid)
             last = max(cks, key=lambda c: c.taken_at) if cks else None
+        prev = self._rows.get(pid)
+        if prev is not None and prev.snapshot is snap and prev.calls_history is hist and prev.shimmed == shimmed \
+                and prev.last_checkpoint == last and prev.library == lib.path:
+            # Nothing new for this process (a refresh without a window): the same row, so what was
+            # worked out from it (its audits, its cells on screen) stands.
+            return prev
         return ProcessRow(pid, snap.comm, snap, shimmed, last, hist, lib.path)
 
     def snapshot(self) -> HostSnapshot:
@@ -206,6 +218,7 @@ class LiveSource:
                 pending.append(pid)
             else:
                 rows.append(r)
+        self._rows = {r.pid: r for r in rows}
         notes = tuple(f"pid {pid}: {msg}" for pid, msg in sorted(self._notes.items()))
         return HostSnapshot(time.time(), self.host, gpus, note, self.options.budget, tuple(rows), tuple(pending), notes)
 

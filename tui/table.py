@@ -101,6 +101,7 @@ class ProcessTable(ScrollView, can_focus=True):
         # sorted); once moved, it follows the process it was put on through re-sorting.
         self.user_moved = False
         self._lines: dict[int, tuple[tuple, Strip]] = {}  # row index -> (what it was built from, strip)
+        self._cells: dict[int, tuple[ProcessRow, str, tuple[str, ...]]] = {}  # pid -> (row, preset, cells)
         self._styles: tuple[Style, ...] = ()
         self._widths: dict[str, int] = {}
         self.strips_built = 0  # rows rendered since mount: what a refresh cost, for tests and benchmarks
@@ -116,11 +117,13 @@ class ProcessTable(ScrollView, can_focus=True):
         self.texts = []  # columns changed: every row is new
         self._fit(self.texts)
         self._lines.clear()
+        self._cells.clear()
         self.refresh()
 
     def _fit(self, texts: list[tuple[str, ...]]) -> bool:
-        """Widens columns to their widest cell (never narrows them between two set_columns, so
-        the table does not jitter); True if any width changed."""
+        """Widens columns to their widest cell in `texts` (never narrows them between two
+        set_columns, so the table does not jitter: rows whose text did not change cannot widen
+        them); True if any width changed."""
         changed = False
         for i, k in enumerate(self.shown):
             w = max((cell_len(t[i]) for t in texts), default=0)
@@ -132,13 +135,14 @@ class ProcessTable(ScrollView, can_focus=True):
     def show(self, rows: list[ProcessRow], preset: str, now: float) -> None:
         """Puts `rows` on screen, repainting only the lines whose text changed."""
         selected = self.selected_pid()
-        texts = [tuple(COLUMNS[k][1](r, preset, now) for k in self.shown) for r in rows]
+        texts = [self._row_cells(r, preset, now) for r in rows]
+        self._cells = {r.pid: self._cells[r.pid] for r in rows}
         pids = [r.pid for r in rows]
         shimmed = [r.shimmed for r in rows]
         dirty = [i for i in range(max(len(texts), len(self.texts)))
                  if i >= len(texts) or i >= len(self.texts) or texts[i] != self.texts[i] or shimmed[i] != self.shimmed[i]]
         self.pids, self.texts, self.shimmed = pids, texts, shimmed
-        if self._fit(texts):
+        if self._fit([texts[i] for i in dirty if i < len(texts)]):
             self._lines.clear()
             dirty = list(range(-1, len(texts)))
         old_cursor = self.cursor
@@ -152,13 +156,22 @@ class ProcessTable(ScrollView, can_focus=True):
             self._scroll_to_cursor()
         self._repaint(dirty)
 
+    def _row_cells(self, r: ProcessRow, preset: str, now: float) -> tuple[str, ...]:
+        """The row's cells; the same row object (a refresh without new figures for its process)
+        gives the same cells, unless it shows a checkpoint's age, which moves with `now`."""
+        cached = self._cells.get(r.pid)
+        if cached is not None and cached[0] is r and cached[1] == preset and r.last_checkpoint is None:
+            return cached[2]
+        cells = tuple(COLUMNS[k][1](r, preset, now) for k in self.shown)
+        self._cells[r.pid] = (r, preset, cells)
+        return cells
+
     def _repaint(self, rows: list[int]) -> None:
         top = self.scroll_offset.y
-        width = self.size.width
-        for i in set(rows):
-            y = 0 if i < 0 else i - top + 1
-            if 0 <= y < self.size.height:
-                self.refresh(Region(0, y, width, 1))
+        width, height = self.size
+        lines = [y for y in {0 if i < 0 else i - top + 1 for i in rows} if 0 <= y < height]
+        if lines:  # one refresh for all of them: each call has its own bookkeeping in Textual
+            self.refresh(*(Region(0, y, width, 1) for y in lines))
 
     def selected_pid(self) -> int | None:
         if not self.pids or not 0 <= self.cursor < len(self.pids):
@@ -179,16 +192,29 @@ class ProcessTable(ScrollView, can_focus=True):
             self._lines.clear()
         return super().render_lines(crop)
 
-    def _build(self, cells: tuple[str, ...], style: Style, shimmed: bool = False) -> Strip:
-        segs = []
-        shim_style = style + Style(color=self._styles[3].color)  # the row's background, the shim's colour
+    def _build(self, cells: tuple[str, ...], style: Style, shimmed: bool, width: int) -> Strip:
+        """One line, padded to `width`: one segment, or three around a shimmed row's SHIM cell
+        (fewer segments are less for every later stage of Textual's rendering to go through)."""
+        parts = []
+        shim = -1
         for k, text in zip(self.shown, cells):
             w = self._width(k)
             pad = w - cell_len(text)
             text = set_cell_size(text, w) if pad < 0 else (text + " " * pad if k in LEFT else " " * pad + text)
-            segs.append(Segment(f" {text} ", shim_style if k == "shim" and shimmed else style))
+            if k == "shim" and shimmed:
+                shim = len(parts)
+            parts.append(f" {text} ")
+        length = sum(self._width(k) + 2 for k in self.shown)
+        if length < width:
+            parts.append(" " * (width - length))
+            length = width
         self.strips_built += 1
-        return Strip(segs)
+        if shim < 0:
+            return Strip([Segment("".join(parts), style)], length)
+        shim_style = style + Style(color=self._styles[3].color)  # the row's background, the shim's colour
+        segs = [Segment("".join(parts[:shim]), style), Segment(parts[shim], shim_style),
+                Segment("".join(parts[shim + 1:]), style)]
+        return Strip([s for s in segs if s.text], length)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -197,7 +223,7 @@ class ProcessTable(ScrollView, can_focus=True):
         if y == 0:
             key: tuple = ("header", self.titles, scroll_x, width)
             style = base + header
-            index, build = -1, lambda: self._build(self.titles, style)
+            index, build = -1, lambda: self._build(self.titles, style, False, scroll_x + width)
         else:
             index = top + y - 1
             if index >= len(self.texts):
@@ -206,7 +232,7 @@ class ProcessTable(ScrollView, can_focus=True):
             style = base + (cursor if kind == "cursor" else even if kind == "even" else Style())
             cells, shim = self.texts[index], self.shimmed[index]
             key = (cells, shim, kind, scroll_x, width)
-            build = lambda: self._build(cells, style, shim)  # noqa: E731
+            build = lambda: self._build(cells, style, shim, scroll_x + width)  # noqa: E731
         cached = self._lines.get(index)
         if cached is not None and cached[0] == key:
             return cached[1]
