@@ -146,11 +146,13 @@ class Tracee:
         # (CPU s, span s) of recent intervals: /proc counts CPU time in clock ticks (10 ms), so a
         # job using 1% of a CPU shows 0 or 10 ms in any one second; the budget wants its rate.
         self._cpu_recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=5)
-        # The last intervals' (span, window, CPU, deltas, functions probed, effective time), for
-        # recent(): one short window per interval is too noisy a sample to show alone.
-        self._recent: collections.deque[tuple[float, float, float | None, dict[int, RawStats], frozenset[int], float]] = \
+        # The last intervals' (span, window, CPU, functions probed, effective time), for recent():
+        # one short window per interval is too noisy a sample to show alone. What they counted is
+        # the difference of the rows read at their ends: the rows are cumulative, so the rows at
+        # the end of each of them are kept (the same dicts account() was handed, not copies).
+        self._recent: collections.deque[tuple[float, float, float | None, frozenset[int], float]] = \
             collections.deque(maxlen=5)
-        self._recent_sum: dict[int, RawStats] = {}
+        self._rows_at: collections.deque[Mapping[int, RawStats]] = collections.deque([self._prev], maxlen=6)
         self._recent_snap: ProcessSnapshot | None = None
 
         self.started = time.monotonic()
@@ -273,7 +275,8 @@ class Tracee:
                     r = d.calls / effective
                     self._sum_rate[f] = self._sum_rate.get(f, 0.0) + r
                     self._sum_rate2[f] = self._sum_rate2.get(f, 0.0) + r * r
-        self._remember(span, window, cpu, deltas, self.probes.probed if window > 0 else frozenset(), effective)
+        self._recent.append((span, window, cpu, self.probes.probed if window > 0 else frozenset(), effective))
+        self._rows_at.append(self._prev)
         if not snapshot:
             return None
         continuous = window >= span * 0.999
@@ -395,18 +398,6 @@ class Tracee:
             driver_cpu_s_per_s=driver, wait_s_per_s=wait, classes=tuple(totals),
         )
 
-    def _remember(self, span: float, window: float, cpu: float | None, deltas: dict[int, RawStats],
-                  probed: frozenset[int], effective: float) -> None:
-        """Keeps running sums over the last intervals: the newest added, the one leaving subtracted."""
-        total = self._recent_sum
-        if len(self._recent) == self._recent.maxlen:
-            for f, d in self._recent[0][3].items():
-                total[f] = total[f] - d
-        self._recent.append((span, window, cpu, deltas, probed, effective))
-        for f, d in deltas.items():
-            t = total.get(f)
-            total[f] = d if t is None else t + d
-
     def probed_s(self, f: int) -> tuple[float, int]:
         """(effective seconds, windows) function f was probed for over the session."""
         s = k = 0
@@ -429,8 +420,18 @@ class Tracee:
         window = sum(r[1] for r in self._recent)
         cpus = [r[2] for r in self._recent]
         cpu = sum(cpus) if None not in cpus else None
-        totals = {f: d for f, d in self._recent_sum.items() if d.calls or d.timed or d.closed or d.outside}
-        probed = [(r[4], r[5]) for r in self._recent if r[5]]
+        # The rows now less the rows when the oldest of these intervals began: one subtraction a
+        # function per rebuild, rather than running sums updated every interval.
+        now, then = self._rows_at[-1], self._rows_at[0]
+        ids, totals = self.ids, {}
+        for f, st in now.items():
+            p = then.get(f)
+            if st is p or f not in ids:
+                continue
+            d = st if p is None else st - p
+            if d.calls or d.timed or d.closed or d.outside:
+                totals[f] = d
+        probed = [(r[3], r[4]) for r in self._recent if r[4]]
         eff = {f: sum(e for p, e in probed if f in p) for f in totals}
         m = self.perturbation()
         errs = {f: self._rate_err(d.calls, window, eff[f], None, m) for f, d in totals.items()}
