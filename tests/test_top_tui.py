@@ -309,3 +309,28 @@ async def test_a_long_question_wraps_inside_its_dialog(recording, width):
         assert label.region.width <= box.content_region.width <= width
         svg = app.export_screenshot().replace("&#160;", " ")
         assert "then runs on." in svg and "It is frozen" in svg  # its last words, not cut off at the border
+
+
+async def test_the_header_draws_its_text_as_a_static_would_at_every_width(recording):
+    """HostHeader builds its lines with Rich rather than through a Static (tui/widgets.py says why):
+    they must come out as Textual's own rendering of the same text, wrapped or not."""
+    from rich.text import Text
+    from textual.visual import Visual, visualize
+
+    from gputrace.tui.widgets import HostHeader
+
+    app = app_for(recording)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        header = main.query_one(HostHeader)
+        console = app.console
+        texts = [*header._paras, Text("a-single-word-longer-than-narrow-terminals and then some"),
+                 Text.assemble(("host", "bold"), "  ", ("GPUs: none (no NVIDIA driver here)", "dim")),
+                 Text.assemble("tracer 0.44%  ", ("50 processes", "bold"), (", 2 not traceable", "yellow"),
+                               ("  filter 'x'", "cyan"), "  12:00:00", ("  replay ended", "yellow"))]
+        for text in texts:
+            header._paras = [text]
+            for width in range(8, 161, 3):
+                ours = [s.render(console) for s in header._lines(0, width)]
+                static = Visual.to_strips(header, visualize(header, text), width, None, header.visual_style)
+                assert ours == [s.render(console) for s in static], (text.plain, width)

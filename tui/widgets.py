@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import time
 
+from rich.segment import Segment
 from rich.text import Text
+from textual.geometry import Region, Size
+from textual.strip import Strip
+from textual.widget import Widget
 from textual.widgets import Static
 
 from gputrace.report import fmt_pct
@@ -15,13 +19,27 @@ from .table import ProcessTable, columns_for  # noqa: F401  (the screens import 
 from .text import COLUMNS, fmt_bytes
 
 
-class HostHeader(Static):
+class HostHeader(Widget):
+    """Two paragraphs (host and GPUs; the tracer, the counts and the clock), drawn as a Static draws
+    them (a test holds them equal at every width) but through the Line API: the clock changes the
+    second paragraph every refresh and the first rarely, and a Static renders all of its text
+    through Textual's Content pipeline on every update (a quarter of the UI thread's CPU in `top`
+    with 50 processes); here only the lines of a paragraph whose text changed are built, with
+    Rich, and repainted."""
+
     DEFAULT_CSS = "HostHeader { height: auto; padding: 0 1; background: $boost; }"
-    _shape: tuple[int, ...] = ()
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._paras: list[Text] = [Text()]
+        self._strips: dict[int, tuple[tuple, list[Strip]]] = {}  # paragraph -> (what it was built from, lines)
+
+    def render(self) -> Text:
+        return Text("\n").join(self._paras)
 
     def show(self, h: HostSnapshot | None, preset: str, sort: str, reverse: bool, filt: str, state: str) -> None:
         if h is None:
-            self.update(Text(f"gputrace top — {state or 'starting: compiling the BPF program and calibrating ...'}"))
+            self._set([Text(f"gputrace top — {state or 'starting: compiling the BPF program and calibrating ...'}")])
             return
         t = Text()
         t.append(h.host, style="bold")
@@ -31,25 +49,76 @@ class HostHeader(Static):
                                f"{fmt_bytes(g.mem_used_bytes)}/{fmt_bytes(g.mem_total_bytes)}" for g in h.gpus))
         else:
             t.append(f"GPUs: none ({h.gpu_note})", style="dim")
-        t.append("\n")
-        t.append(f"tracer {fmt_pct(h.tracer_overhead)} of traced CPU (budget {fmt_pct(h.budget, 1)})  ")
-        t.append(f"{len(h.processes)} processes", style="bold")
+        u = Text()
+        u.append(f"tracer {fmt_pct(h.tracer_overhead)} of traced CPU (budget {fmt_pct(h.budget, 1)})  ")
+        u.append(f"{len(h.processes)} processes", style="bold")
         if h.pending:
-            t.append(f", {len(h.pending)} attaching")
+            u.append(f", {len(h.pending)} attaching")
         if h.notes:
-            t.append(f", {len(h.notes)} not traceable", style="yellow")
-        t.append(f"  preset {preset}  sort {COLUMNS[sort][0].lower()}{' ↑' if reverse else ''}")
+            u.append(f", {len(h.notes)} not traceable", style="yellow")
+        u.append(f"  preset {preset}  sort {COLUMNS[sort][0].lower()}{' ↑' if reverse else ''}")
         if filt:
-            t.append(f"  filter '{filt}'", style="cyan")
-        t.append(f"  {time.strftime('%H:%M:%S', time.localtime(h.t))}")
+            u.append(f"  filter '{filt}'", style="cyan")
+        u.append(f"  {time.strftime('%H:%M:%S', time.localtime(h.t))}")
         if state:
-            t.append(f"  {state}", style="yellow")
-        # A layout pass (about 10 ms with 50 rows) only when the header's height may change: most
-        # refreshes change only figures and the clock, not how many lines the text wraps to.
-        width = max(1, self.content_region.width)
-        shape = (width, *(-(-max(1, len(line)) // width) for line in t.plain.split("\n")))
-        self.update(t, layout=shape != self._shape)
-        self._shape = shape
+            u.append(f"  {state}", style="yellow")
+        self._set([t, u])
+
+    @staticmethod
+    def _key(para: Text) -> tuple:
+        return para.plain, tuple(para.spans), para.style
+
+    def _set(self, paras: list[Text]) -> None:
+        width = self.size.width
+        if width <= 0:
+            self._paras = paras
+            self.refresh(layout=True)
+            return
+        before = [(self._key(p), len(self._lines(i, width))) for i, p in enumerate(self._paras)]
+        self._paras = paras
+        heights = [len(self._lines(i, width)) for i in range(len(paras))]
+        if heights != [n for _, n in before]:
+            self.refresh(layout=True)  # its height changed (a paragraph wraps to more or fewer lines)
+            return
+        y, changed = 0, []
+        for i, para in enumerate(paras):
+            if self._key(para) != before[i][0]:
+                changed.append(Region(0, y, width, heights[i]))
+            y += heights[i]
+        if changed:
+            self.refresh(*changed)
+
+    def _lines(self, i: int, width: int) -> list[Strip]:
+        para = self._paras[i]
+        base = self.visual_style.rich_style
+        key = (self._key(para), width, base)
+        cached = self._strips.get(i)
+        if cached is None or cached[0] != key:
+            console = self.app.console
+            strips = []
+            if para.cell_len <= width:
+                lines = [para]
+            else:
+                lines = para.wrap(console, max(1, width))
+                for line in lines:
+                    line.rstrip()  # as Textual's wrapping leaves a line it breaks
+            for line in lines:
+                segs = [Segment(s.text, base + s.style if s.style else base) for s in line.render(console) if s.text]
+                strips.append(Strip(segs))
+            cached = self._strips[i] = (key, strips)
+        return cached[1]
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return sum(len(self._lines(i, width)) for i in range(len(self._paras)))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        for i in range(len(self._paras)):
+            lines = self._lines(i, width)
+            if y < len(lines):
+                return lines[y]
+            y -= len(lines)
+        return Strip.blank(width, self.visual_style.rich_style)
 
 
 class StatusLine(Static):
