@@ -233,7 +233,7 @@ class HostSession:
             t.set_marker(f)
 
 
-    def _drop(self, pid: int) -> None:
+    def _drop(self, pid: int, forget: bool = True) -> None:
         t = self.tracees.pop(pid)
         t.close()
         self.policy.members.pop(pid, None)
@@ -241,7 +241,8 @@ class HostSession:
         if self._by_fd.pop(fd, None) is not None:
             self._epoll.unregister(fd)
         os.close(fd)
-        self.program.forget([(pid, f) for f in self.probes.ids])  # a reused pid starts from nothing
+        if forget:
+            self.program.forget([(pid, f) for f in self.probes.ids])  # a reused pid starts from nothing
 
     def _forget_strays(self, stats: dict[int, dict[int, RawStats]]) -> None:
         """Rows of processes that mapped the file and exited before anyone added them are forgotten;
@@ -258,7 +259,11 @@ class HostSession:
         self._set_marker(None)
         self.probes.close()
         for pid in list(self.tracees):
-            self._drop(pid)
+            # No map delete per process and function here (with 50 processes, thousands of
+            # syscalls and 20 ms of top's `q`): the rows go with the program, which the caller
+            # closes, or stand as counts from before the next session on it, as those of a process
+            # not added yet do.
+            self._drop(pid, forget=False)
         self._epoll.close()
         with self._lock:
             for fd in (self._wake_r, self._wake_w):
