@@ -303,6 +303,24 @@ def test_scanner_rereads_processes_without_libcuda_but_never_unmapped_ones(monke
     assert {p: reads[p] for p in stayed if p % 2} == {p: 2 for p in stayed if p % 2}  # the first call and the 6th
 
 
+def test_scanner_lists_proc_only_when_a_pid_was_handed_out_or_to_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    listings: list[int] = []
+    last = [100]
+    monkeypatch.setattr(targets, "_pids", lambda: listings.append(last[0]) or {1, 2, 3})
+    monkeypatch.setattr(targets, "_last_pid", lambda: last[0])
+    monkeypatch.setattr(targets, "_maps", lambda pid: "55d4c0000000-55d4c0001000 r-xp 00000000 fe:00 12 /usr/bin/true\n")
+    scan = targets.CudaScanner(recheck_every=5)
+    for _ in range(3):
+        scan()
+    assert listings == [100]  # the first call lists; nothing new since
+    last[0] = 101  # a process (or thread) was created: listed at the next call
+    scan()
+    scan()
+    assert listings == [100, 101]
+    scan()  # the 6th call rechecks, and lists again
+    assert listings == [100, 101, 101]
+
+
 def _may_open_map_files() -> bool:
     caps = procs.effective_caps()
     return bool(caps & (1 << procs.CAP_SYS_ADMIN)) or bool(caps & (1 << 40))  # 40: CAP_CHECKPOINT_RESTORE

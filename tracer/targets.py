@@ -81,7 +81,11 @@ class CudaScanner:
     count the calls of any process that maps a file already traced); the rest of the processes
     without a libcuda are read again every `recheck_every`-th call, since one may load it late,
     except those with no memory map at all (kernel threads, about half the pids of a quiet host,
-    and zombies), which never will."""
+    and zombies), which never will. /proc itself is listed only when a pid has been handed out
+    since the last listing (the kernel's last pid, in /proc/loadavg, moved), and at those
+    rechecks: listing it is most of a scan's cost, and on a GPU host of long jobs mostly finds the
+    same processes. An exit in between is told by forget() (top's tracer watches the processes it
+    traces) or seen at the next listing."""
 
     def __init__(self, recheck_every: int = 5) -> None:
         self.recheck_every = recheck_every
@@ -89,15 +93,22 @@ class CudaScanner:
         self._other: set[int] = set()
         self._unmapped: set[int] = set()
         self._calls = 0
+        self._last_pid: int | None = None
 
     def __call__(self, hints: Iterable[int] = ()) -> dict[int, LibcudaFile]:
-        pids = {int(e) for e in os.listdir("/proc") if e.isdigit()}
+        recheck = self._calls % self.recheck_every == 0
+        last = _last_pid()
+        if recheck or last is None or last != self._last_pid:
+            pids = _pids()
+            self._last_pid = last
+        else:
+            pids = self._cuda.keys() | self._other | self._unmapped
         cuda = {p: lib for p, lib in self._cuda.items() if p in pids}
         other = self._other & pids
         unmapped = self._unmapped & pids
         check = pids - cuda.keys() - other - unmapped
         check |= (set(hints) & pids) - cuda.keys()
-        if self._calls % self.recheck_every == 0:
+        if recheck:
             check |= other
         self._calls += 1
         for pid in check:
@@ -121,6 +132,19 @@ class CudaScanner:
         self._cuda.pop(pid, None)
         self._other.discard(pid)
         self._unmapped.discard(pid)
+
+
+def _pids() -> set[int]:
+    return {int(e) for e in os.listdir("/proc") if e.isdigit()}
+
+
+def _last_pid() -> int | None:
+    """The pid the kernel handed out last (in this pid namespace), None if unreadable."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[4])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _maps(pid: int) -> str:
