@@ -107,6 +107,47 @@ def test_a_process_started_later_appears_and_one_that_exits_leaves(spawned):
     assert shared and later.poll() is None
 
 
+def test_a_job_whose_calls_change_after_it_is_found_is_counted_in_full(spawned):
+    """PyTorch maps libcuda at its first CUDA call, then loads and sets up for seconds before its loop:
+    the window that finds it sees none of the loop's functions, and only functions seen are probed.
+    Its young rescans (windows 1, 2, 4, 8, 16) find the loop's calls within about twice its age at
+    the change, not at the periodic rescan 30 windows on."""
+    from gputrace.tracer.session import Options
+    from gputrace.tui.live import LiveSource
+
+    proc = subprocess.Popen(simcuda.workload("launch_bound") + ["--seconds", "60", "--warmup-stdin", *KNOBS],
+                            env=simcuda.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    spawned.append(proc)
+    src = LiveSource(Options(interval_s=0.5), refresh_s=0.5)
+    switched_at = found_at = None
+    try:
+        for frame in src.frames():
+            assert proc.poll() is None, proc.stderr.read()
+            row = next((r for r in frame.processes if r.pid == proc.pid), None)
+            if row is None:
+                continue
+            member = src.session_of(proc.pid).policy.members.get(proc.pid)
+            called = {f.name for f in row.snapshot.functions if f.calls_observed}
+            if switched_at is None:
+                if "cuMemGetInfo_v2" in called:  # a window saw its start-up calls: now the loop
+                    assert "cuCtxGetDevice_v2" not in called, called
+                    proc.stdin.write("go\n")
+                    proc.stdin.flush()
+                    switched_at = member.windows
+            elif "cuCtxGetDevice_v2" in called:
+                found_at = member.windows
+                break
+            else:
+                assert member.windows <= 4 * switched_at + 2, (switched_at, member.windows, called)
+    finally:
+        src.close()
+    # The window in progress at the switch may have been its last rescan; the next is at most
+    # twice as old again.
+    assert 0 < switched_at and found_at <= 4 * switched_at + 2, (switched_at, found_at)
+    assert {"cuLaunchKernel", "cuDevicePrimaryCtxGetState"} <= called, called
+
+
 def test_record_writes_a_session_that_replays(spawned, tmp_path):
     from gputrace.tui.source import ReplaySource
 

@@ -416,12 +416,44 @@ def test_rawstats_arithmetic():
 
 
 def test_probes_everything_until_something_is_seen():
-    """A first window before the job's first driver call sees nothing: the next must not probe nothing."""
-    p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=10)
-    p.observe(p.plan().window_s, {}, 1.0)
+    """Windows before the job's first driver call see nothing: the next must not probe nothing."""
+    p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=30)
+    for _ in range(17):  # past the young process's rescans (windows 1, 2, 4, 8, 16)
+        p.observe(p.plan().window_s, {}, 1.0)
     assert p.plan().probe == frozenset({0, 1})
     p.observe(0.01, {1: 5}, 1.0)
     assert p.plan().probe == frozenset({1})  # once calls are seen, only those, until the next rescan
+
+
+def test_a_young_process_is_rescanned_at_doubling_ages_then_every_rescan_every():
+    """A job found while it starts up calls other functions in its loop: they must be found within
+    twice its age, not only at the periodic rescan."""
+    p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=30)
+    rescans = []
+    for k in range(61):
+        rescans.append(p.plan().probe == frozenset({0, 1}))
+        p.observe(0.01, {1: 100}, 0.5)
+    assert [k for k, r in enumerate(rescans) if r] == [0, 1, 2, 4, 8, 16, 30, 60]
+
+
+def test_host_wide_rescans_follow_each_members_age_not_the_sessions():
+    """A process that joins a long-running host session gets its own young rescans."""
+    from gputrace.tracer.budget import AlignedPolicy
+
+    host = AlignedPolicy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=30,
+                         max_growth=None, rng=random.Random(7))
+    host.members[1] = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0)
+    rescans = []
+    for k in range(61):
+        if k == 40:
+            host.members[2] = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0)
+            host.rescan_soon()  # as HostSession._admit does
+        plan = host.plan()
+        rescans.append(plan.probe == frozenset({0, 1}))
+        for m in host.members.values():
+            m.observe(plan.window_s, {1: 100}, 0.5)
+        host.merge(plan.window_s)
+    assert [k for k, r in enumerate(rescans) if r] == [0, 1, 2, 4, 8, 16, 30, 40, 41, 42, 44, 48, 56, 60]
 
 
 def test_marker_waits_for_a_measured_cpu_time_and_fits_a_quarter_of_the_budget():
@@ -532,7 +564,8 @@ def test_a_window_every_other_interval_twice_as_long_within_the_same_budget():
 
 def test_a_process_joining_makes_the_next_window_a_rescan():
     p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=30)
-    p.observe(0.01, {1: 100}, 0.5)
+    for _ in range(17):  # past its own young rescans
+        p.observe(0.01, {1: 100}, 0.5)
     assert p.plan().probe == frozenset({1})
     p.rescan_soon()
     assert p.plan().probe == frozenset({0, 1})

@@ -16,6 +16,12 @@ attach window so that the expected cost stays under `budget` x the target's CPU 
   each attach and detach rewrites the target's code pages once per probed function (a page
   replacement and a TLB flush in the target), so probing 682 functions to count the 11 a training
   loop calls would cost the target more than the probes that fire.
+- A young process is rescanned more often: in its windows 1, 2, 4, 8 and 16 (`YOUNG_RESCANS`), as
+  well as its first. A job found while it starts up (PyTorch maps libcuda at its first CUDA call,
+  then loads and sets up for seconds) calls other functions then than in its steady loop; with
+  rescans only every `rescan_every`-th window its loop's calls would go uncounted for that long
+  (a minute, host-wide). Doubling finds a change of phase at window k by window 2k, for 5 extra
+  rescans over a process's life.
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ from typing import Mapping
 
 from .calibrate import ProbeCost
 from .classify import FunctionClass
+
+
+# A process's windows (counted from 0, its first, which always probes everything) that probe every
+# function again: see the module's docstring.
+YOUNG_RESCANS = frozenset({1, 2, 4, 8, 16})
 
 
 @dataclass(frozen=True)
@@ -113,9 +124,14 @@ class Policy:
         """The next window probes every function (a process joined whose calls are not seen yet)."""
         self.rescan_next = True
 
+    def _young(self) -> bool:
+        """The next window is one of a young process's extra rescans."""
+        return self.windows in YOUNG_RESCANS
+
     def _probe(self) -> frozenset[int]:
         # Nothing seen yet (a window before the job's first driver call): keep looking everywhere.
-        if self.exact or not self.seen or self.windows % self.rescan_every == 0 or self.rescan_next:
+        if self.exact or not self.seen or self.windows % self.rescan_every == 0 or self.rescan_next \
+                or self._young():
             self.rescan_next = False
             return frozenset(self.classes)
         return frozenset(self.seen)
@@ -211,6 +227,10 @@ class AlignedPolicy(Policy):
         for p in members:
             p.reserved_s_per_s = p.marker_cost(f)
         return f
+
+    def _young(self) -> bool:
+        # By each member's own age: the aligned count is the session's, which may be long.
+        return any(p.windows in YOUNG_RESCANS for p in self.members.values())
 
     def marker_too_dear(self, f: int) -> bool:
         """A member got lighter, or its calls of `f` denser: the shared marker costs it over half its budget."""
