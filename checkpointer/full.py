@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import socket
@@ -282,6 +283,23 @@ def _subreaper(on: bool) -> None:
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
+def _reap_leftover(pid: int, timeout_s: float = 5.0) -> None:
+    """After a failed `criu restore`: the task CRIU had made at the job's pid, killed by CRIU, is this
+    process's child (a subreaper's); reaped here, or its zombie would keep the pid taken until init
+    reaps it (seconds on some hosts), and a second try at once would find the pid in use. The pid
+    was free before CRIU ran, so whatever holds it now is CRIU's."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone already
+    try:
+        select.select([fd], [], [], timeout_s)  # readable once it has exited
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    finally:
+        os.close(fd)
+
+
 def _is_stopped(pid: int) -> bool:
     try:
         for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -355,6 +373,7 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
         criu_ns = criu_mod.restore(c, path / IMAGES, work, pid)
     except criu_mod.CriuFailed:
         _unlink_gpu_image(link)
+        _reap_leftover(pid)
         raise  # its message points at the log in `work`: that stays
     except BaseException:
         _unlink_gpu_image(link)
