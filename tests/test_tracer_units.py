@@ -550,6 +550,42 @@ def test_recent_pools_the_last_intervals_of_a_process():
     assert fresh is not recent and fresh.calls_hz > recent.calls_hz
 
 
+def test_summary_weighs_windows_by_the_span_they_stand_for_not_their_length():
+    """Traced from its start, a job spends seconds in import and setup (no calls: the budget affords
+    1 s windows), then loops at 300k calls/s (40 ms windows). The session's rate is its calls over
+    its time: pooling counts over window length would read a fraction of it (seen on the H200: 70k
+    calls/s for a job whose intervals read 250-330k). An interval without a window counts towards
+    the span of the window before it, which was sized for it."""
+    import os
+    import types
+
+    from gputrace.tracer.bpfprog import ZERO, RawStats
+    from gputrace.tracer.symbols import Function
+    from gputrace.tracer.tracee import Tracee
+
+    cost = ProbeCost(entry_ns=1.0, entry_return_ns=3.0, bias_ns=0.0)  # next to nothing to take out
+    cal = Calibration(cost, cost, 10.0, 1, 1)
+    fn = Function("cuCtxGetDevice_v2", 0x1000, 0x1000, 16, SUB)
+    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, calibration=cal,
+                                   probed=frozenset({0}))
+    t = Tracee(os.getpid(), probes, budget=0.01, interval_s=1.0, exact=False, own_marker=False)
+    t.begin()
+    cum = ZERO
+    for _ in range(10):  # setup: 1 s windows, nothing called
+        t.account(1.0, 1.0, {0: cum}, 0.0, snapshot=False)
+    for _ in range(10):  # the loop: a 40 ms window every other interval (host-wide), 300k calls/s
+        cum = cum + RawStats(12_000, 0, 0, 0, 0, 0, ZERO.hist)
+        t.account(1.0, 0.04, {0: cum}, 0.0, snapshot=False)
+        t.account(1.0, 0.0, None, 0.0, snapshot=False)
+    s = t.summary()
+    # 300k/s for 20 of the 30 s: 200k/s (pooled by window length: 120k calls in 10.4 s, 11.5k/s).
+    assert s.interval_s == pytest.approx(30.0)
+    assert s.calls_hz == pytest.approx(6_000_000 / 30.0, rel=0.01)
+    f = s.functions[0]
+    assert f.calls_estimated == pytest.approx(6_000_000, rel=0.01)
+    assert 0 < f.rate_err_hz < f.rate_hz  # the windows' spread: zero for 10 s, then 300k
+
+
 def test_a_window_every_other_interval_twice_as_long_within_the_same_budget():
     one = policy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None)
     two = policy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None, every=2)

@@ -110,6 +110,29 @@ def p50_p99_ns(hist, total: int) -> tuple[float | None, float | None]:
     return (float(2**s50) if s50 else 0.0), (float(2**s99) if s99 else 0.0)
 
 
+# summary()'s sums: per set of functions probed together, (effective s, windows, sum of the
+# windows' weights, of their squares); per function, sums of w*r, w*r^2, w^2*calls/effective^2.
+_Weighted = tuple[dict[frozenset[int], tuple[float, int, float, float]], dict[int, float], dict[int, float],
+                  dict[int, float]]
+
+
+def _add_window(sums: _Weighted, window: list) -> None:
+    """Adds one window ([probed, effective, {f: calls}, weight]) to `sums`. Per probed set, not per
+    probed function: a rescan window probes every function of the library (hundreds), and most are
+    never called (they add 0 to the per-function sums)."""
+    sets, wr, wr2, w2c = sums
+    probed, effective, calls, w = window
+    s, k, sw, sw2 = sets.get(probed, (0.0, 0, 0.0, 0.0))
+    sets[probed] = (s + effective, k + 1, sw + w, sw2 + w * w)
+    if effective <= 0:
+        return
+    for f, c in calls.items():
+        r = c / effective
+        wr[f] = wr.get(f, 0.0) + w * r
+        wr2[f] = wr2.get(f, 0.0) + w * r * r
+        w2c[f] = w2c.get(f, 0.0) + w * w * c / (effective * effective)
+
+
 class Tracee:
     def __init__(self, pid: int, probes: Probes, *, budget: float, interval_s: float, exact: bool,
                  prev: Mapping[int, RawStats] | None = None, own_marker: bool = True) -> None:
@@ -127,12 +150,15 @@ class Tracee:
         # was found): start from them.
         self._prev: dict[int, RawStats] = dict(prev or {})
         self._total: dict[int, RawStats] = {}     # per function, over every window
-        self._sum_rate: dict[int, float] = {}      # per-window rates, for their spread
-        self._sum_rate2: dict[int, float] = {}
+        # summary() weighs each window's rates by the span it stands for (its interval, and the
+        # windowless ones after it, which it was sized for), not by its length: see summary().
+        # Per function called: sums of w*r, w*r^2 and w^2*calls/effective^2 (the Poisson variance
+        # of w*r); the last window's are added once the next comes, its weight known.
+        self._sums: _Weighted = ({}, {}, {}, {})
+        self._last_window: list | None = None     # [probed, effective, {f: calls}, weight]
+        self._unwindowed_s = 0.0  # span of intervals before the first window
         self._window_s = 0.0
         self._effective_s = 0.0
-        # Effective time and windows, per set of functions probed together: what probed_s() sums.
-        self._probed_sets: dict[frozenset[int], tuple[float, int]] = {}
         # The marker: one function probed all the time, whose rate between windows against its rate
         # in them measures how much the windows slow the target (see perturbation).
         self.marker: int | None = None
@@ -260,21 +286,22 @@ class Tracee:
         measured = self.perturbation()
         if measured is not None:
             self.policy.measured_loss = max(0.0, 1.0 - measured[0])
-        if window > 0:
+        if window <= 0:
+            if self._last_window is not None:
+                self._last_window[3] += span
+            else:
+                self._unwindowed_s += span
+        else:
             self._window_s += window
             self._effective_s += effective
             for f, d in deltas.items():
                 self._total[f] = self._total.get(f, ZERO) + d
-            # Per probed set, not per probed function: a rescan window probes every function of
-            # the library (hundreds), and most are never called.
+            if self._last_window is not None:
+                _add_window(self._sums, self._last_window)
             probed = self.probes.probed
-            s, k = self._probed_sets.get(probed, (0.0, 0))
-            self._probed_sets[probed] = (s + effective, k + 1)
-            for f, d in deltas.items():
-                if f in probed:  # a function probed and not called adds 0 to both sums
-                    r = d.calls / effective
-                    self._sum_rate[f] = self._sum_rate.get(f, 0.0) + r
-                    self._sum_rate2[f] = self._sum_rate2.get(f, 0.0) + r * r
+            self._last_window = [probed, effective, {f: d.calls for f, d in deltas.items() if f in probed and d.calls},
+                                 span + self._unwindowed_s]
+            self._unwindowed_s = 0.0
         self._recent.append((span, window, cpu, self.probes.probed if window > 0 else frozenset(), effective))
         self._rows_at.append(self._prev)
         if not snapshot:
@@ -398,13 +425,13 @@ class Tracee:
             driver_cpu_s_per_s=driver, wait_s_per_s=wait, classes=tuple(totals),
         )
 
-    def probed_s(self, f: int) -> tuple[float, int]:
-        """(effective seconds, windows) function f was probed for over the session."""
-        s = k = 0
-        for probed, (es, ek) in self._probed_sets.items():
-            if f in probed:
-                s, k = s + es, k + ek
-        return s, k
+    def _weighted(self) -> _Weighted:
+        """The windows' weighted sums, the last window's included (copies, when there is one)."""
+        if self._last_window is None:
+            return self._sums
+        sums = tuple(dict(d) for d in self._sums)
+        _add_window(sums, self._last_window)
+        return sums
 
     def recent(self, rebuild: bool = True) -> ProcessSnapshot:
         """The last few intervals (up to 5) as one snapshot: what a live view shows each refresh.
@@ -440,19 +467,38 @@ class Tracee:
     def summary(self) -> ProcessSnapshot:
         """The whole session as one snapshot: rates over all windows, with their uncertainty.
 
-        The uncertainty of a sampled rate is the larger of the count's Poisson half-width and the
-        spread of the per-window rates (a bursty job varies more between windows than counts do)."""
-        errs = {}
-        probed: dict[int, tuple[float, int]] = {}
+        A function's rate is the mean of its per-window rates, each weighted by the span its window
+        stands for (its interval and the windowless ones before it): the session's calls over the
+        session's time. Pooling the counts over the windows' total length instead would weigh each
+        window by its length, and the budget makes windows long where calls are few and short where
+        they are many: a job traced from its start (a second of import and setup in 1 s windows,
+        then a loop of 300k calls/s in 40 ms ones) would read a third of its rate.
+
+        The uncertainty is the larger of the counts' Poisson half-width and the weighted spread of
+        the per-window rates (a bursty job varies more between windows than counts do)."""
+        sets, sum_wr, sum_wr2, sum_w2c = self._weighted()
+        errs, eff_of = {}, {}
+        # The systematic part of a rate's uncertainty (probe time, or the measured slowdown) is
+        # relative to the rate: the same share for every function.
+        relative = self._rate_err(1, self._window_s, self._effective_s, 0.0) * self._effective_s \
+            if self._effective_s > 0 else 0.0
         for f, d in self._total.items():
+            eff = sw = sw2 = 0.0
+            k = 0
+            for probed, (es, ek, ew, ew2) in sets.items():
+                if f in probed:
+                    eff, k, sw, sw2 = eff + es, k + ek, sw + ew, sw2 + ew2
+            wr = sum_wr.get(f, 0.0)
+            rate = wr / sw if sw > 0 and wr > 0 else (d.calls / eff if eff > 0 else 0.0)
+            # The time these calls would take at that rate, for _snapshot's calls / effective.
+            eff_of[f] = d.calls / rate if rate > 0 else eff
             statistical = 0.0
-            eff, k = probed[f] = self.probed_s(f)
-            if not self.exact and eff:
-                statistical = 1.96 * math.sqrt(d.calls) / eff
-                if k >= 3:
-                    mean = self._sum_rate.get(f, 0.0) / k
-                    var = max(0.0, self._sum_rate2.get(f, 0.0) / k - mean * mean) * k / (k - 1)
-                    statistical = max(statistical, 1.96 * math.sqrt(var / k))
-            errs[f] = self._rate_err(d.calls, self._window_s, self._effective_s, statistical)
-        return self._snapshot(self.elapsed_s, self._window_s, {f: e for f, (e, _) in probed.items()},
-                              self.target_cpu_s or None, dict(self._total), errs)
+            if not self.exact and sw > 0:
+                statistical = 1.96 * math.sqrt(sum_w2c.get(f, 0.0)) / sw
+                n = sw * sw / sw2 if sw2 > 0 else 0.0  # the windows' effective number
+                if k >= 3 and n > 1:
+                    var = max(0.0, sum_wr2.get(f, 0.0) / sw - rate * rate) * n / (n - 1)
+                    statistical = max(statistical, 1.96 * math.sqrt(var / n))
+            errs[f] = statistical + rate * relative
+        return self._snapshot(self.elapsed_s, self._window_s, eff_of, self.target_cpu_s or None,
+                              dict(self._total), errs)
