@@ -551,11 +551,12 @@ def test_recent_pools_the_last_intervals_of_a_process():
 
 
 def test_summary_weighs_windows_by_the_span_they_stand_for_not_their_length():
-    """Traced from its start, a job spends seconds in import and setup (no calls: the budget affords
+    """Traced from its start, a job spends seconds in import and setup (few calls: the budget affords
     1 s windows), then loops at 300k calls/s (40 ms windows). The session's rate is its calls over
     its time: pooling counts over window length would read a fraction of it (seen on the H200: 70k
     calls/s for a job whose intervals read 250-330k). An interval without a window counts towards
-    the span of the window before it, which was sized for it."""
+    the span of the window before it, which was sized for it. A function not probed in a window
+    (never seen called before it: only those are left out) counts as not called there."""
     import os
     import types
 
@@ -565,25 +566,32 @@ def test_summary_weighs_windows_by_the_span_they_stand_for_not_their_length():
 
     cost = ProbeCost(entry_ns=1.0, entry_return_ns=3.0, bias_ns=0.0)  # next to nothing to take out
     cal = Calibration(cost, cost, 10.0, 1, 1)
-    fn = Function("cuCtxGetDevice_v2", 0x1000, 0x1000, 16, SUB)
-    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, calibration=cal,
-                                   probed=frozenset({0}))
+    setup = Function("cuDeviceGetAttribute", 0x1000, 0x1000, 16, QUERY)
+    loop = Function("cuCtxGetDevice_v2", 0x2000, 0x2000, 16, SUB)
+    probes = types.SimpleNamespace(ids={0: setup, 1: loop}, classes={0: QUERY, 1: SUB}, costs={0: cost, 1: cost},
+                                   calibration=cal, probed=frozenset({0, 1}))
     t = Tracee(os.getpid(), probes, budget=0.01, interval_s=1.0, exact=False, own_marker=False)
     t.begin()
-    cum = ZERO
-    for _ in range(10):  # setup: 1 s windows, nothing called
-        t.account(1.0, 1.0, {0: cum}, 0.0, snapshot=False)
+    a = b = ZERO
+    for k in range(10):  # setup: 1 s windows, 100 calls/s of one function; after the first, only it is probed
+        probes.probed = frozenset({0, 1}) if k == 0 else frozenset({0})
+        a = a + RawStats(100, 0, 0, 0, 0, 0, ZERO.hist)
+        t.account(1.0, 1.0, {0: a, 1: b}, 0.0, snapshot=False)
+    probes.probed = frozenset({0, 1})  # a rescan found the loop's function
     for _ in range(10):  # the loop: a 40 ms window every other interval (host-wide), 300k calls/s
-        cum = cum + RawStats(12_000, 0, 0, 0, 0, 0, ZERO.hist)
-        t.account(1.0, 0.04, {0: cum}, 0.0, snapshot=False)
+        b = b + RawStats(12_000, 0, 0, 0, 0, 0, ZERO.hist)
+        t.account(1.0, 0.04, {0: a, 1: b}, 0.0, snapshot=False)
         t.account(1.0, 0.0, None, 0.0, snapshot=False)
     s = t.summary()
-    # 300k/s for 20 of the 30 s: 200k/s (pooled by window length: 120k calls in 10.4 s, 11.5k/s).
     assert s.interval_s == pytest.approx(30.0)
-    assert s.calls_hz == pytest.approx(6_000_000 / 30.0, rel=0.01)
-    f = s.functions[0]
+    rates = {f.name: f for f in s.functions}
+    # 300k/s for 20 of the 30 s: 200k/s (pooled by window length: 120k calls in 10.4 s, 11.5k/s;
+    # over the windows that probed it alone: 300k x 20 / 21, 286k/s).
+    f = rates["cuCtxGetDevice_v2"]
+    assert f.rate_hz == pytest.approx(6_000_000 / 30.0, rel=0.01)
     assert f.calls_estimated == pytest.approx(6_000_000, rel=0.01)
-    assert 0 < f.rate_err_hz < f.rate_hz  # the windows' spread: zero for 10 s, then 300k
+    assert 0 < f.rate_err_hz < f.rate_hz  # the windows' spread: none for 10 s, then 300k
+    assert rates["cuDeviceGetAttribute"].rate_hz == pytest.approx(1000 / 30.0, rel=0.01)
 
 
 def test_a_window_every_other_interval_twice_as_long_within_the_same_budget():

@@ -468,7 +468,7 @@ class Tracee:
         """The whole session as one snapshot: rates over all windows, with their uncertainty.
 
         A function's rate is the mean of its per-window rates, each weighted by the span its window
-        stands for (its interval and the windowless ones before it): the session's calls over the
+        stands for (its interval and the windowless ones after it): the session's calls over the
         session's time. Pooling the counts over the windows' total length instead would weigh each
         window by its length, and the budget makes windows long where calls are few and short where
         they are many: a job traced from its start (a second of import and setup in 1 s windows,
@@ -477,17 +477,21 @@ class Tracee:
         The uncertainty is the larger of the counts' Poisson half-width and the weighted spread of
         the per-window rates (a bursty job varies more between windows than counts do)."""
         sets, sum_wr, sum_wr2, sum_w2c = self._weighted()
+        # Every window counts for every function: one a window did not probe had never been seen
+        # called (only those are left out, and once seen a function is probed in every window), so
+        # it stands for no calls there. Averaging over the windows that probed it alone would lift
+        # the rate of a function first called after a phase of setup to its loop's.
+        k = sum(ek for _, ek, _, _ in sets.values())
+        sw = sum(ew for _, _, ew, _ in sets.values())
+        sw2 = sum(ew2 for _, _, _, ew2 in sets.values())
+        n = sw * sw / sw2 if sw2 > 0 else 0.0  # the windows' effective number
         errs, eff_of = {}, {}
         # The systematic part of a rate's uncertainty (probe time, or the measured slowdown) is
         # relative to the rate: the same share for every function.
         relative = self._rate_err(1, self._window_s, self._effective_s, 0.0) * self._effective_s \
             if self._effective_s > 0 else 0.0
         for f, d in self._total.items():
-            eff = sw = sw2 = 0.0
-            k = 0
-            for probed, (es, ek, ew, ew2) in sets.items():
-                if f in probed:
-                    eff, k, sw, sw2 = eff + es, k + ek, sw + ew, sw2 + ew2
+            eff = sum(es for probed, (es, _, _, _) in sets.items() if f in probed)
             wr = sum_wr.get(f, 0.0)
             rate = wr / sw if sw > 0 and wr > 0 else (d.calls / eff if eff > 0 else 0.0)
             # The time these calls would take at that rate, for _snapshot's calls / effective.
@@ -495,7 +499,6 @@ class Tracee:
             statistical = 0.0
             if not self.exact and sw > 0:
                 statistical = 1.96 * math.sqrt(sum_w2c.get(f, 0.0)) / sw
-                n = sw * sw / sw2 if sw2 > 0 else 0.0  # the windows' effective number
                 if k >= 3 and n > 1:
                     var = max(0.0, sum_wr2.get(f, 0.0) / sw - rate * rate) * n / (n - 1)
                     statistical = max(statistical, 1.96 * math.sqrt(var / n))
