@@ -3,7 +3,8 @@
 and setting up (few driver calls, long windows at the budget) before its loop (hundreds of
 thousands of calls a second, short windows). Checks what a user sees then:
 
-  1. `gputrace attach --exact -- JOB`: every call counted, which gives the job's driver calls per step;
+  1. `gputrace attach --exact -- JOB`: every call counted (calls_observed: its estimates are what the
+     job would do untraced, and --exact slows it), which gives the job's driver calls per step;
   2. `gputrace attach -- JOB` at the default 1% budget: the session's estimated calls against
      (steps + warm-up steps) x calls per step from 1, and against the intervals' own rates
      weighted by their length;
@@ -12,7 +13,8 @@ thousands of calls a second, short windows). Checks what a user sees then:
 
 Run (root, real GPU, PyTorch; gputrace on PATH):
     python3 bench/from_start_gpu.py --out DIR
-Writes DIR/from-start.json (and the raw reports beside it).
+Writes DIR/from-start.json (and the raw reports beside it); `--reanalyze DIR` works the figures
+out again from those.
 """
 
 from __future__ import annotations
@@ -78,27 +80,45 @@ def top_from_start(out: Path, duration: float) -> dict:
     return {"processes": rows, "jobs": outs, "gpus": doc.get("gpus")}
 
 
+def analyze(out: Path, res: dict) -> dict:
+    """The budgeted session's estimates against the exact run's counts per step, per function and in all."""
+    exact = {f["name"]: f["calls_observed"] for f in json.loads((out / "attach-exact.json").read_text())["summary"]["functions"]}
+    budget = {f["name"]: f["calls_estimated"] for f in json.loads((out / "attach-budget.json").read_text())["summary"]["functions"]}
+    se, sb = res["exact"]["steps_total"], res["budget"]["steps_total"]
+    per_step = {n: c / se for n, c in exact.items()}
+    loop = {n: p for n, p in per_step.items() if p >= 0.5}  # called in (nearly) every step
+    res["calls_per_step"] = sum(per_step.values())
+    res["per_function"] = {n: {"exact_per_step": p, "budget_per_step": budget.get(n, 0.0) / sb,
+                               "ratio": budget.get(n, 0.0) / sb / p} for n, p in sorted(loop.items(), key=lambda x: -x[1])}
+    expected = sb * sum(per_step.values())
+    res["budget_expected_calls"] = expected
+    res["budget_estimate_over_expected"] = res["budget"]["calls_estimated"] / expected
+    res["budget_estimate_over_intervals"] = res["budget"]["calls_hz"] / res["budget"]["intervals_weighted_hz"]
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="directory for the reports")
+    ap.add_argument("--reanalyze", metavar="DIR", help="work the figures out again from DIR's reports")
     ap.add_argument("--seconds", type=float, default=20.0, help="each attached job's loop, after warm-up")
     ap.add_argument("--top-seconds", type=float, default=20.0)
     args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    exact = attach(out, "exact", args.seconds, ["--exact"])
-    per_step = exact["calls_estimated"] / exact["steps_total"]
-    budget = attach(out, "budget", args.seconds, [])
-    expected = budget["steps_total"] * per_step
-    res = {
-        "exact": exact, "budget": budget, "calls_per_step": per_step,
-        "budget_expected_calls": expected,
-        "budget_estimate_over_expected": budget["calls_estimated"] / expected,
-        "budget_estimate_over_intervals": budget["calls_hz"] / budget["intervals_weighted_hz"],
-        "top": top_from_start(out, args.top_seconds),
-    }
+    if args.reanalyze:
+        out = Path(args.reanalyze)
+        res = analyze(out, json.loads((out / "from-start.json").read_text()))
+    else:
+        if not args.out:
+            ap.error("give --out DIR (or --reanalyze DIR)")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        res = {"exact": attach(out, "exact", args.seconds, ["--exact"]),
+               "budget": attach(out, "budget", args.seconds, [])}
+        res["top"] = top_from_start(out, args.top_seconds)
+        res = analyze(out, res)
     (out / "from-start.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k not in ("exact", "budget", "top")}, indent=1))
+    budget = res["budget"]
     print("budget summary", round(budget["calls_hz"]), "calls/s over", round(budget["session_s"], 1), "s;",
           "intervals", budget["interval_rates"])
     for p in res["top"]["processes"]:
