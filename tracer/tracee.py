@@ -299,8 +299,8 @@ class Tracee:
             if self._last_window is not None:
                 _add_window(self._sums, self._last_window)
             probed = self.probes.probed
-            self._last_window = [probed, effective, {f: d.calls for f, d in deltas.items() if f in probed and d.calls},
-                                 span + self._unwindowed_s]
+            called = {f: d.calls for f, d in deltas.items() if f in probed and d.calls}
+            self._last_window = [probed, effective, called, span + self._unwindowed_s]
             self._unwindowed_s = 0.0
         self._recent.append((span, window, cpu, self.probes.probed if window > 0 else frozenset(), effective))
         self._rows_at.append(self._prev)
