@@ -24,7 +24,8 @@ restore_full(DIR): every file checked against the manifest before anything runs,
 
 Manifest (schema 1, DIR/manifest.json): schema, format ("gputrace-full-checkpoint"), complete, created_unix,
 host, target {pid, comm, cmdline}, gpu {libcuda, shim (the shim's suspend report or null), driver_state},
-criu {path, version}, hash ("xxh3_64"), files [{path, bytes, xxh3}] (every file under DIR/criu),
+criu {path, version, allow_uprobes, image_check ("clean", or why the images were not checked)},
+hash ("xxh3_64"), files [{path, bytes, xxh3}] (every file under DIR/criu),
 timings {shim_ns (the shim's part of the freeze: gate closed to memory released), lock_ns, checkpoint_ns, dump_ns,
 freeze_ns (from the first stop of the job: the shim's gate closing, else the driver lock), write_ns, total_ns}, leave_running.
 """
@@ -76,6 +77,7 @@ class FullCheckpointReport:
     total_ns: int
     leave_running: bool
     criu: str
+    image_check: str = "clean"  # the images searched for a tracer's traces, or why they could not be
 
     def to_dict(self) -> dict:
         return {"kind": "full", **asdict(self)}
@@ -192,6 +194,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         ck_ns = d.call("Checkpoint")
         # Again, now that the job is still: a tracer may have attached since.
         traced = _check_traces(pid, c, "; the job was given back as it was").uprobes_page is not None
+        layout = _layout(pid)
         stopped = True  # from here on CRIU may have stopped the job, even if the dump fails
         try:
             dump_ns = criu_mod.dump(c, pid, images, leave_stopped=True)
@@ -199,6 +202,9 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             stopped = _is_stopped(pid)  # a failed dump lets the job run on
             raise
         freeze_ns = time.monotonic_ns() - t0
+        # And in what CRIU wrote: a tracer that attached while it copied the job (a window of a few
+        # ms is enough) left its breakpoints in the images, and the restored job would trap.
+        image_check = _check_images(images, pid, layout)
         tw = time.monotonic_ns()
         files = []
         parts = sorted(p for p in tmp.rglob("*") if p.is_file())
@@ -217,7 +223,8 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             "schema": SCHEMA, "format": FORMAT, "complete": True, "created_unix": time.time(),
             "host": socket.gethostname(), "target": {"pid": pid, "comm": comm, "cmdline": _cmdline(pid)},
             "gpu": {"libcuda": d.path, "shim": shim_report, "driver_state": "checkpointed"},
-            "criu": {"path": c.path, "version": c.version_str, "allow_uprobes": traced}, "hash": HASH, "files": files,
+            "criu": {"path": c.path, "version": c.version_str, "allow_uprobes": traced, "image_check": image_check},
+            "hash": HASH, "files": files,
             "leave_running": leave_running,
             "timings": {"shim_ns": shim_ns, "lock_ns": lock_ns, "checkpoint_ns": ck_ns, "dump_ns": dump_ns,
                         "freeze_ns": freeze_ns},
@@ -253,7 +260,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     return FullCheckpointReport(pid, str(out), sum(f["bytes"] for f in files), criu_bytes, len(files), shim_report,
                                 shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
-                                leave_running, f"{c.path} {c.version_str}")
+                                leave_running, f"{c.path} {c.version_str}", image_check)
 
 
 def _check_traces(pid: int, c: criu_mod.Criu, after: str) -> uprobes.Traces:
@@ -274,6 +281,30 @@ def _check_traces(pid: int, c: criu_mod.Criu, after: str) -> uprobes.Traces:
                               "CRIU >= 4.2 can (--allow-uprobes): run scripts/install-criu, or set GPUTRACE_CRIU to "
                               "one; or restart the job and checkpoint it before anything traces it")
     return t
+
+
+def _layout(pid: int) -> list[uprobes.Mapping] | None:
+    """The job's mappings right before CRIU runs (the job is locked: they stay), for _check_images."""
+    try:
+        return uprobes.maps(pid)
+    except OSError:
+        return None  # gone: CRIU says so next
+
+
+def _check_images(images: Path, pid: int, layout: list[uprobes.Mapping] | None) -> str:
+    """Refuses images that carry a tracer's breakpoints or pending returns; returns what was checked
+    ("clean", or why it could not be: images this reader does not know are not refused for that)."""
+    if layout is None:
+        return "skipped: the job's mappings could not be read before the dump"
+    try:
+        t = uprobes.image_traces(images, pid, layout)
+    except (OSError, uprobes.ImageError) as exc:
+        return f"skipped: {exc}"
+    if t.harmful:
+        raise CheckpointError(f"the images CRIU wrote of process {pid} carry {t.describe()} (a tracer attached "
+                              "while CRIU copied the job); restored, it would trap: the job was given back as it was",
+                              "stop the tracer (`gputrace attach`, `gputrace top`, another eBPF tool) and try again")
+    return "clean"
 
 
 def _subreaper(on: bool) -> None:

@@ -13,7 +13,10 @@ the kernel's probes that gave them meaning stay behind:
   Restored, that return jumps into a page that is no longer there (SIGSEGV).
 
 `traces(pid)` finds both from /proc (pagemap, mem, each thread's stack); the whole-process checkpoint
-refuses a job that has either, before it is frozen and again right before CRIU runs.
+refuses a job that has either, before it is frozen and again right before CRIU runs. A tracer can
+still attach while CRIU copies the job (a windowed one opens and closes its probes in milliseconds):
+`image_traces` looks for the same two in what CRIU wrote (its pagemap and pages images), so such a
+checkpoint is refused before it is made valid.
 """
 
 from __future__ import annotations
@@ -159,6 +162,120 @@ def _pending_returns(pid: int, maps: list[Mapping], page: int) -> dict[int, int]
                     if n:
                         found[running[0]] = found.get(running[0], 0) + n
     return found
+
+
+# CRIU's image files (criu/image.c, images/pagemap.proto): every image opens with IMG_COMMON_MAGIC and
+# its own magic (LE u32s); a pagemap then holds (u32 size, protobuf) records: a pagemap_head {1:
+# pages_id}, then pagemap_entry {1: vaddr, 2: compat_nr_pages, 3: in_parent, 4: flags, 5: nr_pages}.
+# pages-<pages_id>.img holds the bytes of the entries flagged PE_PRESENT, in their order.
+IMG_COMMON_MAGIC = 0x54564319
+PAGEMAP_MAGIC = 0x56084025
+PE_PRESENT = 1 << 2
+
+
+class ImageError(Exception):
+    """CRIU's images are not as this reader expects them."""
+
+
+def _fields(buf: bytes) -> dict[int, int]:
+    """The varint fields of one protobuf message (the only kind a pagemap record has)."""
+    out: dict[int, int] = {}
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        if key & 7 != 0:
+            raise ImageError(f"pagemap record with a field of wire type {key & 7}")
+        out[key >> 3], i = _varint(buf, i)
+    return out
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    v = shift = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ImageError("truncated varint in a pagemap record")
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v, i
+        shift += 7
+
+
+def dumped_pages(images: str | os.PathLike, pid: int) -> tuple[str, list[tuple[int, int, int]]]:
+    """The pages CRIU wrote for `pid`: (pages image path, [(vaddr, pages, offset in it)])."""
+    path = os.path.join(images, f"pagemap-{pid}.img")
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8 or struct.unpack_from("<II", data) != (IMG_COMMON_MAGIC, PAGEMAP_MAGIC):
+        raise ImageError(f"{path} does not start with CRIU's pagemap magic")
+    records, i = [], 8
+    while i < len(data):
+        if i + 4 > len(data):
+            raise ImageError(f"{path} ends inside a record")
+        (n,) = struct.unpack_from("<I", data, i)
+        records.append(_fields(data[i + 4:i + 4 + n]))
+        i += 4 + n
+    if not records or 1 not in records[0]:
+        raise ImageError(f"{path} has no pagemap head")
+    pages = os.path.join(images, f"pages-{records[0][1]}.img")
+    out, offset = [], 0
+    for r in records[1:]:
+        n = r.get(5) or r.get(2, 0)
+        if r.get(4, 0) & PE_PRESENT:
+            out.append((r.get(1, 0), n, offset))
+            offset += n * PAGE
+    return pages, out
+
+
+def image_traces(images: str | os.PathLike, pid: int, maps: list[Mapping]) -> Traces:
+    """What `traces` looks for, in the pages CRIU wrote for `pid` (`maps`: the process's mappings as
+    CRIU found them, read just before it ran). Only pages that differ from their file are dumped, so
+    a breakpoint there is one the file lacks; pending returns are looked for in the stacks' pages."""
+    page = next((m.lo for m in maps if m.path == "[uprobes]"), None)
+    t = Traces(uprobes_page=page)
+    pages_path, entries = dumped_pages(images, pid)
+    text = [m for m in maps if "x" in m.perms and m.perms[3] == "p" and m.path.startswith("/")]
+    stacks = []
+    for prev, m in zip([None, *maps], maps):
+        if m.path == "[stack]" or (not m.path and m.perms.startswith("rw") and prev is not None
+                                   and prev.perms.startswith("---") and prev.hi == m.lo):
+            stacks.append(m)
+    with open(pages_path, "rb") as pages:
+        for va, n, off in entries:
+            hi = va + n * PAGE
+            for m in text:
+                lo, top = max(va, m.lo), min(hi, m.hi)
+                if lo >= top:
+                    continue
+                pages.seek(off + lo - va)
+                ours = pages.read(top - lo)
+                try:
+                    with open(m.path, "rb") as f:
+                        f.seek(m.offset + lo - m.lo)
+                        theirs = f.read(top - lo)
+                except OSError:
+                    continue  # the file is gone or not readable: nothing to compare with
+                k = sum(1 for a, b in zip(ours, theirs) if a != b and a == INT3)
+                if k:
+                    t.breakpoints[m.path] = t.breakpoints.get(m.path, 0) + k
+            if page is None:
+                continue
+            for m in stacks:
+                lo, top = max(va, m.lo), min(hi, m.hi)
+                if lo >= top:
+                    continue
+                pages.seek(off + lo - va)
+                data = pages.read(top - lo)
+                k = sum(1 for (w,) in struct.iter_unpack("<Q", data[:len(data) // 8 * 8]) if w == page)
+                if k:
+                    t.pending_returns[pid] = t.pending_returns.get(pid, 0) + k
+    return t
+
+
+def maps(pid: int) -> list[Mapping]:
+    """The process's mappings (OSError if it cannot be read)."""
+    return _maps(pid)
 
 
 def settle(pid: int, timeout_s: float = 2.0, every_s: float = 0.02) -> Traces:

@@ -22,7 +22,7 @@ import pytest
 from gputrace import shim, simcuda
 from gputrace.shim import client as shim_client
 from gputrace.checkpointer import criu as criu_mod
-from gputrace.checkpointer import driver
+from gputrace.checkpointer import driver, uprobes
 from gputrace.simcuda.device import Device
 
 from shimtest import open_files, shim_dir  # noqa: F401  (fixture)
@@ -465,6 +465,53 @@ def test_a_job_under_a_live_tracer_is_refused_and_runs_on(job, device, tmp_path,
         tracer.communicate(timeout=60)
     assert j.reap() == 0
     assert j.out.read_text() == reference
+
+
+# The checks on the live job made blind, as if the tracer attached only once CRIU had started copying.
+_BLIND = ("import sys; from gputrace.checkpointer import full, uprobes; "
+          "full._check_traces = lambda pid, c, after: uprobes.Traces(uprobes_page=1); "
+          "from gputrace.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def test_a_tracer_that_attaches_while_criu_copies_the_job_is_caught_in_the_images(job, device, tmp_path, reference):
+    """The live checks run before the freeze and right before CRIU; a tracer that attaches after the
+    second leaves its breakpoints in CRIU's images. Here the live checks see nothing (as if the tracer
+    came later) while a tracer is attached: the images are read, the breakpoints found, the checkpoint
+    refused and the job given back, running."""
+    _needs_criu_for_uprobes()
+    j = job(kernel_ns=100_000_000)  # 15 s: it runs on after the tracer's setup
+    j.at_step(2)
+    tracer = subprocess.Popen(_attach(j.pid, "-d", "120"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        for line in tracer.stderr:  # its first interval's line: the probes are in place
+            if line.startswith("[") and f"pid {j.pid}" in line:
+                break
+        assert uprobes.traces(j.pid).breakpoints  # what the blinded checks do not look at
+        r = subprocess.run([sys.executable, "-c", _BLIND, "checkpoint", "--full", "-p", str(j.pid),
+                            "-o", str(tmp_path / "ck")], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 10, r.stderr
+        assert "images CRIU wrote" in r.stderr and "live uprobe breakpoints" in r.stderr, r.stderr
+        assert "libcuda.so.1" in r.stderr and "hint:" in r.stderr and "Traceback" not in r.stderr
+        assert state(j.pid) == "running" and state_of(j.pid) not in ("T", "t")
+        assert not (tmp_path / "ck").exists() and not list(tmp_path.glob(".ck.partial-*"))
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.communicate(timeout=60)
+    assert j.reap() == 0
+    assert j.out.read_text() == reference
+    # Without a tracer, the same blinded run checks the images, finds them clean and says so.
+    k = job()
+    k.at_step(2)
+    r = subprocess.run([sys.executable, "-c", _BLIND, "checkpoint", "--full", "-p", str(k.pid), "--leave-running",
+                        "-o", str(tmp_path / "ck2")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert orjson.loads((tmp_path / "ck2" / "manifest.json").read_bytes())["criu"]["image_check"] == "clean"
+
+
+def state_of(pid: int) -> str:
+    """The process's scheduler state letter (/proc/PID/stat)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 @pytest.mark.bpf

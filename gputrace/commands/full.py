@@ -63,6 +63,10 @@ def checkpoint(args: argparse.Namespace) -> int:
           f"checkpoint {_ms(r.checkpoint_ns)}"
     print(f"  freeze   {_ms(r.freeze_ns)} ({gpu}, criu dump {_ms(r.dump_ns)})")
     print(f"  write    {_ms(r.write_ns)} (checksums, manifest, sync)")
+    if r.image_check != "clean":
+        why = r.image_check.removeprefix("skipped: ")
+        print(f"  warning: the images were not searched for a tracer's breakpoints ({why}); if a uprobe tracer "
+              "ran during the dump, the restored job may trap", file=sys.stderr)
     print(f"  the job {'runs on' if r.leave_running else 'has ended'}; "
           f"bring it back with: gputrace restore --full {r.path}")
     return 0
