@@ -21,6 +21,7 @@ checkpoint is refused before it is made valid.
 
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 import time
@@ -241,35 +242,37 @@ def image_traces(images: str | os.PathLike, pid: int, maps: list[Mapping]) -> Tr
         if m.path == "[stack]" or (not m.path and m.perms.startswith("rw") and prev is not None
                                    and prev.perms.startswith("---") and prev.hi == m.lo):
             stacks.append(m)
+    # (lo, hi, mapping, is text) sorted by address: each dumped run is matched by bisection, not
+    # against every mapping (a PyTorch job has hundreds of mappings and thousands of runs).
+    spans = sorted([(m.lo, m.hi, m, True) for m in text] + ([(m.lo, m.hi, m, False) for m in stacks] if page else []),
+                   key=lambda x: x[0])
+    starts = [x[0] for x in spans]
     with open(pages_path, "rb") as pages:
         for va, n, off in entries:
             hi = va + n * PAGE
-            for m in text:
-                lo, top = max(va, m.lo), min(hi, m.hi)
+            i = max(0, bisect.bisect_right(starts, va) - 1)
+            while i < len(spans) and spans[i][0] < hi:
+                m_lo, m_hi, m, is_text = spans[i]
+                i += 1
+                lo, top = max(va, m_lo), min(hi, m_hi)
                 if lo >= top:
                     continue
                 pages.seek(off + lo - va)
                 ours = pages.read(top - lo)
-                try:
-                    with open(m.path, "rb") as f:
-                        f.seek(m.offset + lo - m.lo)
-                        theirs = f.read(top - lo)
-                except OSError:
-                    continue  # the file is gone or not readable: nothing to compare with
-                k = sum(1 for a, b in zip(ours, theirs) if a != b and a == INT3)
-                if k:
-                    t.breakpoints[m.path] = t.breakpoints.get(m.path, 0) + k
-            if page is None:
-                continue
-            for m in stacks:
-                lo, top = max(va, m.lo), min(hi, m.hi)
-                if lo >= top:
-                    continue
-                pages.seek(off + lo - va)
-                data = pages.read(top - lo)
-                k = sum(1 for (w,) in struct.iter_unpack("<Q", data[:len(data) // 8 * 8]) if w == page)
-                if k:
-                    t.pending_returns[pid] = t.pending_returns.get(pid, 0) + k
+                if is_text:
+                    try:
+                        with open(m.path, "rb") as f:
+                            f.seek(m.offset + lo - m.lo)
+                            theirs = f.read(top - lo)
+                    except OSError:
+                        continue  # the file is gone or not readable: nothing to compare with
+                    k = 0 if ours == theirs else sum(1 for a, b in zip(ours, theirs) if a != b and a == INT3)
+                    if k:
+                        t.breakpoints[m.path] = t.breakpoints.get(m.path, 0) + k
+                else:
+                    k = sum(1 for (w,) in struct.iter_unpack("<Q", ours[:len(ours) // 8 * 8]) if w == page)
+                    if k:
+                        t.pending_returns[pid] = t.pending_returns.get(pid, 0) + k
     return t
 
 
