@@ -256,6 +256,11 @@ def traced_first(job, p: subprocess.Popen, log: Path, timeout_s: float) -> dict:
         except CheckpointError as exc:
             found["refused"], found["refusal"] = True, exc.msg
         found["running_after_refusal"] = p.poll() is None
+        # The job must have hit a probe (the kernel's [uprobes] page) before the tracer goes: a
+        # simcuda job blocked in a 0.5 s kernel when the probes went in makes its next call only then.
+        deadline = time.monotonic() + 30
+        while "[uprobes]" not in Path(f"/proc/{p.pid}/maps").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         tracer.send_signal(signal.SIGINT)
         found["tracer_said"] += [ln[:300] for ln in tracer.communicate(timeout=120)[1].splitlines()[-5:]]
@@ -352,6 +357,7 @@ def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float,
     return {"size": size, "path": path, "pid": c.pid, "freeze_s": c.freeze_ns / 1e9, "gpu_s": gpu_ns / 1e9,
             "shim_s": c.shim_ns / 1e9, "lock_s": c.lock_ns / 1e9, "driver_checkpoint_s": c.checkpoint_ns / 1e9,
             "dump_s": c.dump_ns / 1e9, "write_s": c.write_ns / 1e9, "image_bytes": c.image_bytes,
+            "image_check": c.image_check, "image_check_s": c.image_check_ns / 1e9,
             "criu_bytes": c.criu_bytes,
             "shim_bytes": (c.shim or {}).get("bytes", 0), "back_s": r.total_ns / 1e9,
             "criu_restore_s": r.criu_ns / 1e9, "driver_restore_s": r.driver_restore_ns / 1e9,

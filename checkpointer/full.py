@@ -27,7 +27,8 @@ host, target {pid, comm, cmdline}, gpu {libcuda, shim (the shim's suspend report
 criu {path, version, allow_uprobes, image_check ("clean", or why the images were not checked)},
 hash ("xxh3_64"), files [{path, bytes, xxh3}] (every file under DIR/criu),
 timings {shim_ns (the shim's part of the freeze: gate closed to memory released), lock_ns, checkpoint_ns, dump_ns,
-freeze_ns (from the first stop of the job: the shim's gate closing, else the driver lock), write_ns, total_ns}, leave_running.
+freeze_ns (from the first stop of the job: the shim's gate closing, else the driver lock), image_check_ns (CRIU's
+images searched for a tracer's traces, after the freeze), write_ns, total_ns}, leave_running.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class FullCheckpointReport:
     leave_running: bool
     criu: str
     image_check: str = "clean"  # the images searched for a tracer's traces, or why they could not be
+    image_check_ns: int = 0  # the search (the job still stopped, after the freeze counted above)
 
     def to_dict(self) -> dict:
         return {"kind": "full", **asdict(self)}
@@ -204,7 +206,9 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         freeze_ns = time.monotonic_ns() - t0
         # And in what CRIU wrote: a tracer that attached while it copied the job (a window of a few
         # ms is enough) left its breakpoints in the images, and the restored job would trap.
+        ti = time.monotonic_ns()
         image_check = _check_images(images, pid, layout)
+        image_check_ns = time.monotonic_ns() - ti
         tw = time.monotonic_ns()
         files = []
         parts = sorted(p for p in tmp.rglob("*") if p.is_file())
@@ -227,7 +231,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             "hash": HASH, "files": files,
             "leave_running": leave_running,
             "timings": {"shim_ns": shim_ns, "lock_ns": lock_ns, "checkpoint_ns": ck_ns, "dump_ns": dump_ns,
-                        "freeze_ns": freeze_ns},
+                        "freeze_ns": freeze_ns, "image_check_ns": image_check_ns},
         }
         write_ns = time.monotonic_ns() - tw
         manifest["timings"]["write_ns"] = write_ns
@@ -260,7 +264,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     return FullCheckpointReport(pid, str(out), sum(f["bytes"] for f in files), criu_bytes, len(files), shim_report,
                                 shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
-                                leave_running, f"{c.path} {c.version_str}", image_check)
+                                leave_running, f"{c.path} {c.version_str}", image_check, image_check_ns)
 
 
 def _check_traces(pid: int, c: criu_mod.Criu, after: str) -> uprobes.Traces:
