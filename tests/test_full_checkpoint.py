@@ -6,6 +6,7 @@ each failure on the way (pid taken, damaged image, no CRIU or one too old) is a 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import select
@@ -412,6 +413,22 @@ def _attach(pid: int, *args: str) -> list[str]:
     return [sys.executable, "-m", "gputrace", "attach", "-p", str(pid), "--exact", "--interval", "0.3", *args]
 
 
+@contextlib.contextmanager
+def _live_tracer(j: "Job"):
+    """`gputrace attach --exact` on the job, from its first interval (the probes in place) until the end
+    of the block."""
+    tracer = subprocess.Popen(_attach(j.pid, "-d", "120"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        for line in tracer.stderr:  # its first interval's line: the probes are in place
+            if line.startswith("[") and f"pid {j.pid}" in line:
+                break
+        yield tracer
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.communicate(timeout=60)
+
+
 def _needs_criu_for_uprobes():
     c = criu_mod.find()
     if not c.allows_uprobes:
@@ -447,12 +464,7 @@ def test_a_job_a_tracer_has_let_go_is_checkpointed_and_restored(job, device, tmp
 def test_a_job_under_a_live_tracer_is_refused_and_runs_on(job, device, tmp_path, reference):
     j = job(kernel_ns=100_000_000)  # 15 s: it runs on after the tracer's setup
     j.at_step(2)
-    tracer = subprocess.Popen(_attach(j.pid, "-d", "120"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
-    try:
-        for line in tracer.stderr:  # its first interval's line: the probes are in place
-            if line.startswith("[") and f"pid {j.pid}" in line:
-                break
+    with _live_tracer(j):
         assert "done" not in j.out.read_text()
         r = gputrace("checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"))
         assert r.returncode == 10, r.stderr
@@ -460,9 +472,6 @@ def test_a_job_under_a_live_tracer_is_refused_and_runs_on(job, device, tmp_path,
         assert "Traceback" not in r.stderr
         assert state(j.pid) == "running" and not (tmp_path / "ck").exists()
         assert not list(tmp_path.glob(".ck.partial-*"))
-    finally:
-        tracer.send_signal(signal.SIGINT)
-        tracer.communicate(timeout=60)
     assert j.reap() == 0
     assert j.out.read_text() == reference
 
@@ -481,12 +490,7 @@ def test_a_tracer_that_attaches_while_criu_copies_the_job_is_caught_in_the_image
     _needs_criu_for_uprobes()
     j = job(kernel_ns=100_000_000)  # 15 s: it runs on after the tracer's setup
     j.at_step(2)
-    tracer = subprocess.Popen(_attach(j.pid, "-d", "120"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
-    try:
-        for line in tracer.stderr:  # its first interval's line: the probes are in place
-            if line.startswith("[") and f"pid {j.pid}" in line:
-                break
+    with _live_tracer(j):
         assert uprobes.traces(j.pid).breakpoints  # what the blinded checks do not look at
         r = subprocess.run([sys.executable, "-c", _BLIND, "checkpoint", "--full", "-p", str(j.pid),
                             "-o", str(tmp_path / "ck")], capture_output=True, text=True, timeout=300)
@@ -495,9 +499,6 @@ def test_a_tracer_that_attaches_while_criu_copies_the_job_is_caught_in_the_image
         assert "libcuda.so.1" in r.stderr and "hint:" in r.stderr and "Traceback" not in r.stderr
         assert state(j.pid) == "running" and state_of(j.pid) not in ("T", "t")
         assert not (tmp_path / "ck").exists() and not list(tmp_path.glob(".ck.partial-*"))
-    finally:
-        tracer.send_signal(signal.SIGINT)
-        tracer.communicate(timeout=60)
     assert j.reap() == 0
     assert j.out.read_text() == reference
     # Without a tracer, the same blinded run checks the images, finds them clean and says so.
