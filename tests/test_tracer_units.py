@@ -590,7 +590,9 @@ def test_summary_weighs_windows_by_the_span_they_stand_for_not_their_length():
     f = rates["cuCtxGetDevice_v2"]
     assert f.rate_hz == pytest.approx(6_000_000 / 30.0, rel=0.01)
     assert f.calls_estimated == pytest.approx(6_000_000, rel=0.01)
-    assert 0 < f.rate_err_hz < f.rate_hz  # the windows' spread: none for 10 s, then 300k
+    # From window to window the rate changed once (0 to 300k): an uncertainty of about 11%, where the
+    # windows' spread around their mean (0 and 300k about 200k) would say 33%.
+    assert 0 < f.rate_err_hz < 0.2 * f.rate_hz
     assert rates["cuDeviceGetAttribute"].rate_hz == pytest.approx(1000 / 30.0, rel=0.01)
 
 

@@ -111,26 +111,31 @@ def p50_p99_ns(hist, total: int) -> tuple[float | None, float | None]:
 
 
 # summary()'s sums: per set of functions probed together, (effective s, windows, sum of the
-# windows' weights, of their squares); per function, sums of w*r, w*r^2, w^2*calls/effective^2.
+# windows' weights, of their squares); per function, sums of w*r and w^2*calls/effective^2, the
+# last window's rate r, and the sum of squared differences of r between successive windows.
 _Weighted = tuple[dict[frozenset[int], tuple[float, int, float, float]], dict[int, float], dict[int, float],
-                  dict[int, float]]
+                  dict[int, float], dict[int, float]]
 
 
 def _add_window(sums: _Weighted, window: list) -> None:
     """Adds one window ([probed, effective, {f: calls}, weight]) to `sums`. Per probed set, not per
     probed function: a rescan window probes every function of the library (hundreds), and most are
     never called (they add 0 to the per-function sums)."""
-    sets, wr, wr2, w2c = sums
+    sets, wr, w2c, last, ssd = sums
     probed, effective, calls, w = window
+    first = not sets
     s, k, sw, sw2 = sets.get(probed, (0.0, 0, 0.0, 0.0))
     sets[probed] = (s + effective, k + 1, sw + w, sw2 + w * w)
-    if effective <= 0:
-        return
-    for f, c in calls.items():
-        r = c / effective
+    rates = {f: c / effective for f, c in calls.items()} if effective > 0 else {}
+    for f, r in rates.items():
         wr[f] = wr.get(f, 0.0) + w * r
-        wr2[f] = wr2.get(f, 0.0) + w * r * r
-        w2c[f] = w2c.get(f, 0.0) + w * w * c / (effective * effective)
+        w2c[f] = w2c.get(f, 0.0) + w * w * calls[f] / (effective * effective)
+    if not first:
+        for f in rates.keys() | last.keys():
+            d = rates.get(f, 0.0) - last.get(f, 0.0)
+            ssd[f] = ssd.get(f, 0.0) + d * d
+    last.clear()
+    last.update(rates)
 
 
 class Tracee:
@@ -152,9 +157,10 @@ class Tracee:
         self._total: dict[int, RawStats] = {}     # per function, over every window
         # summary() weighs each window's rates by the span it stands for (its interval, and the
         # windowless ones after it, which it was sized for), not by its length: see summary().
-        # Per function called: sums of w*r, w*r^2 and w^2*calls/effective^2 (the Poisson variance
-        # of w*r); the last window's are added once the next comes, its weight known.
-        self._sums: _Weighted = ({}, {}, {}, {})
+        # Per function called: sums of w*r and w^2*calls/effective^2 (the Poisson variance of w*r),
+        # and of the rates' successive differences; the last window's are added once the next
+        # comes, its weight known.
+        self._sums: _Weighted = ({}, {}, {}, {}, {})
         self._last_window: list | None = None     # [probed, effective, {f: calls}, weight]
         self._unwindowed_s = 0.0  # span of intervals before the first window
         self._window_s = 0.0
@@ -474,9 +480,12 @@ class Tracee:
         they are many: a job traced from its start (a second of import and setup in 1 s windows,
         then a loop of 300k calls/s in 40 ms ones) would read a third of its rate.
 
-        The uncertainty is the larger of the counts' Poisson half-width and the weighted spread of
-        the per-window rates (a bursty job varies more between windows than counts do)."""
-        sets, sum_wr, sum_wr2, sum_w2c = self._weighted()
+        The uncertainty is the larger of the counts' Poisson half-width and what the windows' rates
+        vary by from one to the next (a bursty job varies more between windows than counts do). From
+        one to the next, not around their mean: every interval has its window (or shares one), so a
+        change of phase (setup, then a loop) is measured, not sampled, and counts once, not in
+        every window's distance from a mean between the two phases."""
+        sets, sum_wr, sum_w2c, _, ssd = self._weighted()
         # Every window counts for every function: one a window did not probe had never been seen
         # called (only those are left out, and once seen a function is probed in every window), so
         # it stands for no calls there. Averaging over the windows that probed it alone would lift
@@ -500,7 +509,7 @@ class Tracee:
             if not self.exact and sw > 0:
                 statistical = 1.96 * math.sqrt(sum_w2c.get(f, 0.0)) / sw
                 if k >= 3 and n > 1:
-                    var = max(0.0, sum_wr2.get(f, 0.0) / sw - rate * rate) * n / (n - 1)
+                    var = ssd.get(f, 0.0) / (2 * (k - 1))  # successive differences: the windows' own noise
                     statistical = max(statistical, 1.96 * math.sqrt(var / n))
             errs[f] = statistical + rate * relative
         return self._snapshot(self.elapsed_s, self._window_s, eff_of, self.target_cpu_s or None,
