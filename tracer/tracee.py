@@ -110,6 +110,22 @@ def p50_p99_ns(hist, total: int) -> tuple[float | None, float | None]:
     return (float(2**s50) if s50 else 0.0), (float(2**s99) if s99 else 0.0)
 
 
+def _row_deltas(now: Mapping[int, RawStats], then: Mapping[int, RawStats], ids) -> dict[int, RawStats]:
+    """What each traced function's row gained from `then` to `now` (cumulative rows), where it did.
+    Most rows of a process do not change between two reads (functions called at start-up only,
+    every function between windows): the program hands back the same object for a row whose bytes
+    did not change."""
+    out = {}
+    for f, st in now.items():
+        p = then.get(f)
+        if st is p or f not in ids:
+            continue
+        d = st if p is None else st - p
+        if d.calls or d.timed or d.closed or d.outside:
+            out[f] = d
+    return out
+
+
 # summary()'s sums: per set of functions probed together, (effective s, windows, sum of the
 # windows' weights, of their squares); per function, sums of w*r and w^2*calls/effective^2, the
 # last window's rate r, and the sum of squared differences of r between successive windows.
@@ -258,17 +274,7 @@ class Tracee:
         deltas: dict[int, RawStats] = {}
         if now is not None:
             prev, self._prev = self._prev, now
-            ids = self.ids
-            for f, st in now.items():
-                # Most rows of a process do not change between two reads (functions called at
-                # start-up only, every function between windows): the program hands back the same
-                # object for a row whose bytes did not change.
-                p = prev.get(f)
-                if st is p or f not in ids:
-                    continue
-                d = st if p is None else st - p
-                if d.calls or d.timed or d.closed or d.outside:
-                    deltas[f] = d
+            deltas = _row_deltas(now, prev, self.ids)
         if self.marker is not None and window > 0:
             d = deltas.get(self.marker, ZERO)
             self._marker_in[0] += d.calls
@@ -455,15 +461,7 @@ class Tracee:
         cpu = sum(cpus) if None not in cpus else None
         # The rows now less the rows when the oldest of these intervals began: one subtraction a
         # function per rebuild, rather than running sums updated every interval.
-        now, then = self._rows_at[-1], self._rows_at[0]
-        ids, totals = self.ids, {}
-        for f, st in now.items():
-            p = then.get(f)
-            if st is p or f not in ids:
-                continue
-            d = st if p is None else st - p
-            if d.calls or d.timed or d.closed or d.outside:
-                totals[f] = d
+        totals = _row_deltas(self._rows_at[-1], self._rows_at[0], self.ids)
         probed = [(r[3], r[4]) for r in self._recent if r[4]]
         eff = {f: sum(e for p, e in probed if f in p) for f in totals}
         m = self.perturbation()
