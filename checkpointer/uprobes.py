@@ -231,8 +231,9 @@ def dumped_pages(images: str | os.PathLike, pid: int) -> tuple[str, list[tuple[i
 
 def image_traces(images: str | os.PathLike, pid: int, maps: list[Mapping]) -> Traces:
     """What `traces` looks for, in the pages CRIU wrote for `pid` (`maps`: the process's mappings as
-    CRIU found them, read just before it ran). Only pages that differ from their file are dumped, so
-    a breakpoint there is one the file lacks; pending returns are looked for in the stacks' pages."""
+    CRIU found them, read just before it ran). Of a file's mapping CRIU writes only the pages that are
+    the process's own copies (a breakpoint's page is one), and an int3 there that the file lacks at the
+    same offset is a breakpoint; pending returns are looked for in the stacks' pages."""
     page = next((m.lo for m in maps if m.path == "[uprobes]"), None)
     t = Traces(uprobes_page=page)
     pages_path, entries = dumped_pages(images, pid)
