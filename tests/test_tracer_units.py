@@ -596,6 +596,32 @@ def test_summary_weighs_windows_by_the_span_they_stand_for_not_their_length():
     assert rates["cuDeviceGetAttribute"].rate_hz == pytest.approx(1000 / 30.0, rel=0.01)
 
 
+def test_recent_weighs_windows_by_their_span_as_the_summary_does():
+    """The live rows' last 5 intervals: 1 s of setup in a 1 s window (nothing called), then 4 of a
+    loop at 300k calls/s in 40 ms windows, read 240k (4 x 300k / 5), not the 41k that pooling counts
+    over window length gives (48k calls in 1.16 s)."""
+    import os
+    import types
+
+    from gputrace.tracer.bpfprog import ZERO, RawStats
+    from gputrace.tracer.symbols import Function
+    from gputrace.tracer.tracee import Tracee
+
+    cost = ProbeCost(entry_ns=1.0, entry_return_ns=3.0, bias_ns=0.0)
+    cal = Calibration(cost, cost, 10.0, 1, 1)
+    fn = Function("cuCtxGetDevice_v2", 0x1000, 0x1000, 16, SUB)
+    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, calibration=cal,
+                                   probed=frozenset({0}))
+    t = Tracee(os.getpid(), probes, budget=0.01, interval_s=1.0, exact=False, own_marker=False)
+    t.begin()
+    cum = ZERO
+    t.account(1.0, 1.0, {0: cum}, 0.0, snapshot=False)
+    for _ in range(4):
+        cum = cum + RawStats(12_000, 0, 0, 0, 0, 0, ZERO.hist)
+        t.account(1.0, 0.04, {0: cum}, 0.0, snapshot=False)
+    assert t.recent().calls_hz == pytest.approx(240_000, rel=0.01)
+
+
 def test_a_window_every_other_interval_twice_as_long_within_the_same_budget():
     one = policy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None)
     two = policy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None, every=2)

@@ -194,11 +194,12 @@ class Tracee:
         # (CPU s, span s) of recent intervals: /proc counts CPU time in clock ticks (10 ms), so a
         # job using 1% of a CPU shows 0 or 10 ms in any one second; the budget wants its rate.
         self._cpu_recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=5)
-        # The last intervals' (span, window, CPU, functions probed, effective time), for recent():
-        # one short window per interval is too noisy a sample to show alone. What they counted is
-        # the difference of the rows read at their ends: the rows are cumulative, so the rows at
-        # the end of each of them are kept (the same dicts account() was handed, not copies).
-        self._recent: collections.deque[tuple[float, float, float | None, frozenset[int], float]] = \
+        # The last intervals' (span, window, CPU, functions probed, effective time, {f: calls} in
+        # the window), for recent(): one short window per interval is too noisy a sample to show
+        # alone. The rest of what they counted (times, histograms) is the difference of the rows
+        # read at their ends: the rows are cumulative, so the rows at the end of each of them are
+        # kept (the same dicts account() was handed, not copies).
+        self._recent: collections.deque[tuple[float, float, float | None, frozenset[int], float, dict[int, int]]] = \
             collections.deque(maxlen=5)
         self._rows_at: collections.deque[Mapping[int, RawStats]] = collections.deque([self._prev], maxlen=6)
         self._recent_snap: ProcessSnapshot | None = None
@@ -303,7 +304,8 @@ class Tracee:
                 self._last_window[3] += span
             else:
                 self._unwindowed_s += span
-        else:
+        called: dict[int, int] = {}
+        if window > 0:
             self._window_s += window
             self._effective_s += effective
             for f, d in deltas.items():
@@ -314,7 +316,7 @@ class Tracee:
             called = {f: d.calls for f, d in deltas.items() if f in probed and d.calls}
             self._last_window = [probed, effective, called, span + self._unwindowed_s]
             self._unwindowed_s = 0.0
-        self._recent.append((span, window, cpu, self.probes.probed if window > 0 else frozenset(), effective))
+        self._recent.append((span, window, cpu, self.probes.probed if window > 0 else frozenset(), effective, called))
         self._rows_at.append(self._prev)
         if not snapshot:
             return None
@@ -462,8 +464,25 @@ class Tracee:
         # The rows now less the rows when the oldest of these intervals began: one subtraction a
         # function per rebuild, rather than running sums updated every interval.
         totals = _row_deltas(self._rows_at[-1], self._rows_at[0], self.ids)
+        # Rates as summary() weighs them: each window's by the span it stands for (its interval and
+        # the windowless ones after it, here), a function it did not probe as not called there.
+        windows: list[list] = []  # [weight, {f: calls}, effective]
+        for r in self._recent:
+            if r[1] > 0 and r[4] > 0:
+                windows.append([r[0], r[5], r[4]])
+            elif windows:
+                windows[-1][0] += r[0]
+        sw = sum(w for w, _, _ in windows)
+        wr: dict[int, float] = {}
+        for w, called, e in windows:
+            for f, c in called.items():
+                wr[f] = wr.get(f, 0.0) + w * c / e
         probed = [(r[3], r[4]) for r in self._recent if r[4]]
-        eff = {f: sum(e for p, e in probed if f in p) for f in totals}
+        eff = {}
+        for f, d in totals.items():
+            rate = wr.get(f, 0.0) / sw if sw > 0 else 0.0
+            # The time these calls take at that rate, for _snapshot's calls / effective.
+            eff[f] = d.calls / rate if rate > 0 else sum(e for p, e in probed if f in p)
         m = self.perturbation()
         errs = {f: self._rate_err(d.calls, window, eff[f], None, m) for f, d in totals.items()}
         return self._snapshot(span, window, eff, cpu, totals, errs)
