@@ -513,23 +513,30 @@ def test_the_shared_marker_fits_every_members_budget():
     assert host.marker_too_dear(0)
 
 
-def test_recent_pools_the_last_intervals_of_a_process():
-    """What top shows each refresh: the last 5 intervals pooled, not the last window alone."""
+def bare_tracee(functions: dict, entry_ns: float = 1.0):
+    """A Tracee over `functions` ({id: (name, class)}) and the parts of a Probes it reads: no program,
+    no links; every function probed. Returns (tracee, probes) and starts its first interval."""
     import os
     import types
 
-    from gputrace.tracer.bpfprog import ZERO, RawStats
     from gputrace.tracer.symbols import Function
     from gputrace.tracer.tracee import Tracee
 
-    cost = ProbeCost(entry_ns=1000.0, entry_return_ns=3000.0, bias_ns=0.0)
+    cost = ProbeCost(entry_ns=entry_ns, entry_return_ns=3 * entry_ns, bias_ns=0.0)
     cal = Calibration(cost, cost, 10.0, 1, 1)
-    fn = Function("cuLaunchKernel", 0x1000, 0x1000, 16, SUB)
-    # The parts of a Probes a Tracee reads: no program, no links.
-    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, calibration=cal,
-                                   probed=frozenset({0}))
+    ids = {f: Function(name, 0x1000 * (f + 1), 0x1000 * (f + 1), 16, cls) for f, (name, cls) in functions.items()}
+    probes = types.SimpleNamespace(ids=ids, classes={f: cls for f, (_, cls) in functions.items()},
+                                   costs=dict.fromkeys(functions, cost), calibration=cal, probed=frozenset(functions))
     t = Tracee(os.getpid(), probes, budget=0.01, interval_s=1.0, exact=False, own_marker=False)
     t.begin()
+    return t, probes
+
+
+def test_recent_pools_the_last_intervals_of_a_process():
+    """What top shows each refresh: the last 5 intervals pooled, not the last window alone."""
+    from gputrace.tracer.bpfprog import ZERO, RawStats
+
+    t, _ = bare_tracee({0: ("cuLaunchKernel", SUB)}, entry_ns=1000.0)
     cum = ZERO
     for k, calls in enumerate([0, 100, 0, 100, 0, 100, 0]):  # a bursty job: every other window sees nothing
         cum = cum + RawStats(calls, 0, 0, 0, 0, 0, ZERO.hist)
@@ -557,21 +564,10 @@ def test_summary_weighs_windows_by_the_span_they_stand_for_not_their_length():
     calls/s for a job whose intervals read 250-330k). An interval without a window counts towards
     the span of the window before it, which was sized for it. A function not probed in a window
     (never seen called before it: only those are left out) counts as not called there."""
-    import os
-    import types
-
     from gputrace.tracer.bpfprog import ZERO, RawStats
-    from gputrace.tracer.symbols import Function
-    from gputrace.tracer.tracee import Tracee
 
-    cost = ProbeCost(entry_ns=1.0, entry_return_ns=3.0, bias_ns=0.0)  # next to nothing to take out
-    cal = Calibration(cost, cost, 10.0, 1, 1)
-    setup = Function("cuDeviceGetAttribute", 0x1000, 0x1000, 16, QUERY)
-    loop = Function("cuCtxGetDevice_v2", 0x2000, 0x2000, 16, SUB)
-    probes = types.SimpleNamespace(ids={0: setup, 1: loop}, classes={0: QUERY, 1: SUB}, costs={0: cost, 1: cost},
-                                   calibration=cal, probed=frozenset({0, 1}))
-    t = Tracee(os.getpid(), probes, budget=0.01, interval_s=1.0, exact=False, own_marker=False)
-    t.begin()
+    # Probes cost next to nothing: no probe time to take out of the windows.
+    t, probes = bare_tracee({0: ("cuDeviceGetAttribute", QUERY), 1: ("cuCtxGetDevice_v2", SUB)})
     a = b = ZERO
     for k in range(10):  # setup: 1 s windows, 100 calls/s of one function; after the first, only it is probed
         probes.probed = frozenset({0, 1}) if k == 0 else frozenset({0})
@@ -600,20 +596,9 @@ def test_recent_weighs_windows_by_their_span_as_the_summary_does():
     """The live rows' last 5 intervals: 1 s of setup in a 1 s window (nothing called), then 4 of a
     loop at 300k calls/s in 40 ms windows, read 240k (4 x 300k / 5), not the 41k that pooling counts
     over window length gives (48k calls in 1.16 s)."""
-    import os
-    import types
-
     from gputrace.tracer.bpfprog import ZERO, RawStats
-    from gputrace.tracer.symbols import Function
-    from gputrace.tracer.tracee import Tracee
 
-    cost = ProbeCost(entry_ns=1.0, entry_return_ns=3.0, bias_ns=0.0)
-    cal = Calibration(cost, cost, 10.0, 1, 1)
-    fn = Function("cuCtxGetDevice_v2", 0x1000, 0x1000, 16, SUB)
-    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, calibration=cal,
-                                   probed=frozenset({0}))
-    t = Tracee(os.getpid(), probes, budget=0.01, interval_s=1.0, exact=False, own_marker=False)
-    t.begin()
+    t, _ = bare_tracee({0: ("cuCtxGetDevice_v2", SUB)})
     cum = ZERO
     t.account(1.0, 1.0, {0: cum}, 0.0, snapshot=False)
     for _ in range(4):
