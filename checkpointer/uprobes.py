@@ -65,7 +65,8 @@ class Traces:
         return "; ".join(parts)
 
 
-def _maps(pid: int) -> list[Mapping]:
+def maps(pid: int) -> list[Mapping]:
+    """The process's mappings (OSError if it cannot be read)."""
     out = []
     with open(f"/proc/{pid}/maps") as f:
         for ln in f:
@@ -81,26 +82,47 @@ def _pagemap(pm, lo: int, hi: int) -> list[int]:
     return list(struct.unpack(f"<{len(raw) // 8}Q", raw))
 
 
-def _breakpoints(pid: int, maps: list[Mapping]) -> dict[str, int]:
+def _text(layout: list[Mapping]) -> list[Mapping]:
+    """Private executable mappings of files: where a uprobe writes its int3."""
+    return [m for m in layout if "x" in m.perms and m.perms[3] == "p" and m.path.startswith("/")]
+
+
+def _stacks(layout: list[Mapping]) -> list[Mapping]:
+    """[stack], and the mappings that look like a thread's stack (anonymous, read-write, right above a
+    guard page)."""
+    return [m for prev, m in zip([None, *layout], layout)
+            if m.path == "[stack]" or (not m.path and m.perms.startswith("rw") and prev is not None
+                                       and prev.perms.startswith("---") and prev.hi == m.lo)]
+
+
+def _int3s(ours: bytes, m: Mapping, va: int) -> int:
+    """int3 bytes in `ours` (the process's copy of `m` at `va`) that the file does not have there (0 if
+    the file cannot be read: nothing to compare with)."""
+    try:
+        with open(m.path, "rb") as f:
+            f.seek(m.offset + va - m.lo)
+            theirs = f.read(len(ours))
+    except OSError:
+        return 0
+    return 0 if ours == theirs else sum(1 for a, b in zip(ours, theirs) if a != b and a == INT3)
+
+
+def _words(data: bytes, word: int) -> int:
+    """Occurrences of the aligned 8-byte `word` in `data` (aligned at its start)."""
+    return sum(1 for (w,) in struct.iter_unpack("<Q", data[:len(data) // 8 * 8]) if w == word)
+
+
+def _breakpoints(pid: int, layout: list[Mapping]) -> dict[str, int]:
     """int3 bytes in private copies of executable file pages that the file itself does not have."""
     found: dict[str, int] = {}
     with open(f"/proc/{pid}/pagemap", "rb") as pm, open(f"/proc/{pid}/mem", "rb") as mem:
-        for m in maps:
-            if "x" not in m.perms or m.perms[3] != "p" or not m.path.startswith("/"):
-                continue
+        for m in _text(layout):
             for i, e in enumerate(_pagemap(pm, m.lo, m.hi)):
                 if not e & PM_PRESENT or e & PM_FILE:
                     continue  # not there, or the file's own page
                 va = m.lo + i * PAGE
                 mem.seek(va)
-                ours = mem.read(PAGE)
-                try:
-                    with open(m.path, "rb") as f:
-                        f.seek(m.offset + va - m.lo)
-                        theirs = f.read(PAGE)
-                except OSError:
-                    continue  # the file is gone or not readable: nothing to compare with
-                n = sum(1 for a, b in zip(ours, theirs) if a != b and a == INT3)
+                n = _int3s(mem.read(PAGE), m, va)
                 if n:
                     found[m.path] = found.get(m.path, 0) + n
     return found
@@ -129,13 +151,12 @@ def _scan(pm, mem, lo: int, hi: int, word: int) -> int:
         if e & PM_PRESENT:
             a, b = max(va, lo & ~7), min(va + PAGE, hi)
             mem.seek(a)
-            data = mem.read(b - a)
-            hits += sum(1 for (w,) in struct.iter_unpack("<Q", data[:len(data) // 8 * 8]) if w == word)
+            hits += _words(mem.read(b - a), word)
         va += PAGE
     return hits
 
 
-def _pending_returns(pid: int, maps: list[Mapping], page: int) -> dict[int, int]:
+def _pending_returns(pid: int, layout: list[Mapping], page: int) -> dict[int, int]:
     """Return addresses into the trampoline page on the threads' stacks: from each blocked thread's
     stack pointer up; for a thread that is running (no stack pointer to read), every mapping that
     looks like a thread stack (anonymous, read-write, above a guard page) and [stack]."""
@@ -146,7 +167,7 @@ def _pending_returns(pid: int, maps: list[Mapping], page: int) -> dict[int, int]
         for tid, sp in sps.items():
             if sp is None:
                 continue
-            m = next((m for m in maps if m.lo <= sp < m.hi), None)
+            m = next((m for m in layout if m.lo <= sp < m.hi), None)
             if m is None:
                 continue
             scanned.add(m.lo)
@@ -155,10 +176,8 @@ def _pending_returns(pid: int, maps: list[Mapping], page: int) -> dict[int, int]
                 found[tid] = n
         if any(sp is None for sp in sps.values()):
             running = [t for t, sp in sps.items() if sp is None]
-            for prev, m in zip([None, *maps], maps):
-                stacky = m.path == "[stack]" or (not m.path and m.perms.startswith("rw") and prev is not None
-                                                 and prev.perms.startswith("---") and prev.hi == m.lo)
-                if stacky and m.lo not in scanned:
+            for m in _stacks(layout):
+                if m.lo not in scanned:
                     n = _scan(pm, mem, m.lo, m.hi, page)
                     if n:
                         found[running[0]] = found.get(running[0], 0) + n
@@ -229,24 +248,18 @@ def dumped_pages(images: str | os.PathLike, pid: int) -> tuple[str, list[tuple[i
     return pages, out
 
 
-def image_traces(images: str | os.PathLike, pid: int, maps: list[Mapping]) -> Traces:
+def image_traces(images: str | os.PathLike, pid: int, layout: list[Mapping]) -> Traces:
     """What `traces` looks for, in the pages CRIU wrote for `pid` (`maps`: the process's mappings as
     CRIU found them, read just before it ran). Of a file's mapping CRIU writes only the pages that are
     the process's own copies (a breakpoint's page is one), and an int3 there that the file lacks at the
     same offset is a breakpoint; pending returns are looked for in the stacks' pages."""
-    page = next((m.lo for m in maps if m.path == "[uprobes]"), None)
+    page = next((m.lo for m in layout if m.path == "[uprobes]"), None)
     t = Traces(uprobes_page=page)
     pages_path, entries = dumped_pages(images, pid)
-    text = [m for m in maps if "x" in m.perms and m.perms[3] == "p" and m.path.startswith("/")]
-    stacks = []
-    for prev, m in zip([None, *maps], maps):
-        if m.path == "[stack]" or (not m.path and m.perms.startswith("rw") and prev is not None
-                                   and prev.perms.startswith("---") and prev.hi == m.lo):
-            stacks.append(m)
     # (lo, hi, mapping, is text) sorted by address: each dumped run is matched by bisection, not
     # against every mapping (a PyTorch job has hundreds of mappings and thousands of runs).
-    spans = sorted([(m.lo, m.hi, m, True) for m in text] + ([(m.lo, m.hi, m, False) for m in stacks] if page else []),
-                   key=lambda x: x[0])
+    spans = sorted([(m.lo, m.hi, m, True) for m in _text(layout)]
+                   + ([(m.lo, m.hi, m, False) for m in _stacks(layout)] if page else []), key=lambda x: x[0])
     starts = [x[0] for x in spans]
     with open(pages_path, "rb") as pages:
         for va, n, off in entries:
@@ -261,25 +274,14 @@ def image_traces(images: str | os.PathLike, pid: int, maps: list[Mapping]) -> Tr
                 pages.seek(off + lo - va)
                 ours = pages.read(top - lo)
                 if is_text:
-                    try:
-                        with open(m.path, "rb") as f:
-                            f.seek(m.offset + lo - m.lo)
-                            theirs = f.read(top - lo)
-                    except OSError:
-                        continue  # the file is gone or not readable: nothing to compare with
-                    k = 0 if ours == theirs else sum(1 for a, b in zip(ours, theirs) if a != b and a == INT3)
+                    k = _int3s(ours, m, lo)
                     if k:
                         t.breakpoints[m.path] = t.breakpoints.get(m.path, 0) + k
                 else:
-                    k = sum(1 for (w,) in struct.iter_unpack("<Q", ours[:len(ours) // 8 * 8]) if w == page)
+                    k = _words(ours, page)
                     if k:
                         t.pending_returns[pid] = t.pending_returns.get(pid, 0) + k
     return t
-
-
-def maps(pid: int) -> list[Mapping]:
-    """The process's mappings (OSError if it cannot be read)."""
-    return _maps(pid)
 
 
 def settle(pid: int, timeout_s: float = 2.0, every_s: float = 0.02) -> Traces:
@@ -298,11 +300,11 @@ def settle(pid: int, timeout_s: float = 2.0, every_s: float = 0.02) -> Traces:
 
 def traces(pid: int) -> Traces:
     """What uprobe tracers left in `pid` (OSError if it cannot be read: gone, or not ours)."""
-    maps = _maps(pid)
-    page = next((m.lo for m in maps if m.path == "[uprobes]"), None)
+    layout = maps(pid)
+    page = next((m.lo for m in layout if m.path == "[uprobes]"), None)
     t = Traces(uprobes_page=page)
     # A probe attached to a function the process has not called yet leaves an int3 and no page.
-    t.breakpoints = _breakpoints(pid, maps)
+    t.breakpoints = _breakpoints(pid, layout)
     if page is not None:  # else no return ever went through a trampoline
-        t.pending_returns = _pending_returns(pid, maps, page)
+        t.pending_returns = _pending_returns(pid, layout, page)
     return t
