@@ -126,22 +126,19 @@ def _row_deltas(now: Mapping[int, RawStats], then: Mapping[int, RawStats], ids) 
     return out
 
 
-# summary()'s sums: per set of functions probed together, (effective s, windows, sum of the
-# windows' weights, of their squares); per function, sums of w*r and w^2*calls/effective^2, the
-# last window's rate r, and the sum of squared differences of r between successive windows.
-_Weighted = tuple[dict[frozenset[int], tuple[float, int, float, float]], dict[int, float], dict[int, float],
-                  dict[int, float], dict[int, float]]
+# summary()'s sums: the windows' count, the sum of their weights and of their squares; per function
+# called, sums of w*r and w^2*calls/effective^2, the last window's rate r, and the sum of squared
+# differences of r between successive windows. Every window counts for every function: one it did
+# not probe had never been seen called, so it stands for no calls there (see summary()).
+_Weighted = tuple[list[float], dict[int, float], dict[int, float], dict[int, float], dict[int, float]]
 
 
 def _add_window(sums: _Weighted, window: list) -> None:
-    """Adds one window ([probed, effective, {f: calls}, weight]) to `sums`. Per probed set, not per
-    probed function: a rescan window probes every function of the library (hundreds), and most are
-    never called (they add 0 to the per-function sums)."""
-    sets, wr, w2c, last, ssd = sums
-    probed, effective, calls, w = window
-    first = not sets
-    s, k, sw, sw2 = sets.get(probed, (0.0, 0, 0.0, 0.0))
-    sets[probed] = (s + effective, k + 1, sw + w, sw2 + w * w)
+    """Adds one window ([effective, {f: calls}, weight]) to `sums`."""
+    n, wr, w2c, last, ssd = sums
+    effective, calls, w = window
+    first = n[0] == 0
+    n[0], n[1], n[2] = n[0] + 1, n[1] + w, n[2] + w * w
     rates = {f: c / effective for f, c in calls.items()} if effective > 0 else {}
     for f, r in rates.items():
         wr[f] = wr.get(f, 0.0) + w * r
@@ -176,8 +173,8 @@ class Tracee:
         # Per function called: sums of w*r and w^2*calls/effective^2 (the Poisson variance of w*r),
         # and of the rates' successive differences; the last window's are added once the next
         # comes, its weight known.
-        self._sums: _Weighted = ({}, {}, {}, {}, {})
-        self._last_window: list | None = None     # [probed, effective, {f: calls}, weight]
+        self._sums: _Weighted = ([0, 0.0, 0.0], {}, {}, {}, {})
+        self._last_window: list | None = None     # [effective, {f: calls}, weight]
         self._unwindowed_s = 0.0  # span of intervals before the first window
         self._window_s = 0.0
         self._effective_s = 0.0
@@ -194,12 +191,12 @@ class Tracee:
         # (CPU s, span s) of recent intervals: /proc counts CPU time in clock ticks (10 ms), so a
         # job using 1% of a CPU shows 0 or 10 ms in any one second; the budget wants its rate.
         self._cpu_recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=5)
-        # The last intervals' (span, window, CPU, functions probed, effective time, {f: calls} in
-        # the window), for recent(): one short window per interval is too noisy a sample to show
+        # The last intervals' (span, window, CPU, effective time, {f: calls} in the window), for
+        # recent(): one short window per interval is too noisy a sample to show
         # alone. The rest of what they counted (times, histograms) is the difference of the rows
         # read at their ends: the rows are cumulative, so the rows at the end of each of them are
         # kept (the same dicts account() was handed, not copies).
-        self._recent: collections.deque[tuple[float, float, float | None, frozenset[int], float, dict[int, int]]] = \
+        self._recent: collections.deque[tuple[float, float, float | None, float, dict[int, int]]] = \
             collections.deque(maxlen=5)
         self._rows_at: collections.deque[Mapping[int, RawStats]] = collections.deque([self._prev], maxlen=6)
         self._recent_snap: ProcessSnapshot | None = None
@@ -301,7 +298,7 @@ class Tracee:
             self.policy.measured_loss = max(0.0, 1.0 - measured[0])
         if window <= 0:
             if self._last_window is not None:
-                self._last_window[3] += span
+                self._last_window[2] += span
             else:
                 self._unwindowed_s += span
         called: dict[int, int] = {}
@@ -314,9 +311,9 @@ class Tracee:
                 _add_window(self._sums, self._last_window)
             probed = self.probes.probed
             called = {f: d.calls for f, d in deltas.items() if f in probed and d.calls}
-            self._last_window = [probed, effective, called, span + self._unwindowed_s]
+            self._last_window = [effective, called, span + self._unwindowed_s]
             self._unwindowed_s = 0.0
-        self._recent.append((span, window, cpu, self.probes.probed if window > 0 else frozenset(), effective, called))
+        self._recent.append((span, window, cpu, effective, called))
         self._rows_at.append(self._prev)
         if not snapshot:
             return None
@@ -443,7 +440,7 @@ class Tracee:
         """The windows' weighted sums, the last window's included (copies, when there is one)."""
         if self._last_window is None:
             return self._sums
-        sums = tuple(dict(d) for d in self._sums)
+        sums = (list(self._sums[0]), *(dict(d) for d in self._sums[1:]))
         _add_window(sums, self._last_window)
         return sums
 
@@ -468,8 +465,8 @@ class Tracee:
         # the windowless ones after it, here), a function it did not probe as not called there.
         windows: list[list] = []  # [weight, {f: calls}, effective]
         for r in self._recent:
-            if r[1] > 0 and r[4] > 0:
-                windows.append([r[0], r[5], r[4]])
+            if r[1] > 0 and r[3] > 0:
+                windows.append([r[0], r[4], r[3]])
             elif windows:
                 windows[-1][0] += r[0]
         sw = sum(w for w, _, _ in windows)
@@ -477,12 +474,13 @@ class Tracee:
         for w, called, e in windows:
             for f, c in called.items():
                 wr[f] = wr.get(f, 0.0) + w * c / e
-        probed = [(r[3], r[4]) for r in self._recent if r[4]]
+        effective = sum(r[3] for r in self._recent)
         eff = {}
         for f, d in totals.items():
             rate = wr.get(f, 0.0) / sw if sw > 0 else 0.0
-            # The time these calls take at that rate, for _snapshot's calls / effective.
-            eff[f] = d.calls / rate if rate > 0 else sum(e for p, e in probed if f in p)
+            # The time these calls take at that rate, for _snapshot's calls / effective (a function
+            # hit only while counting was closed has no rate: any time gives it 0).
+            eff[f] = d.calls / rate if rate > 0 else effective
         m = self.perturbation()
         errs = {f: self._rate_err(d.calls, window, eff[f], None, m) for f, d in totals.items()}
         return self._snapshot(span, window, eff, cpu, totals, errs)
@@ -502,14 +500,11 @@ class Tracee:
         one to the next, not around their mean: every interval has its window (or shares one), so a
         change of phase (setup, then a loop) is measured, not sampled, and counts once, not in
         every window's distance from a mean between the two phases."""
-        sets, sum_wr, sum_w2c, _, ssd = self._weighted()
+        (k, sw, sw2), sum_wr, sum_w2c, _, ssd = self._weighted()
         # Every window counts for every function: one a window did not probe had never been seen
         # called (only those are left out, and once seen a function is probed in every window), so
         # it stands for no calls there. Averaging over the windows that probed it alone would lift
         # the rate of a function first called after a phase of setup to its loop's.
-        k = sum(ek for _, ek, _, _ in sets.values())
-        sw = sum(ew for _, _, ew, _ in sets.values())
-        sw2 = sum(ew2 for _, _, _, ew2 in sets.values())
         n = sw * sw / sw2 if sw2 > 0 else 0.0  # the windows' effective number
         errs, eff_of = {}, {}
         # The systematic part of a rate's uncertainty (probe time, or the measured slowdown) is
@@ -517,11 +512,10 @@ class Tracee:
         relative = self._rate_err(1, self._window_s, self._effective_s, 0.0) * self._effective_s \
             if self._effective_s > 0 else 0.0
         for f, d in self._total.items():
-            eff = sum(es for probed, (es, _, _, _) in sets.items() if f in probed)
-            wr = sum_wr.get(f, 0.0)
-            rate = wr / sw if sw > 0 and wr > 0 else (d.calls / eff if eff > 0 else 0.0)
-            # The time these calls would take at that rate, for _snapshot's calls / effective.
-            eff_of[f] = d.calls / rate if rate > 0 else eff
+            rate = sum_wr.get(f, 0.0) / sw if sw > 0 else 0.0
+            # The time these calls would take at that rate, for _snapshot's calls / effective (a
+            # function hit only while counting was closed has no rate: any time gives it 0).
+            eff_of[f] = d.calls / rate if rate > 0 else self._effective_s
             statistical = 0.0
             if not self.exact and sw > 0:
                 statistical = 1.96 * math.sqrt(sum_w2c.get(f, 0.0)) / sw
