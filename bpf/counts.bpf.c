@@ -11,6 +11,7 @@ BPF_HASH(stats, struct gt_key, struct gt_stats, GT_MAX_STATS);
 BPF_TABLE("lru_hash", u32, struct gt_thread, threads, GT_MAX_THREADS);
 BPF_ARRAY(errors, u64, GT_ERR_COUNT);
 BPF_ARRAY(config, struct gt_config, 1);
+BPF_ARRAY(seen, u64, 1);
 
 static __always_inline void gt_error(u32 which)
 {
@@ -48,6 +49,17 @@ int gt_entry(struct pt_regs *ctx)
     u64 id = bpf_get_current_pid_tgid();
     struct gt_config cfg = gt_config_now();
     struct gt_stats *s = gt_stats_of(id >> 32, func);
+    if (cookie & GT_COOKIE_WATCH) {
+        /* A function no window probes, called: counted (exactly: the link stays attached) and
+         * flagged, so user space moves it into the windows before it costs much. */
+        u32 zero = 0;
+        u64 *n = seen.lookup(&zero);
+        if (n)
+            __sync_fetch_and_add(n, 1);
+        if (s)
+            __sync_fetch_and_add(&s->watched, 1);
+        return 0;
+    }
     if (cookie & GT_COOKIE_MARKER) {
         /* One cheap function probed all the time: its rate between windows against its rate inside
          * them is how much the windows' probes slow the target, measured rather than modelled. */

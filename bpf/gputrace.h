@@ -9,6 +9,7 @@
 #define GT_COOKIE_TIMED (1ULL << 32) /* entry probe pushes a timestamp; a return probe will pop it */
 #define GT_COOKIE_MARKER (1ULL << 33) /* the marker's own link: counts only between windows */
 #define GT_COOKIE_STEPPED (1ULL << 34) /* the probed instruction is single-stepped: the dearer hit */
+#define GT_COOKIE_WATCH (1ULL << 35)  /* the watch link: functions not yet seen called, probed all the time */
 
 #ifndef GT_MAX_STATS
 #define GT_MAX_STATS 16384        /* (process, function) pairs */
@@ -30,6 +31,7 @@ struct gt_stats {
     u64 nested;                   /* paired calls made from inside another traced call */
     u64 closed;                   /* entry hits while counting was closed (attach and detach edges) */
     u64 outside;                  /* entry hits between windows (the marker's unperturbed count) */
+    u64 watched;                  /* entry hits on the watch link, whatever the counting state */
     u64 hist[GT_HIST_SLOTS];
 };
 
@@ -57,6 +59,10 @@ enum gt_error {
     GT_ERR_STALE,                 /* frames dropped: left by a previous window or a dead thread */
     GT_ERR_COUNT,
 };
+
+/* Index 0 of the `seen` array: hits on the watch link, all processes together. User space polls it
+ * (one lookup) to learn at once that a function it was not probing in windows has been called. */
+
 
 /* Index 0 of the `config` array. Links take milliseconds to attach and tens to detach, with
  * probes live for an unknown part of it; user space opens counting once the links are in place and

@@ -52,7 +52,9 @@ def renderer(name: str) -> Callable:
 
 
 # --- formatting helpers -------------------------------------------------------------------------
-def fmt_rate(hz: float) -> str:
+def fmt_rate(hz: float | None) -> str:
+    if hz is None:
+        return "-"
     if hz >= 1e6:
         return f"{hz / 1e6:.2f}M"
     if hz >= 1e4:
@@ -78,8 +80,8 @@ def fmt_pct(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f}%"
 
 
-def fmt_s_per_s(x: float) -> str:
-    return f"{fmt_pct(x, 1)} ({fmt_ns(x * 1e9)}/s)"
+def fmt_s_per_s(x: float | None) -> str:
+    return "not measured" if x is None else f"{fmt_pct(x, 1)} ({fmt_ns(x * 1e9)}/s)"
 
 
 # --- text ---------------------------------------------------------------------------------------
@@ -90,10 +92,13 @@ class TextRenderer:
     def interval(self, iv: Interval, out: IO[str]) -> None:
         for p in iv.processes:
             share = iv.window_s / iv.interval_s if iv.interval_s else 0.0
+            if p.not_measured is not None:
+                out.write(f"[{iv.t_start:7.1f}s] pid {p.pid} {p.comm}: not measured ({p.not_measured})\n")
+                continue
             out.write(
                 f"[{iv.t_start:7.1f}s] pid {p.pid} {p.comm}: {fmt_rate(p.calls_hz)} calls/s  "
                 f"driver CPU {fmt_pct(p.driver_cpu_s_per_s, 1)}  wait {fmt_pct(p.wait_s_per_s, 1)}  "
-                f"probed {fmt_pct(share, 0)} of the interval  tracer {fmt_pct(p.tracer_overhead)} of its CPU\n"
+                f"probed {fmt_pct(share, 1)} of the interval  tracer {fmt_pct(p.tracer_overhead)} of its time\n"
             )
         out.flush()
 
@@ -103,17 +108,24 @@ class TextRenderer:
         cmd = f" `{' '.join(r.command)}`" if r.command else ""
         w(f"gputrace audit of pid {r.pid} ({r.comm}){cmd}\n")
         w(f"  libcuda            {r.library}\n")
-        mode = "every call (exact)" if r.options["exact"] else f"sampled windows, budget {fmt_pct(r.options['budget'], 1)} of its CPU"
+        mode = "every call (exact)" if r.options["exact"] else f"sampled windows, budget {fmt_pct(r.options['budget'], 1)} of its time"
         w(f"  traced             {s.interval_s:.1f} s; probes attached {fmt_pct(s.window_s / s.interval_s if s.interval_s else 0, 1)} of it ({mode})\n")
         for kind in ("emulated", "stepped"):
             c = r.calibration.of(kind)
             w(f"  probe cost         {fmt_ns(c.entry_ns)} a counted call, {fmt_ns(c.entry_return_ns)} a timed call, "
               f"{fmt_ns(c.bias_ns)} subtracted from each timed call ({kind} first instruction)\n")
-        w(f"  tracer's own cost  {fmt_pct(s.tracer_overhead)} of the process's CPU time "
-          f"({fmt_ns(s.tracer_cost_s * 1e9)} over {s.target_cpu_s or 0:.2f} CPU-s)\n")
+        cpu = f", {fmt_pct(s.tracer_cpu_share)} of its {s.target_cpu_s:.2f} CPU-s" if s.target_cpu_s else ""
+        expo = (f"the job lost {s.exposure:.2f}x the probes' calibrated time, as measured" if s.exposure is not None
+                else "the probes' calibrated time taken at 2x, as on the H200: not measured in this job")
+        w(f"  tracer's own cost  {fmt_pct(s.tracer_overhead)} of the job's time: {fmt_ns(s.tracer_cost_s * 1e9)}{cpu} "
+          f"({expo})\n")
         if r.exit_status is not None:
             w(f"  command exited     with status {r.exit_status}\n")
         w("\n")
+        if s.not_measured is not None:
+            w(f"  not measured: {s.not_measured}\n")
+            out.flush()
+            return
         w(f"  driver calls       {fmt_rate(s.calls_hz)}/s\n")
         w(f"  driver CPU time    {fmt_s_per_s(s.driver_cpu_s_per_s)} in non-synchronizing calls\n")
         w(f"  wait time          {fmt_s_per_s(s.wait_s_per_s)} blocked in synchronization calls\n\n")
@@ -125,7 +137,7 @@ class TextRenderer:
         nw = max([len("function")] + [len(f.name) for f in shown]) + 2
         w(f"  {'function':<{nw}}{'class':<17}{'calls/s':>10}{'±95%':>9}{'mean':>11}{'p99 <':>11}\n")
         for f in shown:
-            err = f"{100 * f.rate_err_hz / f.rate_hz:.1f}%" if f.rate_hz else "-"
+            err = "?" if f.rate_err_hz is None else f"{100 * f.rate_err_hz / f.rate_hz:.1f}%" if f.rate_hz else "-"
             w(f"  {f.name:<{nw}}{f.cls.value:<17}{fmt_rate(f.rate_hz):>10}{err:>9}{fmt_ns(f.mean_ns):>11}{fmt_ns(f.p99_ns):>11}\n")
         if len(s.functions) > self.top_functions:
             w(f"  ... and {len(s.functions) - self.top_functions} more (all of them with --json)\n")

@@ -42,7 +42,7 @@ BUILTIN_KERNELS: Mapping[str, str] = {
 }
 
 #: Workload names accepted by workload(): the C programs, and the Python ctypes one.
-WORKLOADS = ("launch_bound", "gpu_bound", "alloc_free", "pattern", "train", "launch_bound_py")
+WORKLOADS = ("launch_bound", "gpu_bound", "alloc_free", "pattern", "train", "phases", "launch_bound_py")
 
 
 def library_path() -> Path:

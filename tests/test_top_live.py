@@ -180,21 +180,26 @@ def test_hold_takes_tops_probes_off_every_process_on_the_file_until_it_ends(spaw
                 with src.hold_tracing(procs[0].pid) as quiet:
                     assert quiet
                     session = src.session_of(procs[0].pid)
-                    assert not session.probes.links and session.marker is None
+                    p = session.probes
+                    assert not p.links and p.marker_link is None and p.watch_link is None
                     for p in procs:  # the links are the file's: the other process is free of them too
                         t = uprobes.settle(p.pid)
                         assert t.uprobes_page is not None and not t.harmful, t.describe()
                 held, resumed_by = True, n + 40
                 session._epoll = waits = CountingEpoll(session._epoll)
             elif held and any(uprobes.traces(p.pid).breakpoints for p in procs):
-                break  # a window or the marker is back
+                break  # the watch link or a window is back
             assert not held or n < resumed_by, "top did not trace again after the hold"
     finally:
         src.close()
     assert held and all(p.poll() is None for p in procs)
     # The hold woke the stepping thread through its wake pipe; emptied, the waits after it sleep
-    # again (a few a frame) rather than return at once until their deadline.
-    assert waits.polls < 10 * (n + 1 - (resumed_by - 40)), waits.polls
+    # again (one a watch poll, POLL_S, and a few more a frame) rather than return at once until
+    # their deadline.
+    from gputrace.tracer.probes import POLL_S
+
+    frames = n + 1 - (resumed_by - 40)
+    assert waits.polls < frames * (0.5 / POLL_S + 10), waits.polls
 
 
 class CountingEpoll:

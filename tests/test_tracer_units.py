@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import random
@@ -17,7 +18,7 @@ from gputrace.commands.attach import parse_budget
 from gputrace.errors import UsageError
 from gputrace.tracer import bpfprog
 from gputrace.tracer.audit import PRESETS, audit, make_preset
-from gputrace.tracer.budget import Policy
+from gputrace.tracer.budget import WRITE_S, Policy
 from gputrace.tracer.calibrate import Calibration, ProbeCost, probe_kind
 from gputrace.tracer.classify import CLASS_ORDER, FunctionClass
 from gputrace.tracer.model import ClassTotals, FunctionStats, Interval, ProcessSnapshot
@@ -35,21 +36,28 @@ STEPPED = ProbeCost(entry_ns=5000.0, entry_return_ns=8000.0, bias_ns=6000.0)
 
 def policy(classes, costs, **kw) -> Policy:
     kw.setdefault("max_growth", None)  # the sizing tests check the optimum; growth is tested apart
+    kw.setdefault("budget", 0.01)
+    kw.setdefault("interval_s", 1.0)
     return Policy(classes, costs, rng=random.Random(7), **kw)
 
 
-def test_window_grows_at_most_max_growth_per_interval():
-    """An idle job makes long windows cheap; if it turns busy the next window must not be long already."""
-    p = policy({0: QUERY}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=2.0)
-    first = p.plan().window_s
-    p.observe(first, {0: 1}, 1.0)  # next to no calls: the budget alone would allow the whole interval
-    sizes = [first]
-    for _ in range(4):
-        plan = p.plan()
-        sizes.append(plan.window_s)
-        p.observe(plan.window_s, {0: 1}, 1.0)
-    assert all(b <= 2.0 * a + 1e-12 for a, b in zip(sizes, sizes[1:]))
-    assert sizes[-1] > sizes[0]  # it does grow
+def scouted(classes, costs, calls: dict[int, int], scout_s: float = 0.005, **kw) -> Policy:
+    """A Policy past its scout window, which counted `calls` in `scout_s` (rates taken as measured)."""
+    p = policy(classes, costs, **kw)
+    p.plan()
+    p.observe(1, {f: n / scout_s for f, n in calls.items()}, calls)
+    return p
+
+
+def window_cost(p: Policy, plan) -> float:
+    """What a plan's windows, references and breakpoint writes cost the job, at the policy's rates."""
+    from gputrace.tracer.budget import WRITE_S
+
+    per_window = min(1.0, p.exposure * expected_cost_per_s(
+        {f: r for f, r in p.rates.items() if f in plan.probe}, p.costs, plan.timed))
+    ref = 0.0 if plan.marker is None else min(1.0, p.exposure * p.rates[plan.marker] * p.costs[plan.marker].entry_ns * 1e-9)
+    writes = len(plan.windows) * 2 * (len(plan.probe) + (plan.marker is not None)) * WRITE_S
+    return sum(w * (per_window + ref) for _, w in plan.windows) + writes
 
 
 def expected_cost_per_s(rates: dict[int, float], costs: dict[int, ProbeCost], timed: frozenset[int]) -> float:
@@ -57,87 +65,91 @@ def expected_cost_per_s(rates: dict[int, float], costs: dict[int, ProbeCost], ti
 
 
 @pytest.mark.parametrize("budget, interval", [(0.01, 1.0), (0.05, 2.0), (0.2, 0.5)])
-def test_first_window_is_a_budget_sized_scout(budget, interval):
+def test_first_window_is_a_full_scan_half_the_budget_long(budget, interval):
+    """Rates unknown: the scout's length alone bounds its cost (a job doing nothing but hit probes
+    loses the window, no more), and the other half of the budget is for its edges."""
     p = policy({0: SUB, 1: SYNC}, {0: CHEAP, 1: STEPPED}, budget=budget, interval_s=interval)
     plan = p.plan()
-    assert plan.attach
-    assert plan.window_s == pytest.approx(budget * interval)
-    assert 0.0 <= plan.offset_s <= interval - plan.window_s
-    assert plan.timed == frozenset({0, 1})  # nothing is known to be hot yet
+    assert plan.attach and plan.full_scan and plan.probe == frozenset({0, 1})
+    ((offset, w),) = plan.windows
+    assert w == pytest.approx(budget * interval / 2) and 0.0 <= offset <= interval - w
+    assert plan.timed == frozenset({1})  # counted probes cost least; the synchronization is timed for the wait
+    assert p.watch_set() == frozenset({0, 1})  # nothing seen yet: everything stays watched
 
 
-def test_first_window_is_never_shorter_than_min_window():
-    p = policy({0: SUB}, {0: CHEAP}, budget=0.001, interval_s=1.0, min_window_s=0.004)
-    assert p.plan().window_s == pytest.approx(0.004)
+def test_after_the_scout_windows_probe_what_was_seen_and_the_rest_is_watched():
+    p = scouted({0: SUB, 1: QUERY, 2: STATE}, {f: CHEAP for f in range(3)}, {0: 50})
+    plan = p.plan()
+    assert plan.probe == frozenset({0}) and p.watch_set() == frozenset({1, 2})
+    p.see(2, 3000.0)  # the watch link saw it called: into the windows at once
+    assert p.plan().probe == frozenset({0, 2}) and p.watch_set() == frozenset({1})
 
 
-@pytest.mark.parametrize("cpu", [1.0, 0.4, 1.7])
-def test_planned_window_keeps_expected_cost_within_budget(cpu):
+@pytest.mark.parametrize("exposure", [None, 0.5, 2.0])
+def test_planned_windows_keep_their_expected_cost_within_the_budget_and_use_it(exposure):
     classes = {0: SUB, 1: SYNC, 2: QUERY, 3: STATE}
     costs = {0: CHEAP, 1: STEPPED, 2: STEPPED, 3: CHEAP}
-    budget, interval, scout = 0.01, 1.0, 0.01
-    p = policy(classes, costs, budget=budget, interval_s=interval)
-    p.plan()
-    calls = {0: 200, 1: 60, 2: 10, 3: 3}  # 20 kHz, 6 kHz, 1 kHz, 300 Hz in the scout window
-    p.observe(scout, calls, cpu)
+    budget, interval = 0.01, 1.0
+    p = scouted(classes, costs, {0: 100, 1: 30, 2: 5, 3: 2}, budget=budget, interval_s=interval)
+    p.observe_exposure(exposure)
     plan = p.plan()
-    rates = {f: n / scout for f, n in calls.items()}
-    # Hot, not synchronizing: counted only. The hot synchronization and the cold ones: timed.
+    assert plan.attach and len(plan.windows) == 2
+    assert plan.timed == frozenset(classes)  # the interval after the scout times everything
+    assert window_cost(p, plan) == pytest.approx(budget * interval, rel=1e-6)
+    plan = p.plan()  # then the hot one that does not synchronize is only counted
     assert plan.timed == frozenset({1, 2, 3})
-    per_s = expected_cost_per_s(rates, costs, plan.timed)
-    allowed = budget * cpu * interval
-    assert plan.attach and p.min_window_s < plan.window_s < interval  # neither clamp decides it
-    assert plan.window_s * per_s <= allowed * (1 + 1e-9)
-    assert plan.window_s == pytest.approx(allowed / per_s)  # and it uses the budget, not a fraction of it
-    assert 0.0 <= plan.offset_s <= interval - plan.window_s
+    assert window_cost(p, plan) <= budget * interval * (1 + 1e-9)
 
 
-def test_cheap_calls_get_the_whole_interval():
-    p = policy({0: QUERY}, {0: CHEAP}, budget=0.01, interval_s=1.0)
-    p.plan()
-    p.observe(0.01, {0: 1}, 1.0)  # 100 Hz x 3 µs = 0.03% of a second: the budget covers all of it
-    plan = p.plan()
-    assert plan.window_s == pytest.approx(1.0) and plan.offset_s == pytest.approx(0.0)
-
-
-def test_a_rate_beyond_the_cpu_is_charged_at_most_the_cpu():
-    """Probes cannot take more of an attached second than the target's CPU time: the window is then budget x
-    interval, never shorter."""
-    p = policy({0: SUB}, {0: STEPPED}, budget=0.01, interval_s=1.0)
-    p.plan()
-    p.observe(0.01, {0: 10_000}, 0.5)  # 1 MHz x 5 µs = 5 probe-seconds per second, on half a CPU
-    assert p.plan().window_s == pytest.approx(0.01)
-
-
-def test_hot_functions_are_timed_only_every_retime_window():
-    classes = {0: SUB, 1: SYNC, 2: STATE}
-    p = policy(classes, {f: CHEAP for f in classes}, budget=0.05, interval_s=1.0, retime_every=4, hot_hz=5000)
-    timed = []
-    for _ in range(9):
+def test_two_windows_an_interval_one_in_each_half_with_room_for_their_references():
+    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 100, 1: 20}, budget=0.05, interval_s=1.0)
+    for _ in range(20):
         plan = p.plan()
-        timed.append(plan.timed)
-        p.observe(0.01, {0: 1000, 1: 1000, 2: 10}, 1.0)  # 100 kHz, 100 kHz, 1 kHz
-    everything, cold_or_sync = frozenset(classes), frozenset({1, 2})
-    assert timed == [everything] + [cold_or_sync] * 3 + [everything] + [cold_or_sync] * 3 + [everything]
+        assert plan.marker == 1  # 4 kHz: its reference costs under a quarter of the window's 20 kHz
+        (o1, w1), (o2, w2) = plan.windows
+        assert w1 == w2 and 0.0 <= o1 - w1 and o1 + w1 <= 0.5 and 0.5 <= o2 - w2 and o2 + w2 <= 1.0
 
 
-def test_windows_are_spread_out_when_even_the_shortest_costs_too_much():
-    budget, interval, min_window, cpu = 0.006, 0.1, 0.002, 1.0
-    p = policy({0: SUB}, {0: CHEAP}, budget=budget, interval_s=interval, min_window_s=min_window)
-    p.plan()
-    p.observe(0.001, {0: 2000}, cpu)  # 2 MHz: the probes would saturate the CPU while attached
-    plans = [p.plan() for _ in range(8)]
+def test_the_marker_is_the_most_called_function_whose_reference_costs_a_quarter_of_the_window():
+    p = scouted({0: SUB, 1: QUERY, 2: STATE}, {f: CHEAP for f in range(3)}, {0: 100, 1: 20, 2: 2}, budget=0.05,
+                interval_s=1.0)
+    probe, timed = frozenset({0, 1, 2}), frozenset()
+    m = p.choose_marker(probe, timed)
+    assert m == 1 and p.marker_cost_per_s(1) <= p.window_cost_per_s(probe, timed) / 4
+    assert p.marker_cost_per_s(0) > p.window_cost_per_s(probe, timed) / 4  # the busiest would cost too much
+
+
+def test_a_window_second_costs_the_job_at_most_a_second():
+    """Probes at 5 probe-seconds a second cannot take more than the window: it is budget x interval / 2
+    long (two windows), not a fifth of that."""
+    p = scouted({0: SUB}, {0: STEPPED}, {0: 10_000}, budget=0.01, interval_s=1.0, min_window_s=0.001)
+    plan = p.plan()
+    assert p.window_cost_per_s(plan.probe, plan.timed) == 1.0
+    assert all(w == pytest.approx((0.01 - 2 * 2 * WRITE_S) / 2, rel=1e-6) for _, w in plan.windows)
+
+
+def test_windows_grow_at_most_max_growth_per_interval():
+    """An idle job makes long windows cheap; if it turns busy the next window must not be long already."""
+    p = scouted({0: QUERY}, {0: CHEAP}, {0: 1}, max_growth=2.0, scout_s=0.005)
+    p.observe(2, {0: 1.0}, {0: 1})  # next to no calls: the budget alone would allow half the interval
+    sizes = [p.plan().windows[0][1] for _ in range(5)]
+    assert sizes[0] <= 2 * 0.005 + 1e-12
+    assert all(b <= 2.0 * a + 1e-12 for a, b in zip(sizes, sizes[1:])) and sizes[-1] > sizes[0]
+
+
+def test_windows_are_spread_out_when_even_one_costs_more_than_an_interval():
+    budget, interval, min_window = 0.006, 0.1, 0.002
+    p = scouted({0: SUB}, {0: STEPPED}, {0: 2000}, scout_s=0.001, budget=budget, interval_s=interval,
+                min_window_s=min_window)
+    plans = [p.plan() for _ in range(12)]
     attached = [i for i, pl in enumerate(plans) if pl.attach]
     assert attached[0] == 0 and len(attached) >= 2
     cycle = attached[1] - attached[0]
-    assert attached == list(range(0, 8, cycle))
-    assert all(pl.window_s == pytest.approx(min_window) for pl in plans if pl.attach)
-    assert all(pl.window_s == 0.0 for pl in plans if not pl.attach)
-    # One min_window every `cycle` intervals stays within the budget; one interval fewer would not.
-    per_s = min(expected_cost_per_s({0: 2e6}, {0: CHEAP}, frozenset()), cpu)
-    allowed = budget * cpu * interval
-    assert min_window * per_s / cycle <= allowed
-    assert min_window * per_s / (cycle - 1) > allowed
+    assert cycle > 1 and attached == list(range(0, 12, cycle))
+    assert all(len(pl.windows) == 1 and pl.window_s >= min_window for pl in plans if pl.attach)
+    assert all(pl.windows == () for pl in plans if not pl.attach)
+    # One window every `cycle` intervals costs what `cycle` intervals' budget pays for.
+    assert window_cost(p, plans[0]) <= budget * interval * cycle * (1 + 1e-9)
 
 
 def test_exact_plans_the_full_interval_every_time():
@@ -145,9 +157,69 @@ def test_exact_plans_the_full_interval_every_time():
     p = policy(classes, {0: STEPPED, 1: STEPPED}, budget=1.0, interval_s=0.5)
     for _ in range(6):
         plan = p.plan()
-        assert (plan.attach, plan.offset_s, plan.window_s) == (True, 0.0, 0.5)
-        assert plan.timed == frozenset(classes)  # however hot: every call counted and timed
-        p.observe(0.5, {0: 1_000_000, 1: 10}, 1.0)
+        assert plan.attach and plan.windows == ((0.0, 0.5),)
+        assert plan.timed == frozenset(classes) == plan.probe  # however hot: every call counted and timed
+        assert p.watch_set() == frozenset()
+        p.observe(1, {0: 1e6, 1: 10.0}, {0: 500_000, 1: 5})
+
+
+def test_hot_functions_are_timed_only_every_retime_interval():
+    classes = {0: SUB, 1: SYNC, 2: STATE}
+    p = scouted(classes, {f: CHEAP for f in classes}, {0: 1000, 1: 1000, 2: 10}, scout_s=0.01, budget=0.05,
+                retime_every=4, hot_hz=5000)
+    timed = []
+    for _ in range(8):
+        timed.append(p.plan().timed)
+        p.observe(2, {0: 1e5, 1: 1e5, 2: 1e3}, {0: 100, 1: 100, 2: 1})
+    everything, cold_or_sync = frozenset(classes), frozenset({1, 2})
+    assert timed == [everything] + [cold_or_sync] * 3 + [everything] + [cold_or_sync] * 3
+
+
+def test_a_function_not_called_for_idle_windows_goes_back_to_the_watch_link():
+    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 100, 1: 10}, idle_windows=4)
+    for _ in range(2):
+        p.observe(2, {0: 2e4}, {0: 100})  # function 1 no longer called
+    assert p.retire_idle() == frozenset({1})
+    assert p.probe_set() == frozenset({0}) and p.watch_set() == frozenset({1}) and 1 not in p.rates
+
+
+# --- budget.AlignedPolicy (host-wide windows) -----------------------------------------------------------------------
+
+def aligned(members: dict[int, float], scout_s: float = 0.005):
+    """An AlignedPolicy over one SUB function, members pid -> calls/s, each past its scout window."""
+    from gputrace.tracer.budget import AlignedPolicy
+
+    host = AlignedPolicy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None, rng=random.Random(7))
+    for pid, rate in members.items():
+        host.members[pid] = scouted({0: SUB}, {0: CHEAP}, {0: int(rate * scout_s)}, scout_s=scout_s)
+    host.plan()  # the host's own scout
+    host.merge(1)
+    return host
+
+
+def test_aligned_windows_are_the_least_any_member_affords():
+    host = aligned({1: 10_000.0, 2: 1_000.0, 3: 50_000.0})
+    plan = host.plan()
+    for pid, p in host.members.items():  # no member's expected cost exceeds its budget
+        assert window_cost(p, plan) <= 0.01 * (1 + 1e-9), pid
+    assert window_cost(host.members[3], plan) == pytest.approx(0.01, rel=1e-6)  # the busiest decides
+
+
+def test_a_member_that_joins_holds_the_windows_to_its_scout_until_measured():
+    host = aligned({1: 1_000.0})
+    from gputrace.tracer.budget import WRITE_S, Policy as P
+
+    host.members[2] = P({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0)
+    plan = host.plan()
+    assert not plan.full_scan  # the watch link covers what it calls that no one else does
+    assert sum(w for _, w in plan.windows) == pytest.approx(host.members[2].scout_s())
+
+
+def test_the_shared_marker_fits_every_members_budget():
+    host = aligned({1: 20_000.0, 2: 500.0})
+    probe = frozenset({0})
+    # Function 0 is all member 2 calls: its reference would cost it as much as its window.
+    assert host.choose_marker(probe, frozenset()) is None
 
 
 # --- audit ---------------------------------------------------------------------------------------------------------
@@ -182,7 +254,7 @@ def test_audit_bounds(preset, wait):
     assert 0.0 <= a.slowdown_lower <= a.slowdown_upper
     assert a.wait_s_per_s == wait and a.cost_ns == preset.cost_ns
     assert set(a.classes) == {c.value for c in preset.classes}
-    assert a.tracer_overhead == pytest.approx(0.002 / 0.8)
+    assert a.tracer_overhead == pytest.approx(0.002 / 1.0)  # of the job's time: what it can have slowed it
 
 
 def test_audit_presets_and_overrides():
@@ -192,7 +264,17 @@ def test_audit_presets_and_overrides():
     given = make_preset("shim", 250.0)
     assert given.cost_ns == 250.0 and given.cost_source == "given with --cost-ns"
     assert given.classes == PRESETS["shim"].classes
-    assert audit(snapshot(0.0, target_cpu_s=None), given).tracer_overhead is None  # not measured, not zero
+    assert audit(snapshot(0.0, target_cpu_s=None), given).tracer_overhead == pytest.approx(0.002)
+    assert snapshot(0.0, target_cpu_s=None).tracer_cpu_share is None  # not measured, not zero
+
+
+def test_audit_of_a_process_not_measured_has_no_figures():
+    s = dataclasses.replace(snapshot(0.1), functions=(), driver_cpu_s_per_s=None, wait_s_per_s=None,
+                            not_measured="no window in this interval")
+    a = audit(s, PRESETS["proxy"])
+    assert a.not_measured == "no window in this interval"
+    assert None is a.calls_hz is a.intercepted_hz is a.slowdown_lower is a.slowdown_upper is a.added_cpu_s_per_s
+    assert s.calls_hz is None  # not 0 calls/s
 
 
 # --- percentiles -----------------------------------------------------------------------------------------------------
@@ -318,12 +400,13 @@ def test_text_report_key_lines():
     lines = text.splitlines()
     assert lines[0] == "gputrace audit of pid 4242 (train) `python train.py`"
     assert "  libcuda            /usr/lib/x86_64-linux-gnu/libcuda.so.1" in lines
-    assert "  traced             10.0 s; probes attached 5.0% of it (sampled windows, budget 1.0% of its CPU)" in lines
+    assert "  traced             10.0 s; probes attached 5.0% of it (sampled windows, budget 1.0% of its time)" in lines
     assert any(ln.startswith("  probe cost         1.20 µs a counted call, 2.50 µs a timed call")
                and ln.endswith("(emulated first instruction)") for ln in lines)
     assert any(ln.startswith("  probe cost         5.60 µs") and ln.endswith("(stepped first instruction)")
                for ln in lines)
-    assert "  tracer's own cost  0.20% of the process's CPU time (16.00 ms over 8.00 CPU-s)" in lines
+    assert any(ln.startswith("  tracer's own cost  0.16% of the job's time: 16.00 ms, 0.20% of its 8.00 CPU-s")
+               for ln in lines)
     assert "  command exited     with status 0" in lines
     rows = {ln.split()[0]: ln.split() for ln in lines if ln.startswith("  cu")}
     assert rows["cuCtxGetDevice_v2"][1:3] == ["query", "90.0k"]
@@ -358,7 +441,21 @@ def test_text_interval_line():
     assert line.endswith("\n") and line.count("\n") == 1
     assert line.startswith("[    1.0s] pid 4242 train: ")
     assert f"{rep.fmt_rate(r.intervals[1].processes[0].calls_hz)} calls/s" in line
-    assert "probed 50% of the interval" in line and "tracer 0.20% of its CPU" in line
+    assert "probed 50.0% of the interval" in line and "tracer 0.16% of its time" in line
+
+
+def test_text_reports_say_not_measured_rather_than_zero():
+    r = make_report()
+    blank = dataclasses.replace(r.intervals[1].processes[0], functions=(), driver_cpu_s_per_s=None,
+                                wait_s_per_s=None, not_measured="no window in this interval")
+    out = io.StringIO()
+    rep.get("text").interval(dataclasses.replace(r.intervals[1], processes=(blank,)), out)
+    assert out.getvalue() == "[    1.0s] pid 4242 train: not measured (no window in this interval)\n"
+    summary = dataclasses.replace(r.summary, functions=(), driver_cpu_s_per_s=None, wait_s_per_s=None,
+                                  not_measured="not measured yet: no window has probed this process")
+    text = render(dataclasses.replace(r, summary=summary, audits=tuple(audit(summary, p) for p in PRESETS.values())))
+    assert "  not measured: not measured yet: no window has probed this process" in text
+    assert "calls/s" not in text and "0.0" not in text.split("not measured:")[1]
 
 
 def test_json_report_parses_with_its_schema():
@@ -370,7 +467,7 @@ def test_json_report_parses_with_its_schema():
     assert doc["kind"] == "gputrace.attach" and doc["command"] == ["python", "train.py"]
     s = doc["summary"]
     assert s["calls_hz"] == pytest.approx(r.summary.calls_hz)
-    assert s["tracer_overhead"] == pytest.approx(0.016 / 8.0)
+    assert s["tracer_overhead"] == pytest.approx(0.016 / 10.0)
     funcs = {f["name"]: f for f in s["functions"]}
     assert funcs["cuLaunchKernel"]["cls"] == "submission"
     assert funcs["cuModuleLoadData"]["mean_ns"] is None  # not measured: null, not 0
@@ -413,220 +510,6 @@ def test_rawstats_arithmetic():
     assert (a - b) + b == a
     assert a - bpfprog.ZERO == a
     assert math.isclose(sum((a - b).hist), (a - b).timed)
-
-
-def test_probes_everything_until_something_is_seen():
-    """Windows before the job's first driver call see nothing: the next must not probe nothing."""
-    p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=30)
-    for _ in range(17):  # past the young process's rescans (windows 1, 2, 4, 8, 16)
-        p.observe(p.plan().window_s, {}, 1.0)
-    assert p.plan().probe == frozenset({0, 1})
-    p.observe(0.01, {1: 5}, 1.0)
-    assert p.plan().probe == frozenset({1})  # once calls are seen, only those, until the next rescan
-
-
-def test_a_young_process_is_rescanned_at_doubling_ages_then_every_rescan_every():
-    """A job found while it starts up calls other functions in its loop: they must be found within
-    twice its age, not only at the periodic rescan."""
-    p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=30)
-    rescans = []
-    for k in range(61):
-        rescans.append(p.plan().probe == frozenset({0, 1}))
-        p.observe(0.01, {1: 100}, 0.5)
-    assert [k for k, r in enumerate(rescans) if r] == [0, 1, 2, 4, 8, 16, 30, 60]
-
-
-def test_host_wide_rescans_follow_each_members_age_not_the_sessions():
-    """A process that joins a long-running host session gets its own young rescans."""
-    from gputrace.tracer.budget import AlignedPolicy
-
-    host = AlignedPolicy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=30,
-                         max_growth=None, rng=random.Random(7))
-    host.members[1] = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0)
-    rescans = []
-    for k in range(61):
-        if k == 40:
-            host.members[2] = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0)
-            host.rescan_soon()  # as HostSession._admit does
-        plan = host.plan()
-        rescans.append(plan.probe == frozenset({0, 1}))
-        for m in host.members.values():
-            m.observe(plan.window_s, {1: 100}, 0.5)
-        host.merge(plan.window_s)
-    assert [k for k, r in enumerate(rescans) if r] == [0, 1, 2, 4, 8, 16, 30, 40, 41, 42, 44, 48, 56, 60]
-
-
-def test_marker_waits_for_a_measured_cpu_time_and_fits_a_quarter_of_the_budget():
-    p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0)
-    p.observe(0.01, {0: 50, 1: 5}, None)  # 5 kHz and 500 Hz
-    assert p.choose_marker(None) is None and p.choose_marker(0.0) is None  # a tick too coarse to say
-    cpu = 0.5
-    m = p.choose_marker(cpu)
-    assert m is not None and p.marker_cost(m) <= 0.01 * cpu / 4
-    # The most-called function that fits: a heavier one that fits is chosen over a lighter one.
-    assert all(p.marker_cost(f) > 0.01 * cpu / 4 or p.rates[f] <= p.rates[m] for f in (0, 1))
-
-
-# --- budget.AlignedPolicy (host-wide windows) -----------------------------------------------------------------------
-
-def aligned(members: dict[int, tuple[float, float]]):
-    """An AlignedPolicy over one SUB function, members pid -> (calls/s, CPU s/s), each past its scout window."""
-    from gputrace.tracer.budget import AlignedPolicy
-
-    host = AlignedPolicy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None, rng=random.Random(7))
-    for pid, (rate, cpu) in members.items():
-        p = policy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0)
-        p.plan()
-        p.observe(0.01, {0: int(rate * 0.01)}, cpu)
-        host.members[pid] = p
-    host.plan()  # the host's own scout
-    host.merge(0.01)
-    return host
-
-
-def test_aligned_window_is_the_least_any_member_affords():
-    host = aligned({1: (10_000.0, 0.5), 2: (1_000.0, 0.5), 3: (50_000.0, 1.0)})
-    plan = host.plan()
-    own = {pid: p.affordable_s(plan.timed) for pid, p in host.members.items()}
-    assert plan.window_s == pytest.approx(min(own.values()))
-    for pid, p in host.members.items():  # no member's expected cost exceeds its budget
-        assert p.cost_per_s(plan.timed) * plan.window_s <= 0.01 * p.cpu_s_per_s * 1.0 + 1e-12, pid
-
-
-def test_a_member_measured_at_zero_cpu_pauses_windows_but_not_for_good():
-    host = aligned({1: (1_000.0, 0.5), 2: (1_000.0, 0.0)})
-    plans = [host.plan() for _ in range(3 * (host.max_skip + 1))]
-    attached = [i for i, pl in enumerate(plans) if pl.attach]
-    assert len(attached) >= 2 and attached[0] <= host.max_skip
-    assert all(b - a <= host.max_skip + 1 for a, b in zip(attached, attached[1:]))
-    assert len(attached) < len(plans) / 2  # it does pause
-
-
-def test_the_shared_marker_fits_every_members_budget():
-    # Function 0 at 20k calls/s costs member 2 (a light job) more than a quarter of its budget: no marker.
-    host = aligned({1: (20_000.0, 1.0), 2: (20_000.0, 0.05)})
-    assert host.choose_marker() is None
-    host = aligned({1: (200.0, 1.0), 2: (100.0, 0.5)})
-    assert host.choose_marker() == 0
-    assert all(p.reserved_s_per_s == pytest.approx(p.marker_cost(0)) for p in host.members.values())
-    host.members[2].cpu_s_per_s = 0.001  # member 2 got lighter: the marker now costs it over half its budget
-    assert host.marker_too_dear(0)
-
-
-def bare_tracee(functions: dict, entry_ns: float = 1.0):
-    """A Tracee over `functions` ({id: (name, class)}) and the parts of a Probes it reads: no program,
-    no links; every function probed. Returns (tracee, probes) and starts its first interval."""
-    import os
-    import types
-
-    from gputrace.tracer.symbols import Function
-    from gputrace.tracer.tracee import Tracee
-
-    cost = ProbeCost(entry_ns=entry_ns, entry_return_ns=3 * entry_ns, bias_ns=0.0)
-    cal = Calibration(cost, cost, 10.0, 1, 1)
-    ids = {f: Function(name, 0x1000 * (f + 1), 0x1000 * (f + 1), 16, cls) for f, (name, cls) in functions.items()}
-    probes = types.SimpleNamespace(ids=ids, classes={f: cls for f, (_, cls) in functions.items()},
-                                   costs=dict.fromkeys(functions, cost), calibration=cal, probed=frozenset(functions))
-    t = Tracee(os.getpid(), probes, budget=0.01, interval_s=1.0, exact=False, own_marker=False)
-    t.begin()
-    return t, probes
-
-
-def test_recent_pools_the_last_intervals_of_a_process():
-    """What top shows each refresh: the last 5 intervals pooled, not the last window alone."""
-    from gputrace.tracer.bpfprog import ZERO, RawStats
-
-    t, _ = bare_tracee({0: ("cuLaunchKernel", SUB)}, entry_ns=1000.0)
-    cum = ZERO
-    for k, calls in enumerate([0, 100, 0, 100, 0, 100, 0]):  # a bursty job: every other window sees nothing
-        cum = cum + RawStats(calls, 0, 0, 0, 0, 0, ZERO.hist)
-        snap = t.account(1.0, 0.01, {0: cum}, 0.0)
-        assert snap.calls_hz == pytest.approx(calls / 0.01, rel=0.05)  # one interval: 0 or 10k calls/s
-    recent = t.recent()
-    # The last 5 intervals: 200 calls in 5 windows of 10 ms (taking the probe time out of them).
-    assert recent.interval_s == pytest.approx(5.0) and recent.window_s == pytest.approx(0.05)
-    assert recent.calls_hz == pytest.approx(200 / 0.05, rel=0.05)
-    # An interval without a window: the last recent snapshot stands, the very object; after one
-    # with a window, a new one with its calls.
-    assert t.recent(rebuild=False) is recent
-    t.account(1.0, 0.0, {0: cum}, 0.0, snapshot=False)
-    assert t.recent(rebuild=False) is recent
-    cum = cum + RawStats(300, 0, 0, 0, 0, 0, ZERO.hist)
-    t.account(1.0, 0.01, {0: cum}, 0.0, snapshot=False)
-    fresh = t.recent(rebuild=True)
-    assert fresh is not recent and fresh.calls_hz > recent.calls_hz
-
-
-def test_summary_weighs_windows_by_the_span_they_stand_for_not_their_length():
-    """Traced from its start, a job spends seconds in import and setup (few calls: the budget affords
-    1 s windows), then loops at 300k calls/s (40 ms windows). The session's rate is its calls over
-    its time: pooling counts over window length would read a fraction of it (seen on the H200: 70k
-    calls/s for a job whose intervals read 250-330k). An interval without a window counts towards
-    the span of the window before it, which was sized for it. A function not probed in a window
-    (never seen called before it: only those are left out) counts as not called there."""
-    from gputrace.tracer.bpfprog import ZERO, RawStats
-
-    # Probes cost next to nothing: no probe time to take out of the windows.
-    t, probes = bare_tracee({0: ("cuDeviceGetAttribute", QUERY), 1: ("cuCtxGetDevice_v2", SUB)})
-    a = b = ZERO
-    for k in range(10):  # setup: 1 s windows, 100 calls/s of one function; after the first, only it is probed
-        probes.probed = frozenset({0, 1}) if k == 0 else frozenset({0})
-        a = a + RawStats(100, 0, 0, 0, 0, 0, ZERO.hist)
-        t.account(1.0, 1.0, {0: a, 1: b}, 0.0, snapshot=False)
-    probes.probed = frozenset({0, 1})  # a rescan found the loop's function
-    for _ in range(10):  # the loop: a 40 ms window every other interval (host-wide), 300k calls/s
-        b = b + RawStats(12_000, 0, 0, 0, 0, 0, ZERO.hist)
-        t.account(1.0, 0.04, {0: a, 1: b}, 0.0, snapshot=False)
-        t.account(1.0, 0.0, None, 0.0, snapshot=False)
-    s = t.summary()
-    assert s.interval_s == pytest.approx(30.0)
-    rates = {f.name: f for f in s.functions}
-    # 300k/s for 20 of the 30 s: 200k/s (pooled by window length: 120k calls in 10.4 s, 11.5k/s;
-    # over the windows that probed it alone: 300k x 20 / 21, 286k/s).
-    f = rates["cuCtxGetDevice_v2"]
-    assert f.rate_hz == pytest.approx(6_000_000 / 30.0, rel=0.01)
-    assert f.calls_estimated == pytest.approx(6_000_000, rel=0.01)
-    # From window to window the rate changed once (0 to 300k): an uncertainty of about 11%, where the
-    # windows' spread around their mean (0 and 300k about 200k) would say 33%.
-    assert 0 < f.rate_err_hz < 0.2 * f.rate_hz
-    assert rates["cuDeviceGetAttribute"].rate_hz == pytest.approx(1000 / 30.0, rel=0.01)
-
-
-def test_recent_weighs_windows_by_their_span_as_the_summary_does():
-    """The live rows' last 5 intervals: 1 s of setup in a 1 s window (nothing called), then 4 of a
-    loop at 300k calls/s in 40 ms windows, read 240k (4 x 300k / 5), not the 41k that pooling counts
-    over window length gives (48k calls in 1.16 s)."""
-    from gputrace.tracer.bpfprog import ZERO, RawStats
-
-    t, _ = bare_tracee({0: ("cuCtxGetDevice_v2", SUB)})
-    cum = ZERO
-    t.account(1.0, 1.0, {0: cum}, 0.0, snapshot=False)
-    for _ in range(4):
-        cum = cum + RawStats(12_000, 0, 0, 0, 0, 0, ZERO.hist)
-        t.account(1.0, 0.04, {0: cum}, 0.0, snapshot=False)
-    assert t.recent().calls_hz == pytest.approx(240_000, rel=0.01)
-
-
-def test_a_window_every_other_interval_twice_as_long_within_the_same_budget():
-    one = policy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None)
-    two = policy({0: SUB}, {0: CHEAP}, budget=0.01, interval_s=1.0, max_growth=None, every=2)
-    for p in (one, two):
-        p.observe(0.01, {0: 1000}, 0.5)
-    plans = [two.plan() for _ in range(4)]
-    assert [p.attach for p in plans] == [True, False, True, False]
-    w1 = one.plan().window_s
-    assert plans[0].window_s == pytest.approx(2 * w1) and plans[2].window_s == pytest.approx(2 * w1)
-    assert plans[1].probe == frozenset()  # nothing attached, no rescan used up
-
-
-def test_a_process_joining_makes_the_next_window_a_rescan():
-    p = policy({0: QUERY, 1: SUB}, {0: CHEAP, 1: CHEAP}, budget=0.01, interval_s=1.0, rescan_every=30)
-    for _ in range(17):  # past its own young rescans
-        p.observe(0.01, {1: 100}, 0.5)
-    assert p.plan().probe == frozenset({1})
-    p.rescan_soon()
-    assert p.plan().probe == frozenset({0, 1})
-    assert p.plan().probe == frozenset({1})
 
 
 def test_p50_p99_in_one_pass_equals_percentile_ns():

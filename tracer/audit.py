@@ -50,14 +50,16 @@ class Audit:
     cost_ns: float
     cost_source: str
     classes: tuple[str, ...]
-    intercepted_hz: float          # calls/s the layer would intercept
-    calls_hz: float                # all driver calls/s
-    driver_cpu_s_per_s: float      # input: time/s in non-synchronizing driver calls
-    wait_s_per_s: float            # input: time/s blocked in synchronization calls
-    added_cpu_s_per_s: float       # A
-    slowdown_upper: float          # A: nothing hides it
-    slowdown_lower: float          # max(0, A - wait): it hides in the wait
-    tracer_overhead: float | None  # the tracer's own cost over the same span, fraction of the target's CPU
+    # Every figure below is None when the process was not measured (`not_measured` says why).
+    intercepted_hz: float | None   # calls/s the layer would intercept
+    calls_hz: float | None         # all driver calls/s
+    driver_cpu_s_per_s: float | None  # input: time/s in non-synchronizing driver calls
+    wait_s_per_s: float | None     # input: time/s blocked in synchronization calls
+    added_cpu_s_per_s: float | None   # A
+    slowdown_upper: float | None   # A: nothing hides it
+    slowdown_lower: float | None   # max(0, A - wait): it hides in the wait
+    tracer_overhead: float | None  # the tracer's own cost over the same span, as a share of it
+    not_measured: str | None = None
 
 
 def make_preset(name: str, cost_ns: float | None = None, classes: frozenset[FunctionClass] | None = None) -> Preset:
@@ -73,6 +75,10 @@ def make_preset(name: str, cost_ns: float | None = None, classes: frozenset[Func
 
 
 def audit(snap: ProcessSnapshot, preset: Preset) -> Audit:
+    classes = tuple(c.value for c in CLASS_ORDER if c in preset.classes)
+    if snap.not_measured is not None:
+        return Audit(snap.pid, snap.comm, preset.name, preset.cost_ns, preset.cost_source, classes,
+                     None, None, None, None, None, None, None, snap.tracer_overhead, snap.not_measured)
     rate = sum(f.rate_hz for f in snap.functions if f.cls in preset.classes)
     added = rate * preset.cost_ns * 1e-9
     return Audit(
@@ -81,7 +87,7 @@ def audit(snap: ProcessSnapshot, preset: Preset) -> Audit:
         preset=preset.name,
         cost_ns=preset.cost_ns,
         cost_source=preset.cost_source,
-        classes=tuple(c.value for c in CLASS_ORDER if c in preset.classes),
+        classes=classes,
         intercepted_hz=rate,
         calls_hz=snap.calls_hz,
         driver_cpu_s_per_s=snap.driver_cpu_s_per_s,

@@ -26,12 +26,13 @@ MAX_DEPTH = 8
 COOKIE_TIMED = 1 << 32
 COOKIE_MARKER = 1 << 33
 COOKIE_STEPPED = 1 << 34
+COOKIE_WATCH = 1 << 35
 CLOSED, OPEN, OUTSIDE = 0, 1, 2  # GT_CLOSED, GT_OPEN, GT_OUTSIDE
 _BATCH = 1024  # rows per lookup-batch syscall
 # struct gt_key and struct gt_stats (bpf/gputrace.h) as the batch read returns them, parsed in one C
 # call a row rather than through ctypes' field accessors; checked against bcc's own layout at load.
 _KEY = struct.Struct("=II")
-_LEAF = struct.Struct(f"={7 + HIST_SLOTS}Q")  # calls, timed, total_ns, outer_ns, nested, closed, outside, hist
+_LEAF = struct.Struct(f"={8 + HIST_SLOTS}Q")  # calls, timed, total_ns, outer_ns, nested, closed, outside, watched, hist
 ERROR_NAMES = ("stats_full", "threads_full", "depth", "unpaired", "stale")
 
 
@@ -47,13 +48,14 @@ class RawStats:
     closed: int
     hist: tuple[int, ...]
     outside: int = 0
+    watched: int = 0   # hits on the watch link (functions no window probes), counted at any time
 
     def _zip(self, other: "RawStats", op) -> "RawStats":
         return RawStats(
             op(self.calls, other.calls), op(self.timed, other.timed), op(self.total_ns, other.total_ns),
             op(self.outer_ns, other.outer_ns), op(self.nested, other.nested), op(self.closed, other.closed),
             self.hist if other.hist is ZERO_HIST else tuple(map(op, self.hist, other.hist)),
-            op(self.outside, other.outside),
+            op(self.outside, other.outside), op(self.watched, other.watched),
         )
 
     # Spelled out rather than through _zip: run per process, function and interval by `top`.
@@ -63,14 +65,14 @@ class RawStats:
             else tuple(map(int.__sub__, h, oh))
         return RawStats(self.calls - o.calls, self.timed - o.timed, self.total_ns - o.total_ns,
                         self.outer_ns - o.outer_ns, self.nested - o.nested, self.closed - o.closed, hist,
-                        self.outside - o.outside)
+                        self.outside - o.outside, self.watched - o.watched)
 
     def __add__(self, o: "RawStats") -> "RawStats":
         h, oh = self.hist, o.hist
         hist = h if oh is ZERO_HIST else oh if h is ZERO_HIST else tuple(map(int.__add__, h, oh))
         return RawStats(self.calls + o.calls, self.timed + o.timed, self.total_ns + o.total_ns,
                         self.outer_ns + o.outer_ns, self.nested + o.nested, self.closed + o.closed, hist,
-                        self.outside + o.outside)
+                        self.outside + o.outside, self.watched + o.watched)
 
 
 ZERO_HIST = (0,) * HIST_SLOTS
@@ -104,6 +106,7 @@ class Program:
         self._rows: dict[tuple[int, int], tuple[bytes, RawStats]] = {}  # (tgid, func) -> last bytes read
         self._errors = self.bpf[b"errors"]
         self._config = self.bpf[b"config"]
+        self._seen = self.bpf[b"seen"]
         self.generation = 0
         self.hit_ns = (0, 0, 0, 0)
 
@@ -161,7 +164,7 @@ class Program:
             cached = self._rows.get(key)
             if cached is None or cached[0] != blob:
                 cached = self._rows[key] = (blob, RawStats(v.calls, v.timed, v.total_ns, v.outer_ns, v.nested,
-                                                           v.closed, tuple(v.hist), v.outside))
+                                                           v.closed, tuple(v.hist), v.outside, v.watched))
             out.setdefault(k.tgid, {})[k.func] = cached[1]
         return out
 
@@ -192,7 +195,7 @@ class Program:
                 cached = rows.get(key)
                 if cached is None or cached[0] != blob:
                     v = unpack(blob)
-                    cached = rows[key] = (blob, RawStats(v[0], v[1], v[2], v[3], v[4], v[5], v[7:], v[6]))
+                    cached = rows[key] = (blob, RawStats(v[0], v[1], v[2], v[3], v[4], v[5], v[8:], v[6], v[7]))
                 tgid_rows = out.get(key[0])
                 if tgid_rows is None:
                     tgid_rows = out[key[0]] = {}
@@ -213,6 +216,10 @@ class Program:
                 del self._stats[key]
             except KeyError:
                 pass
+
+    def seen_hits(self) -> int:
+        """Hits on watch links so far, all processes together: one lookup, polled while windows wait."""
+        return int(self._seen[ctypes.c_int(0)].value)
 
     def read_errors(self) -> dict[str, int]:
         return {name: int(self._errors[ctypes.c_int(i)].value) for i, name in enumerate(ERROR_NAMES)}

@@ -1,27 +1,33 @@
-"""How long to keep probes attached each interval, and which functions to time, within a budget.
+"""How long to keep probes attached each interval, and which functions to probe and time, within a budget.
 
-The tracer's cost lands on the traced threads: each hit of an entry-only probe costs `entry_ns`, each
-timed call `entry_return_ns` (both calibrated, per function by the kind of its first instruction). Given the rates seen so far, the policy sizes the next
-attach window so that the expected cost stays under `budget` x the target's CPU time per interval.
+The budget is a share of the job's time (`--budget`, default 1%): the most the tracer may slow it,
+whatever its threads do. A probe hit costs the thread that makes the call; nothing can hide more
+than all of it, so keeping the expected probe time per interval under `budget x interval` keeps
+the slowdown under the budget, for a job whose calls are all on its critical path as for one that
+waits.
 
-- The first window is a scout of `budget x interval`: even a process that did nothing but hit probes
-  could not spend more than the budget in it.
-- Hot functions (above `hot_hz`, not synchronizing) are counted with entry probes only; every
-  `retime_every`-th window times everything, so their per-call time is still measured.
-- When even `min_window_s` would cost too much, windows are spread out: one every k intervals.
-- Windows start at a random offset in the interval, so a periodic workload is not sampled in phase.
-- `every` > 1 (host-wide tracing, where one attach writes breakpoints into every process on the
-  file): a window every that many intervals, as long as those intervals' budget pays for.
-- Only functions seen called are probed, except in every `rescan_every`-th window, which probes all:
-  each attach and detach rewrites the target's code pages once per probed function (a page
-  replacement and a TLB flush in the target), so probing 682 functions to count the 11 a training
-  loop calls would cost the target more than the probes that fire.
-- A young process is rescanned more often: in its windows 1, 2, 4, 8 and 16 (`YOUNG_RESCANS`), as
-  well as its first. A job found while it starts up (PyTorch maps libcuda at its first CUDA call,
-  then loads and sets up for seconds) calls other functions then than in its steady loop; with
-  rescans only every `rescan_every`-th window its loop's calls would go uncounted for that long
-  (a minute, host-wide). Doubling finds a change of phase at window k by window 2k, for 5 extra
-  rescans over a process's life.
+What an interval costs the job:
+- the windows: the rate of every probed function x its calibrated hit cost (timed or counted) x
+  the exposure (the share of calibrated time the job really loses: measured by the marker, else
+  the most it has been seen to be, `EXPOSURE_MAX`);
+- each window's marker reference, a span as long as the window before it in which one function
+  alone is probed;
+- each attach and detach: a breakpoint written per probed function (`WRITE_S` each);
+- what was not planned: hits while links attach and detach, hits on the watch link of functions
+  called for the first time (measured each interval; `observe_extra`).
+
+Functions are probed in windows once seen called; until then they are on the watch link, which
+stays attached and costs nothing until a function on it is called (then it moves into the windows
+at once: tracer/probes.py). A function not called for `idle_windows` windows goes back to the
+watch link. The first window probes every function: it finds what the job calls.
+
+Two windows an interval, each at a random offset in its half (stratified: a job whose rate changes
+inside an interval is sampled on both sides, and the windows' spread is measured even in a short
+attach), where the budget pays for two of at least `min_window_s`; one otherwise; one every k
+intervals where even one costs more than an interval's budget. Windows grow at most `max_growth`
+from one interval to the next (a job that turns busy must not pay a long window at its new rate
+before its rates are seen). Hot functions (above `hot_hz`, not synchronizing) are counted without
+timing except in every `retime_every`-th window.
 """
 
 from __future__ import annotations
@@ -33,20 +39,28 @@ from typing import Mapping
 
 from .calibrate import ProbeCost
 from .classify import FunctionClass
+from .estimator import EXPOSURE_MAX
 
-
-# A process's windows (counted from 0, its first, which always probes everything) that probe every
-# function again: see the module's docstring.
-YOUNG_RESCANS = frozenset({1, 2, 4, 8, 16})
+# Job time one breakpoint write costs (attach or detach): a page table update and a TLB flush on
+# the CPUs the job runs on. Measured on the H200 (bench/results/tracer-costs-h200.md).
+WRITE_S = 5e-6
 
 
 @dataclass(frozen=True)
 class Plan:
     attach: bool
-    offset_s: float
-    window_s: float
+    windows: tuple[tuple[float, float], ...]  # (offset from the interval's start, length) each
     timed: frozenset[int]
-    probe: frozenset[int]  # functions to attach in this window
+    probe: frozenset[int]     # functions attached in the windows
+    marker: int | None = None  # the function probed alone just before each window, as its reference
+    full_scan: bool = False
+
+    @property
+    def window_s(self) -> float:
+        return sum(w for _, w in self.windows)
+
+
+NO_WINDOW = Plan(False, (), frozenset(), frozenset())
 
 
 class Policy:
@@ -60,187 +74,212 @@ class Policy:
         min_window_s: float = 0.002,
         hot_hz: float = 5000.0,
         retime_every: int = 4,
-        rescan_every: int = 10,
+        idle_windows: int = 8,
         max_growth: float | None = 2.0,
         max_skip: int = 30,
-        every: int = 1,
         rng: random.Random | None = None,
     ) -> None:
         self.classes = dict(classes)
         self.costs = dict(costs)
         self.budget = budget
         self.interval_s = interval_s
-        self.min_window_s = min(min_window_s, interval_s)
+        self.min_window_s = min(min_window_s, interval_s / 4)
         self.hot_hz = hot_hz
         self.retime_every = retime_every
-        self.rescan_every = rescan_every
+        self.idle_windows = idle_windows
         self.max_growth = max_growth
         self.max_skip = max_skip
-        self.seen: set[int] = set()
-        self.reserved_s_per_s = 0.0  # probe time/s of the always-attached marker
-        self.last_window_s = 0.0
-        self.measured_loss: float | None = None  # share of the target's progress a window costs, measured
         self.rng = rng or random.Random()
         self.exact = budget >= 1.0
-        self.rates: dict[int, float] = {}
-        self.cpu_s_per_s: float | None = None
-        self.windows = 0
+        self.seen: set[int] = set()             # probed in windows (called); the rest are watched
+        self.idle: dict[int, int] = {}          # seen function -> windows in a row without a call
+        self.rates: dict[int, float] = {}       # calls/s, untraced, as last estimated
+        self.exposure = EXPOSURE_MAX            # what planning multiplies calibrated costs by
+        self.extra_s = 0.0                      # unplanned job seconds an interval (edges, first calls)
+        self.marker: int | None = None
+        self.windows = 0                        # windows observed
+        self.intervals = 0
+        self.last_window_s = 0.0
         self.skip = 0
-        self.rescan_next = False  # probe every function in the next window (rescan_soon)
-        # A window every `every` intervals, `every` times as long (the same budget over those
-        # intervals): each window's attach and detach costs the same whatever its length.
-        self.every = max(1, every)
-        self._ticks = 0
 
+    # --- what the windows probe ---------------------------------------------------------------
     def _timed(self) -> frozenset[int]:
-        if self.exact or self.windows % self.retime_every == 0:
+        """Every function in the interval after the scout and every `retime_every`-th after it;
+        in the others, all but the hot ones that do not synchronize. The scout times only the
+        synchronizing functions: counted probes cost the least, and its counts are what it is for."""
+        if self.exact or (self.windows > 0 and self.intervals % self.retime_every == 2 % self.retime_every):
             return frozenset(self.classes)
-        return frozenset(
-            f for f in self.classes
-            if self.rates.get(f, 0.0) < self.hot_hz or self.classes[f] is FunctionClass.SYNC
-        )
+        if self.windows == 0:
+            return frozenset(f for f in self.classes if self.classes[f] is FunctionClass.SYNC)
+        return frozenset(f for f in self.classes
+                         if self.rates.get(f, 0.0) < self.hot_hz or self.classes[f] is FunctionClass.SYNC)
 
-    def choose_marker(self, cpu_s_per_s: float | None) -> int | None:
-        """The most-called function whose probe, attached all the time, costs at most a quarter of the
-        budget (more counts, a tighter ratio), if it is called at least 20/s; None if there is none.
-        An unmeasured or zero CPU time (a first interval shorter than a clock tick) chooses nothing yet:
-        taking it for a whole CPU would let the marker alone cost a light job a quarter of its time."""
-        if not cpu_s_per_s:
-            return None
-        ok = [(r, f) for f, r in self.rates.items()
-              if f in self.seen and r >= 20.0 and self.marker_cost(f, r) <= self.budget * cpu_s_per_s / 4]
-        if not ok:
-            return None
-        r, f = max(ok)
-        self.reserved_s_per_s = r * self.costs[f].entry_ns * 1e-9
-        return f
-
-    def marker_cost(self, f: int, rate_hz: float | None = None) -> float:
-        """Probe seconds per second of keeping function f's entry probed all the time."""
-        r = self.rates.get(f, 0.0) if rate_hz is None else rate_hz
-        return r * self.costs[f].entry_ns * 1e-9
-
-    def rescan_soon(self) -> None:
-        """The next window probes every function (a process joined whose calls are not seen yet)."""
-        self.rescan_next = True
-
-    def _young(self) -> bool:
-        """The next window is one of a young process's extra rescans."""
-        return self.windows in YOUNG_RESCANS
-
-    def _probe(self) -> frozenset[int]:
-        # Nothing seen yet (a window before the job's first driver call): keep looking everywhere.
-        if self.exact or not self.seen or self.windows % self.rescan_every == 0 or self.rescan_next \
-                or self._young():
-            self.rescan_next = False
+    def probe_set(self) -> frozenset[int]:
+        if self.exact or self.windows == 0:
             return frozenset(self.classes)
         return frozenset(self.seen)
 
-    def cost_per_s(self, timed: frozenset[int]) -> float:
-        """Expected probe seconds per attached second, at the rates seen so far."""
-        return sum(r * self.costs[f].cost_ns(f in timed) * 1e-9 for f, r in self.rates.items() if f in self.costs)
+    def watch_set(self) -> frozenset[int]:
+        """Functions to keep on the watch link: every one no window probes."""
+        if self.exact:
+            return frozenset()
+        return frozenset(self.classes) - self.seen
 
-    def affordable_s(self, timed: frozenset[int]) -> float:
-        """The window this process's budget pays for in one interval, with `timed` functions timed."""
+    # --- costs --------------------------------------------------------------------------------
+    def window_cost_per_s(self, probe: frozenset[int], timed: frozenset[int]) -> float:
+        """Expected job seconds lost per second of window: at most one (a job slowed to a stop for
+        the window loses the window, no more; rates measured under probes overstate that)."""
+        return min(1.0, self.exposure * sum(self.rates.get(f, 0.0) * self.costs[f].cost_ns(f in timed) * 1e-9
+                                            for f in probe))
+
+    def marker_cost_per_s(self, f: int | None) -> float:
+        if f is None:
+            return 0.0
+        return min(1.0, self.exposure * self.rates.get(f, 0.0) * self.costs[f].entry_ns * 1e-9)
+
+    def choose_marker(self, probe: frozenset[int], timed: frozenset[int]) -> int | None:
+        """The most-called probed function whose reference span costs at most a quarter of what the
+        window does (called at least 100 times a second: fewer count too little to tell)."""
+        cap = self.window_cost_per_s(probe, timed) / 4
+        ok = [(r, f) for f, r in self.rates.items()
+              if f in probe and r >= 100.0 and self.marker_cost_per_s(f) <= cap]
+        return max(ok)[1] if ok else None
+
+    def affordable_s(self, probe: frozenset[int], timed: frozenset[int], marker: int | None, n: int,
+                     intervals: int = 1) -> float:
+        """The length of each of `n` windows (with their references) that `intervals` intervals' budget
+        pays for. Before its first window, whose rates are not known: the scout's length."""
         if self.windows == 0:
-            return max(self.min_window_s, self.budget * self.interval_s)
-        cpu = self.cpu_s_per_s if self.cpu_s_per_s is not None else 1.0
-        allowed = max(0.0, self.budget * cpu - self.reserved_s_per_s) * self.interval_s
-        # Probes cannot take more of an attached second than the target's threads have: a dense
-        # caller is slowed until its probe time saturates its CPU, not beyond.
-        model = self.cost_per_s(timed)
-        if self.measured_loss is not None:
-            # The marker measured what a window really costs the target (cache and TLB misses
-            # included, which the calibration loop does not see): budget by the larger.
-            model = max(model, self.measured_loss * cpu)
-        cost = min(model, max(cpu, 1e-3))
-        return self.interval_s if cost <= 0 else allowed / cost
+            return self.scout_s() / n
+        allowed = self.budget * self.interval_s * intervals - self.extra_s
+        fixed = n * 2 * (len(probe) + (1 if marker is not None else 0)) * WRITE_S
+        per_s = n * (self.window_cost_per_s(probe, timed) + self.marker_cost_per_s(marker))
+        if allowed - fixed <= 0:
+            return 0.0
+        return math.inf if per_s <= 0 else (allowed - fixed) / per_s
+
+    # --- the plan -----------------------------------------------------------------------------
+    def scout_s(self) -> float:
+        """The first window: rates unknown, so its length alone bounds its cost (a job that did
+        nothing but hit probes would lose all of it): half the budget, half for its edges."""
+        return max(self.min_window_s, self.budget * self.interval_s / 2)
 
     def plan(self) -> Plan:
-        if self.every > 1 and not self.exact:
-            self._ticks += 1
-            if (self._ticks - 1) % self.every:  # the first interval has its window
-                return Plan(False, 0.0, 0.0, frozenset(), frozenset())
-        timed = self._timed()
-        probe = self._probe()
+        self.intervals += 1
+        timed, probe = self._timed(), self.probe_set()
         if self.exact:
-            return Plan(True, 0.0, self.interval_s, timed, probe)
+            return Plan(True, ((0.0, self.interval_s),), timed, probe)
+        if self.windows == 0:
+            w = self.last_window_s = self.scout_s()
+            return Plan(True, ((self.rng.uniform(0.0, self.interval_s - w), w),), timed, probe, full_scan=True)
+        if not probe:
+            return NO_WINDOW  # nothing called since the scout: the watch link counts it all
         if self.skip > 0:
             self.skip -= 1
-            return Plan(False, 0.0, 0.0, timed, probe)
-        window = self.affordable_s(timed) * self.every
-        if window < self.min_window_s:
-            # Never for good: a CPU time measured as zero (a light job between two clock ticks)
-            # affords no window at all, and would otherwise stop the sampling for ever.
-            self.skip = min(self.max_skip, max(0, math.ceil(self.min_window_s / max(window, 1e-9)) - 1))
-            window = self.min_window_s
-        # Grow at most 2x an interval: a job that goes from idle (long windows are cheap) to busy
-        # would otherwise pay a whole long window at the new rate before the policy sees it.
+            return NO_WINDOW
+        marker = self.choose_marker(probe, timed)
+        n = 2 if self.interval_s >= 0.2 else 1
+        w = self.affordable_s(probe, timed, marker, n)
+        if n == 2 and w < self.min_window_s:
+            n = 1
+            w = self.affordable_s(probe, timed, marker, n)
+        if w < self.min_window_s:
+            # Even one window costs more than an interval's budget: one every k intervals, paid for
+            # by all k. Never for good: rates and exposure are measured again in the next one.
+            k = 1
+            while k < self.max_skip + 1 and self.affordable_s(probe, timed, marker, 1, k) < self.min_window_s:
+                k += 1
+            self.skip = k - 1
+            w = max(self.min_window_s, self.affordable_s(probe, timed, marker, 1, k))
         if self.last_window_s and self.max_growth:
-            window = min(window, self.max_growth * self.last_window_s)
-        window = min(window, self.interval_s)
-        self.last_window_s = window
-        offset = self.rng.uniform(0.0, self.interval_s - window)
-        return Plan(True, offset, window, timed, probe)
+            w = min(w, self.max_growth * self.last_window_s)
+        half = self.interval_s / n
+        w = min(w, half / (3 if marker is not None else 2))  # room for the reference before it
+        self.last_window_s = w
+        lead = w if marker is not None else 0.0
+        windows = tuple((k * half + lead + self.rng.uniform(0.0, half - lead - w), w) for k in range(n))
+        return Plan(True, windows, timed, probe, marker)
 
-    def observe(self, window_s: float, calls: Mapping[int, int], cpu_s_per_s: float | None) -> None:
-        if cpu_s_per_s is not None:
-            self.cpu_s_per_s = cpu_s_per_s
-        if window_s <= 0:
+    # --- what was measured --------------------------------------------------------------------
+    def observe(self, windows: int, rates: Mapping[int, float], called: Mapping[int, int]) -> None:
+        """After an interval with `windows` windows: the functions' estimated untraced rates and
+        their calls counted in the windows (`called`; probed functions absent were not called)."""
+        if windows <= 0:
             return
         first = self.windows == 0
-        self.windows += 1
-        self.seen.update(f for f, n in calls.items() if n)
-        for f in set(self.rates) | set(calls):
-            seen = calls.get(f, 0) / window_s
-            self.rates[f] = seen if first or f not in self.rates else 0.5 * (self.rates[f] + seen)
+        self.windows += windows
+        for f, r in rates.items():
+            self.rates[f] = r if first or f not in self.rates else 0.5 * (self.rates[f] + r)
+        for f in list(self.seen):
+            if called.get(f, 0):
+                self.idle[f] = 0
+            else:
+                self.idle[f] = self.idle.get(f, 0) + windows
+        for f, n in called.items():
+            if n and f not in self.seen:
+                self.see(f, rates.get(f, 0.0))
+
+    def see(self, f: int, rate_hz: float) -> None:
+        """`f` has been called: probe it in windows from now on."""
+        self.seen.add(f)
+        self.idle[f] = 0
+        self.rates[f] = max(self.rates.get(f, 0.0), rate_hz)
+
+    def retire_idle(self) -> frozenset[int]:
+        """Seen functions not called for `idle_windows` windows: back to the watch link."""
+        gone = frozenset(f for f in self.seen if self.idle.get(f, 0) >= self.idle_windows)
+        for f in gone:
+            self.seen.discard(f)
+            self.idle.pop(f, None)
+            self.rates.pop(f, None)
+        return gone
+
+    def observe_exposure(self, value: float | None) -> None:
+        """The exposure to plan by: the upper end of the measured one, else the most seen."""
+        self.exposure = EXPOSURE_MAX if value is None else min(EXPOSURE_MAX, max(value, 0.1))
+
+    def observe_extra(self, seconds: float) -> None:
+        """Job seconds the last interval cost beyond its windows (edges, first calls on the watch link)."""
+        self.extra_s = 0.5 * (self.extra_s + max(0.0, seconds))
 
 
 class AlignedPolicy(Policy):
-    """One window for every process on one set of links (tracer/host.py): each process keeps its own
-    Policy (`members`, by pid), which says what its budget affords; the window is the least of those,
-    so no process pays more than its own budget. Which functions are probed and timed follows all of
-    them: a function seen in any process is probed, one hot in any process is only counted."""
+    """One set of windows for every process on one set of links (tracer/host.py): each process keeps
+    its own Policy (`members`, by pid), which says what its budget affords; each window is the least
+    of those, so no process pays more than its own budget. What is probed follows all of them: a
+    function seen in any process is probed, one hot in any process is only counted."""
 
     def __init__(self, classes: Mapping[int, FunctionClass], costs: Mapping[int, ProbeCost], **kw) -> None:
         super().__init__(classes, costs, **kw)
         self.members: dict[int, Policy] = {}
 
-    def affordable_s(self, timed: frozenset[int]) -> float:
+    def affordable_s(self, probe, timed, marker, n, intervals=1) -> float:
         if not self.members:
-            return self.interval_s  # no one to charge: the links cost nothing
-        return min(p.affordable_s(timed) for p in self.members.values())
+            return math.inf  # no one to charge: the links cost nothing
+        return min(p.affordable_s(probe, timed, marker, n, intervals) for p in self.members.values())
 
-    def choose_marker(self, cpu_s_per_s: float | None = None) -> int | None:
-        """One marker for all members, on links without a pid filter: the function called most over
-        all of them whose probe costs each member at most a quarter of its budget; None while a
-        member's CPU time is unmeasured or nothing qualifies. Each member reserves its own share."""
+    def window_cost_per_s(self, probe, timed) -> float:
+        return max((p.window_cost_per_s(probe, timed) for p in self.members.values()), default=0.0)
+
+    def marker_cost_per_s(self, f) -> float:
+        return max((p.marker_cost_per_s(f) for p in self.members.values()), default=0.0)
+
+    def choose_marker(self, probe, timed) -> int | None:
+        """The function called most over all members whose reference costs each of them at most a
+        quarter of what its window does."""
         members = list(self.members.values())
-        if not members or not all(p.cpu_s_per_s for p in members):
+        if not members:
             return None
-        called = {f for p in members for f, r in p.rates.items() if f in p.seen and r >= 20.0}
+        called = {f for p in members for f, r in p.rates.items() if f in probe and r >= 100.0}
         ok = [(sum(p.rates.get(f, 0.0) for p in members), f) for f in called
-              if all(p.marker_cost(f) <= p.budget * p.cpu_s_per_s / 4 for p in members)]
-        if not ok:
-            return None
-        _, f = max(ok)
-        for p in members:
-            p.reserved_s_per_s = p.marker_cost(f)
-        return f
+              if all(p.marker_cost_per_s(f) <= p.window_cost_per_s(probe, timed) / 4 for p in members)]
+        return max(ok)[1] if ok else None
 
-    def _young(self) -> bool:
-        # By each member's own age: the aligned count is the session's, which may be long.
-        return any(p.windows in YOUNG_RESCANS for p in self.members.values())
-
-    def marker_too_dear(self, f: int) -> bool:
-        """A member got lighter, or its calls of `f` denser: the shared marker costs it over half its budget."""
-        return any(p.cpu_s_per_s and p.marker_cost(f) > p.budget * p.cpu_s_per_s / 2 for p in self.members.values())
-
-    def merge(self, window_s: float) -> None:
-        """After the members observed a window of `window_s`: the union of what they saw."""
-        if window_s > 0:
-            self.windows += 1
-        self.seen = set().union(*(p.seen for p in self.members.values()))
+    def merge(self, windows: int) -> None:
+        """After the members observed an interval with `windows` windows: the union of what they saw."""
+        if windows > 0:
+            self.windows += windows
+        self.seen = set().union(*(p.seen for p in self.members.values())) if self.members else set()
         rates: dict[int, float] = {}
         for p in self.members.values():
             for f, r in p.rates.items():

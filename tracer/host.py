@@ -36,13 +36,15 @@ class HostSession:
         self.options = options
         self.probes = Probes(library, select_functions(read_functions(library), options.patterns),
                              program, calibration)
-        # An attach or detach writes (or removes) a breakpoint per probed function in every process
-        # on the file, whatever the window's length: so a window every 2nd interval, twice as long,
-        # and rescans (every function probed) every 30th window rather than 10th, and in the window
-        # after a process joins, whose calls the others' may not cover.
+        # The first window probes every function; after it, the functions no process has been seen
+        # calling are on the watch link (no pid filter: it covers a process that joins later too).
         self.policy = AlignedPolicy(self.probes.classes, self.probes.costs, budget=options.budget,
-                                    interval_s=options.interval_s, rescan_every=30,
-                                    every=1 if options.exact else 2)
+                                    interval_s=options.interval_s)
+        self.probes.on_seen = self._on_seen
+        self.probes.on_window_end = self._window_end
+        self._window_rows: list[dict[int, dict[int, RawStats]]] = []
+        self._seen_rows: dict[int, dict[int, RawStats]] = {}
+        self._seen_t = time.monotonic()
         self.tracees: dict[int, Tracee] = {}
         self._pidfds: dict[int, int] = {}
         self._adding: dict[int, None] = {}
@@ -57,8 +59,6 @@ class HostSession:
         self._epoll = select.epoll()
         self._epoll.register(self._wake_r, select.EPOLLIN)
         self._by_fd: dict[int, int] = {}  # pidfd -> pid, while the process has not exited
-        self.marker: int | None = None  # one for all the processes: see Tracee.own_marker
-        self._marker_link = None
         self.exited: list[int] = []  # of the last step
         self.strays: set[int] = set()  # processes the links counted calls of, not added
 
@@ -97,7 +97,7 @@ class HostSession:
             self._held += 1
         self._wake()
         try:
-            yield self._quiet.wait(timeout_s) or not self.probes.links and self._marker_link is None
+            yield self._quiet.wait(timeout_s) or not self.probes.links and self.probes.watch_link is None
         finally:
             with self._lock:
                 self._held -= 1
@@ -109,7 +109,8 @@ class HostSession:
         """An interval under hold(): every link detached (exact mode keeps them between intervals),
         then a wait until the interval ends or the hold does; returns the span counted."""
         counted = self.probes.detach() if self.probes.links else 0.0
-        self._set_marker(None)
+        self.probes.marker_end()
+        self.probes.set_watch(frozenset())  # off too: its breakpoints are in every process on the file
         self._quiet.set()
         with self._held_cond:
             self._held_cond.wait_for(lambda: self._held == 0 or self._stop.is_set(), timeout=interval_s)
@@ -127,15 +128,14 @@ class HostSession:
                 continue  # exited before its first interval
             o = self.options
             t = Tracee(pid, self.probes, budget=o.budget, interval_s=o.interval_s, exact=o.exact,
-                       prev=stats.get(pid), own_marker=False)
-            t.set_marker(self.marker)
+                       prev=stats.get(pid))
             t.comm_every = 10  # 50 processes' comm every second is 50 file reads for nothing
             self.tracees[pid] = t
             self._pidfds[pid] = fd
             self._by_fd[fd] = pid
             self._epoll.register(fd, select.EPOLLIN)
             self.policy.members[pid] = t.policy
-            self.policy.rescan_soon()
+            self._seen_rows[pid] = stats.get(pid, {})
 
     def _read(self) -> dict[int, dict[int, RawStats]]:
         return self.program.read_by_tgid()
@@ -167,6 +167,47 @@ class HostSession:
         except BlockingIOError:
             pass
 
+    def _window_end(self, ws) -> None:
+        rows = self._read()
+        self._window_rows.append(rows)
+        if self.policy.windows == 0 and not self.options.exact:
+            # The session's first window probed every function: those seen called go into the
+            # windows, the rest onto the watch link now.
+            for pid, t in self.tracees.items():
+                prev = t._prev
+                for f, st in rows.get(pid, {}).items():
+                    p = prev.get(f)
+                    n = st.calls - (p.calls if p is not None else 0)
+                    if n > 0 and ws.counted_s > 0:
+                        t.policy.see(f, n / ws.counted_s)
+            self._seen_rows, self._seen_t = rows, time.monotonic()
+            self.policy.merge(0)
+            self.probes.set_watch(self.policy.watch_set())
+
+    def _on_seen(self, since: float) -> None:
+        """A watched function was called, in some process (in the last `since` seconds): into the
+        windows with it, at once."""
+        rows = self._read()
+        now = time.monotonic()
+        dt = max(min(now - self._seen_t, since), 1e-3)
+        watched = self.probes.watched
+        fresh = False
+        for pid, t in self.tracees.items():
+            before = self._seen_rows.get(pid, {})
+            for f, st in rows.get(pid, {}).items():
+                if f not in watched:
+                    continue
+                b = before.get(f)
+                n = st.watched - (b.watched if b is not None else 0)
+                if n > 0:
+                    t.policy.see(f, n / dt)
+                    self.probes.log.discovered.setdefault(pid, []).append((f, dt, n))
+                    fresh = True
+        self._seen_rows, self._seen_t = rows, now
+        if fresh:
+            self.policy.merge(0)
+            self.probes.set_watch(self.policy.watch_set())
+
     def step(self, interval_s: float | None = None, view: str = "recent") -> dict[int, ProcessSnapshot]:
         """One interval over every process added so far; returns their snapshots by pid (the
         processes that exited in it included, for the last time: their pids are in `exited`):
@@ -178,60 +219,40 @@ class HostSession:
             t.begin()
         plan = self.policy.plan()
         t_start = time.monotonic()
-        marked = self._marker_link is not None  # a hold drops the marker in the interval
+        self._window_rows = []
         if self._held:
-            window = self._quiet_interval(interval_s)
+            self._quiet_interval(interval_s)
         else:
-            window = self.probes.window(plan, interval_s, self.options.exact, self._wait,
-                                        lambda: self._marker_link is not None)
+            if not self.options.exact and self.policy.windows > 0:
+                self.probes.set_watch(self.policy.watch_set())  # back after a hold
+            self.probes.window(plan, interval_s, self.options.exact, self._wait)
         if not self.tracees and not self._stop.is_set():
             self._stop.wait(max(0.0, t_start + interval_s - time.monotonic()))
         span = time.monotonic() - t_start
-        self.probes.outside_end()
-        outside_s = self.probes.take_outside_s()
-        # Without a window or a marker, no probe was attached in the interval: nothing counted,
-        # there is nothing to read (and every process's accounting has nothing to diff).
-        stats = self._read() if window > 0 or marked or self._marker_link is not None else None
+        # Rows change only while a link is attached: after the windows (read then) only the watch
+        # link's, which the poll counter tells.
+        end = self._read() if self.probes.poll_seen() or not self._window_rows or self.options.exact \
+            else self._window_rows[-1]
+        log = self.probes.take_log()
         snaps = {}
         for pid, t in self.tracees.items():
-            rows = None if stats is None else stats.get(pid, {})
-            snap = t.account(span, window, rows, outside_s, snapshot=view == "interval")
+            rows = [r.get(pid, {}) for r in self._window_rows]
+            snap = t.account(span, log, rows, end.get(pid, {}), snapshot=view == "interval")
             if snap is None:
-                # An interval without a window adds no calls to the pooled rates: the last recent
+                # An interval without a window adds nothing but watched calls: the last recent
                 # snapshot stands (the same object, so a caller can tell nothing new came).
-                snap = t.recent(rebuild=window > 0) if view == "recent" else t.summary()
+                snap = t.recent(rebuild=bool(log.windows) or t._steps <= 1) if view == "recent" else t.summary()
             snaps[pid] = snap
         self.exited = [pid for pid, t in self.tracees.items() if t.exited]
         for pid in self.exited:
             self._drop(pid)
-        self.policy.merge(window)
-        self._update_marker(window)
-        if stats is not None:
-            self._forget_strays(stats)
-        if self._marker_link is not None and not self.probes.links:
-            self.probes.outside_begin()
+        for p in self.policy.members.values():
+            p.retire_idle()
+        self.policy.merge(len(log.windows))
+        if not self.options.exact and not self._held and self.tracees:
+            self.probes.set_watch(self.policy.watch_set())
+        self._forget_strays(end)
         return snaps
-
-    def _update_marker(self, window: float) -> None:
-        if self.marker is not None:
-            if not self.tracees or self.policy.marker_too_dear(self.marker):
-                self._set_marker(None)
-            else:
-                for p in self.policy.members.values():
-                    p.reserved_s_per_s = p.marker_cost(self.marker)
-        if self.marker is None and self.tracees and window > 0 and not self.options.exact and not self._held:
-            self._set_marker(self.policy.choose_marker())
-
-    def _set_marker(self, f: int | None) -> None:
-        if self._marker_link is not None:
-            self._marker_link.close()
-            self._marker_link = None
-        if f is not None:
-            self._marker_link = self.probes.attach_marker(f, 0)
-        self.marker = f
-        for t in self.tracees.values():
-            t.set_marker(f)
-
 
     def _drop(self, pid: int, forget: bool = True) -> None:
         t = self.tracees.pop(pid)
@@ -256,7 +277,6 @@ class HostSession:
             self.program.forget([(tgid, f) for tgid in gone for f in stats[tgid]])
 
     def close(self) -> None:
-        self._set_marker(None)
         self.probes.close()
         for pid in list(self.tracees):
             # No map delete per process and function here (with 50 processes, thousands of

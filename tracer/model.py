@@ -1,7 +1,8 @@
 """Frozen snapshots the tracer hands to renderers; units are in the field names.
 
-`None` in a float field means exactly one thing: not measured in this interval (for example the
-per-call time of a function that was only counted, never timed). JSON shows it as null.
+`None` in a float field means exactly one thing: not measured (for example the per-call time of a
+function that was only counted, never timed; every figure of a process that no window measured,
+which then says why in `not_measured`). JSON shows it as null.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ class FunctionStats:
     calls_observed: int            # entry hits while probes were attached
     calls_estimated: float         # over the whole interval, from the observed rate
     rate_hz: float
-    rate_err_hz: float             # 95% half-width of rate_hz (0 when traced continuously)
+    rate_err_hz: float | None      # 95% half-width of rate_hz (0 when counted throughout; None: not known)
     timed_calls: int               # calls whose duration was measured
     mean_ns: float | None          # per-call time, probe bias subtracted
     outer_mean_ns: float | None    # the same for calls not made from inside another traced call
@@ -47,20 +48,31 @@ class ProcessSnapshot:
     window_s: float                # time probes were attached in the interval
     target_cpu_s: float | None     # the process's CPU time over the interval (/proc)
     functions: tuple[FunctionStats, ...]
-    tracer_cost_s: float           # probe time the tracer added to the process (calibrated hit cost x hits)
-    driver_cpu_s_per_s: float      # time/s in non-synchronizing driver calls
-    wait_s_per_s: float            # time/s blocked in synchronization calls
+    tracer_cost_s: float           # job time the tracer's probes and links cost the process
+    driver_cpu_s_per_s: float | None  # time/s in non-synchronizing driver calls
+    wait_s_per_s: float | None     # time/s blocked in synchronization calls
     classes: tuple[ClassTotals, ...] = ()
+    not_measured: str | None = None  # why nothing here was measured; None: measured
+    exposure: float | None = None  # share of the calibrated probe time the job lost in windows (None: not measured yet)
 
     @property
     def tracer_overhead(self) -> float | None:
-        """The tracer's cost as a fraction of the process's CPU time."""
+        """The tracer's cost as a share of the span: the most it can have slowed the process."""
+        if not self.interval_s:
+            return None
+        return self.tracer_cost_s / self.interval_s
+
+    @property
+    def tracer_cpu_share(self) -> float | None:
+        """The tracer's cost as a share of the process's CPU time."""
         if not self.target_cpu_s:
             return None
         return self.tracer_cost_s / self.target_cpu_s
 
     @property
-    def calls_hz(self) -> float:
+    def calls_hz(self) -> float | None:
+        if self.not_measured is not None:
+            return None
         return sum(f.rate_hz for f in self.functions)
 
 

@@ -1,5 +1,16 @@
-"""One libcuda file's probes on one program: its functions, the links of the current window and the
-program's counting state (closed, open, between windows).
+"""One libcuda file's probes on one program: its functions, the watch link, the links of the current
+window, the marker's reference span, and the program's counting state (closed, open, outside).
+
+Three kinds of link:
+- the watch link: an entry probe on every function no window probes (those not seen called), kept
+  attached; a call to one costs a hit and is counted (exactly: the link is always there), and the
+  waits between windows poll one counter (`Program.seen_hits`), so a function called for the first
+  time moves into the windows within `POLL_S` (`on_seen`) rather than at a rescan;
+- a window's links: entry probes on the functions seen called (return probes too on those timed),
+  attached for the window; with few functions, attach and detach write few breakpoints;
+- the marker's: one function's entry probe, attached a window's length before the window and kept
+  through it, so that its rate in that reference span (counting state "outside") against its
+  rate in the window measures what the window's probes cost the job.
 
 Shared by a Session (one process: links filtered to its pid) and a HostSession (every process that
 maps the file: links without a pid filter). The counting state is one global per program, so every
@@ -10,12 +21,15 @@ maps and accounted by a Tracee (tracer/tracee.py).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 from . import links
-from .bpfprog import COOKIE_MARKER, COOKIE_STEPPED, COOKIE_TIMED, Program
+from .bpfprog import COOKIE_MARKER, COOKIE_STEPPED, COOKIE_TIMED, COOKIE_WATCH, Program
 from .calibrate import Calibration, probe_kind
 from .symbols import Function
+
+POLL_S = 0.02  # how often the waits look at the watch link's counter
 
 
 def stamped(flip: Callable[[], None]) -> float:
@@ -25,6 +39,30 @@ def stamped(flip: Callable[[], None]) -> float:
     t0 = time.monotonic()
     flip()
     return (t0 + time.monotonic()) / 2
+
+
+@dataclass
+class WindowSpan:
+    """What one window of an interval counted, for the accounting: spans in seconds."""
+
+    counted_s: float
+    probed: frozenset[int]
+    timed: frozenset[int]
+    marker: int | None = None
+    outside_s: float = 0.0   # the marker's reference span before it
+
+
+@dataclass
+class IntervalLog:
+    """What the probes did in one interval."""
+
+    windows: list[WindowSpan] = field(default_factory=list)
+    unwatched_s: dict[int, float] = field(default_factory=dict)  # per function: seconds off the watch link
+    writes: int = 0          # breakpoints written (attach and detach of window, marker and watch links)
+    counted_s: float = 0.0   # the windows' total (exact mode: the interval's)
+    # Per process: (function, seconds, calls) the watch link counted of a function just before it
+    # moved into the windows: a sample of its rate, until a window has one.
+    discovered: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
 
 
 class Probes:
@@ -42,16 +80,90 @@ class Probes:
                               cal.stepped.entry_ns, cal.stepped.entry_return_ns)
         self.costs = {i: cal.of(k) for i, k in self.kinds.items()}
         self.links: list[links.Link] = []
+        self.marker_link: links.Link | None = None
+        self.watch_link: links.Link | None = None
+        self.watched: frozenset[int] = frozenset()
+        self._watch_since = time.monotonic()
+        self._seen_mark = 0
         self.opened_at: float | None = None
         self.probed: frozenset[int] = frozenset()
         self.outside_since: float | None = None
-        self.outside_s = 0.0  # this interval's time between windows (the markers' reference span)
+        self.log = IntervalLog()
         self.attach_s: list[float] = []
         self.detach_s: list[float] = []
+        # Called from the waits when a watched function has been called, with the seconds since
+        # the poll before (the calls it finds were made in them): the caller moves it into the
+        # windows (set_watch without it).
+        self.on_seen: Callable[[float], None] = lambda dt: None
+        self._poll_t = time.monotonic()
+        # Called after each window is logged: the caller reads the maps, so each window's counts
+        # are its own.
+        self.on_window_end: Callable[[WindowSpan], None] = lambda ws: None
+        self._current: WindowSpan | None = None  # the window open now
 
     def cookie(self, f: int, timed: bool = False) -> int:
         return f | (COOKIE_TIMED if timed else 0) | (COOKIE_STEPPED if self.kinds[f] == "stepped" else 0)
 
+    def _attach(self, ids: list[int], cookies: list[int], retprobe: bool) -> links.Link:
+        return self.program.attach(self.library, [self.ids[i].offset for i in ids], cookies, retprobe=retprobe,
+                                   pid=self.pid)
+
+    # --- the watch link -----------------------------------------------------------------------
+    def _tally_unwatched(self, now: float) -> None:
+        dt = now - self._watch_since
+        if dt > 0:
+            acc = self.log.unwatched_s
+            for f in self.ids.keys() - self.watched:
+                acc[f] = acc.get(f, 0.0) + dt
+        self._watch_since = now
+
+    def set_watch(self, ids: frozenset[int]) -> None:
+        """Keeps exactly `ids` on the watch link: a new link first, then the old one closed, so the
+        functions on both are never off it (their breakpoints stay: no writes for them)."""
+        ids = frozenset(ids)
+        if ids == self.watched and (self.watch_link is not None or not ids):
+            return
+        old = self.watch_link
+        new = None
+        if ids:
+            order = sorted(ids)
+            new = self._attach(order, [self.cookie(i) | COOKIE_WATCH for i in order], retprobe=False)
+        now = time.monotonic()
+        self._tally_unwatched(now)
+        self.log.writes += len(ids - self.watched) + len(self.watched - ids)
+        self.watch_link, self.watched = new, ids
+        if old is not None:
+            old.close()
+        self._seen_mark = self.program.seen_hits()
+        self._poll_t = time.monotonic()
+
+    def poll_seen(self) -> float | None:
+        """Seconds since the last look if the watch link has been hit since then, else None (one
+        map lookup)."""
+        if self.watch_link is None:
+            return None
+        n = self.program.seen_hits()
+        now = time.monotonic()
+        since, self._poll_t = now - self._poll_t, now
+        if n != self._seen_mark:
+            self._seen_mark = n
+            return since
+        return None
+
+    def waiting(self, wait: Callable[[float], bool], seconds: float) -> bool:
+        """wait(seconds), looking at the watch link every POLL_S; False once wait says so."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            if not wait(min(left, POLL_S) if self.watch_link is not None else left):
+                return False
+            since = self.poll_seen()
+            if since is not None:
+                self.on_seen(since)
+
+    # --- windows ------------------------------------------------------------------------------
     def attach(self, timed: frozenset[int], probe: frozenset[int] | None = None) -> None:
         """Attaches the return link, then the entry link (every entry seen has its return seen), then
         opens counting. A pid-filtered attach raises NoSuchProcess if that process has exited."""
@@ -64,22 +176,14 @@ class Probes:
             timed_ids = [i for i in ids if i in timed]
             try:
                 if timed_ids:
-                    self.links.append(self.program.attach(
-                        self.library, [self.ids[i].offset for i in timed_ids],
-                        [self.cookie(i, True) for i in timed_ids], retprobe=True, pid=self.pid))
-                self.links.append(self.program.attach(
-                    self.library, [self.ids[i].offset for i in ids],
-                    [self.cookie(i, i in timed) for i in ids], retprobe=False, pid=self.pid))
+                    self.links.append(self._attach(timed_ids, [self.cookie(i, True) for i in timed_ids], True))
+                self.links.append(self._attach(ids, [self.cookie(i, i in timed) for i in ids], False))
             except BaseException:
                 self.detach()
                 raise
+            self.log.writes += 2 * len(ids)
             self.attach_s.append(time.perf_counter() - t0)
         self.opened_at = stamped(self.program.open)
-
-    def attach_marker(self, f: int, pid: int) -> links.Link:
-        """The marker's own entry link on one process, attached until closed."""
-        return self.program.attach(self.library, [self.ids[f].offset], [self.cookie(f) | COOKIE_MARKER],
-                                   retprobe=False, pid=pid)
 
     def reopen(self) -> float:
         """Exact mode: the span counted since the last call. Counting stays open from one interval
@@ -107,50 +211,96 @@ class Probes:
             self.detach_s.append(time.perf_counter() - t0)
         return counted
 
-    def outside_begin(self) -> None:
-        """Between windows, with markers attached: their hits count as `outside`."""
+    def marker_begin(self, f: int) -> None:
+        self.marker_end()
+        self.marker_link = self._attach([f], [self.cookie(f) | COOKIE_MARKER], False)
+        self.log.writes += 2
         self.outside_since = stamped(self.program.outside)
 
-    def outside_end(self) -> None:
-        if self.outside_since is not None:
-            self.outside_s += stamped(self.program.close_counting) - self.outside_since
-            self.outside_since = None
+    def marker_end(self) -> None:
+        if self.marker_link is not None:
+            self.marker_link.close()
+            self.marker_link = None
 
-    def take_outside_s(self) -> float:
-        s, self.outside_s = self.outside_s, 0.0
+    def outside_end(self) -> float:
+        if self.outside_since is None:
+            return 0.0
+        s = stamped(self.program.close_counting) - self.outside_since
+        self.outside_since = None
         return s
 
-    def window(self, plan, interval_s: float, exact: bool, wait: Callable[[float], bool],
-               markers: Callable[[], bool]) -> float:
-        """Runs one interval's window as planned (waiting with `wait`, which returns False once
-        there is no one left to trace); returns the span counted."""
+    def window(self, plan, interval_s: float, exact: bool, wait: Callable[[float], bool]) -> float:
+        """Runs one interval's windows as planned (waiting with `wait`, which returns False once
+        there is no one left to trace); returns the span counted. What was done is in `log`."""
         t_start = time.monotonic()
         if not plan.attach:
-            wait(interval_s)
+            self.waiting(wait, interval_s)
             return 0.0
         if exact:
             if not self.links:
                 self.attach(plan.timed)
             wait(interval_s)
-            return self.reopen()
-        if not wait(min(plan.offset_s, interval_s)):
-            return 0.0
-        self.attach(plan.timed, plan.probe)
-        wait(min(plan.window_s, interval_s))
+            counted = self.reopen()
+            self._end_window(WindowSpan(counted, self.probed, plan.timed))
+            return counted
+        total = 0.0
+        for offset, length in plan.windows:
+            lead = length if plan.marker is not None else 0.0
+            if not self.waiting(wait, t_start + offset - lead - time.monotonic()):
+                break
+            outside = 0.0
+            if plan.marker is not None:
+                self.marker_begin(plan.marker)
+                if not self.waiting(wait, lead):
+                    self.outside_end()
+                    self.marker_end()
+                    break
+                outside = self.outside_end()
+            self._current = WindowSpan(0.0, plan.probe, plan.timed, plan.marker, outside)
+            self.attach(plan.timed, plan.probe)
+            self.waiting(wait, length)
+            total += self._finish_window()
+        self.waiting(wait, t_start + interval_s - time.monotonic())
+        return total
+
+    def _finish_window(self) -> float:
         counted = self.detach()
-        if markers():
-            self.outside_begin()
-        wait(t_start + interval_s - time.monotonic())
+        self.marker_end()
+        ws, self._current = self._current, None
+        if ws is not None:
+            ws.counted_s = counted
+            self._end_window(ws)
         return counted
 
+    def _end_window(self, ws: WindowSpan) -> None:
+        self.log.windows.append(ws)
+        self.log.counted_s += ws.counted_s
+        self.on_window_end(ws)
+
+    def take_log(self) -> IntervalLog:
+        """What the probes did since the last call (the interval's log), and a fresh one."""
+        self._tally_unwatched(time.monotonic())
+        log, self.log = self.log, IntervalLog()
+        return log
+
     def interrupted(self, exact: bool) -> float:
-        """Ctrl-C in the middle of window(): what was counted up to now."""
+        """Ctrl-C (or the process gone) in the middle of window(): ends the window open now, if
+        any, as if it had ended then; returns what it counted."""
         if exact and self.opened_at is not None:
-            return self.reopen()
-        if self.links or self.opened_at is not None:
-            return self.detach()
-        return 0.0
+            counted = self.reopen()
+            self._end_window(WindowSpan(counted, self.probed, frozenset(self.ids)))
+        elif self._current is not None:
+            counted = self._finish_window()
+        else:
+            counted = self.detach()
+        self.outside_end()
+        self.marker_end()
+        return counted
 
     def close(self) -> None:
         self.detach()
         self.outside_end()
+        self.marker_end()
+        if self.watch_link is not None:
+            self.watch_link.close()
+            self.watch_link = None

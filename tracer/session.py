@@ -87,7 +87,12 @@ class Session:
         prev = {func: st for (tgid, func), st in prog.read_stats().items() if tgid == pid}
         self.tracee = Tracee(pid, self.probes, budget=options.budget, interval_s=options.interval_s,
                              exact=options.exact, prev=prev)
+        self.probes.on_seen = self._on_seen
+        self.probes.on_window_end = self._window_end
+        self._window_rows: list = []
+        self._seen_rows, self._seen_t = prev, time.monotonic()
         self.started = time.monotonic()
+        self.started_wall = time.time()
         self.interrupted = False
         self._pidfd: int | None = None
         try:
@@ -105,7 +110,6 @@ class Session:
     detach_s = property(lambda self: self.probes.detach_s)
     policy = property(lambda self: self.tracee.policy)
     comm = property(lambda self: self.tracee.comm)
-    marker = property(lambda self: self.tracee.marker)
 
     @property
     def exited(self) -> bool:
@@ -144,21 +148,61 @@ class Session:
             return False
         return True
 
+    def _read(self) -> dict:
+        return self.program.read_by_tgid().get(self.pid, {})
+
+    def _window_end(self, ws) -> None:
+        rows = self._read()
+        self._window_rows.append(rows)
+        if self.tracee.policy.windows == 0 and not self.options.exact:
+            # The scout probed every function: those it saw called go into the windows, the rest
+            # onto the watch link now, not at the interval's end (calls in between would be lost).
+            prev = self.tracee._prev
+            for f, st in rows.items():
+                p = prev.get(f)
+                n = st.calls - (p.calls if p is not None else 0)
+                if n > 0 and ws.counted_s > 0:
+                    self.policy.see(f, n / ws.counted_s)
+            self._seen_rows, self._seen_t = rows, time.monotonic()
+            self.probes.set_watch(self.policy.watch_set())
+
+    def _on_seen(self, since: float) -> None:
+        """A watched function was called (in the last `since` seconds): move it (and any other)
+        into the windows at once."""
+        rows = self._read()
+        now = time.monotonic()
+        dt = max(min(now - self._seen_t, since), 1e-3)
+        fresh = {}
+        for f in self.probes.watched:
+            st = rows.get(f)
+            if st is None:
+                continue
+            before = self._seen_rows.get(f)
+            n = st.watched - (before.watched if before is not None else 0)
+            if n > 0:
+                fresh[f] = n
+        self._seen_rows, self._seen_t = rows, now
+        for f, n in fresh.items():
+            self.policy.see(f, n / dt)
+            self.probes.log.discovered.setdefault(self.pid, []).append((f, dt, n))
+        if fresh:
+            self.probes.set_watch(self.policy.watch_set())
+
     def step(self, index: int, interval_s: float | None = None) -> Interval:
         interval_s = interval_s or self.options.interval_s
         exact = self.options.exact
         plan = self.policy.plan()
         t_start = time.monotonic()
         self.tracee.begin()
+        self._window_rows = []
         window = 0.0
         try:
             if not self.exited:
-                window = self.probes.window(plan, interval_s, exact, self._wait,
-                                            lambda: self.tracee.marker_link is not None)
+                window = self.probes.window(plan, interval_s, exact, self._wait)
             else:
                 self._wait(interval_s)
         except NoSuchProcess:
-            self.probes.detach()  # it exited between the last wait and this attach: end as it would have
+            window = self.probes.interrupted(exact)  # it exited between the last wait and an attach
             self.exited = True
         except KeyboardInterrupt:
             # Ctrl-C: keep what this interval counted up to now, and let run() stop after it.
@@ -167,11 +211,10 @@ class Session:
         span = time.monotonic() - t_start
         if self.exited and exact:
             self.probes.detach()
-        self.probes.outside_end()
-        now = {func: st for (tgid, func), st in self.program.read_stats().items() if tgid == self.pid}
-        snap = self.tracee.account(span, window, now, self.probes.take_outside_s())
-        if self.tracee.marker_link is not None and not self.exited and not self.probes.links:
-            self.probes.outside_begin()
+        snap = self.tracee.account(span, self.probes.take_log(), self._window_rows, self._read())
+        if not exact and not self.exited:
+            self.policy.retire_idle()
+            self.probes.set_watch(self.policy.watch_set())
         return Interval(index, t_start - self.started, span, window, (snap,), self.program.read_errors())
 
     def summary(self) -> ProcessSnapshot:

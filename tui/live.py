@@ -211,15 +211,19 @@ class LiveSource:
 
     def snapshot(self) -> HostSnapshot:
         gpus, note = read_gpus()
-        rows, pending = [], []
+        rows, pending, waiting = [], [], []
         for pid, (ft, lib) in sorted(self._pids.items()):
             r = self._row(pid, ft, lib)
             if r is None:
                 pending.append(pid)
+            elif r.snapshot.not_measured is not None:
+                # Listed, not shown as a row of zeros: no window has measured it yet.
+                pending.append(pid)
+                waiting.append(f"pid {pid}: {r.snapshot.not_measured}")
             else:
                 rows.append(r)
         self._rows = {r.pid: r for r in rows}
-        notes = tuple(f"pid {pid}: {msg}" for pid, msg in sorted(self._notes.items()))
+        notes = tuple(f"pid {pid}: {msg}" for pid, msg in sorted(self._notes.items())) + tuple(waiting)
         return HostSnapshot(time.time(), self.host, gpus, note, self.options.budget, tuple(rows), tuple(pending), notes)
 
     def frames(self) -> Iterator[HostSnapshot]:

@@ -63,9 +63,9 @@ class HostSnapshot:
     host: str
     gpus: tuple[Gpu, ...]
     gpu_note: str                  # why there are no GPUs shown, or ""
-    budget: float                  # the tracer's cost cap, fraction of each target's CPU
+    budget: float                  # the tracer's cost cap, share of each process's time
     processes: tuple[ProcessRow, ...]
-    pending: tuple[int, ...] = ()  # found, not measured yet (attaching)
+    pending: tuple[int, ...] = ()  # found, not measured yet (attaching, or no window yet: notes say why)
     notes: tuple[str, ...] = ()    # processes that could not be traced, and why
 
     @property
@@ -74,9 +74,10 @@ class HostSnapshot:
 
     @property
     def tracer_overhead(self) -> float | None:
-        """The tracer's probe cost as a fraction of the traced processes' CPU time."""
-        cpu = sum(p.snapshot.target_cpu_s or 0.0 for p in self.processes)
-        return self.tracer_cost_s / cpu if cpu > 0 else None
+        """The tracer's cost to the process it costs most, as a share of that process's time:
+        the budget holds for each process, so this is what to hold against it."""
+        shares = [p.snapshot.tracer_overhead for p in self.processes if p.snapshot.tracer_overhead is not None]
+        return max(shares) if shares else None
 
 
 # --- codec ------------------------------------------------------------------------------------

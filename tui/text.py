@@ -106,7 +106,7 @@ def render_host(h: HostSnapshot, preset: str) -> str:
     gpus = "; ".join(f"{g.index}: {g.name} {g.util_pct or 0:.0f}% {fmt_bytes(g.mem_used_bytes)}/{fmt_bytes(g.mem_total_bytes)}"
                      for g in h.gpus) or f"none ({h.gpu_note})"
     lines = [f"{h.host}  GPUs: {gpus}",
-             f"tracer: {fmt_pct(h.tracer_overhead)} of the traced processes' CPU (budget {fmt_pct(h.budget, 1)} each); "
+             f"tracer: at most {fmt_pct(h.tracer_overhead)} of a traced process's time (budget {fmt_pct(h.budget, 1)} each); "
              f"overhead preset {preset}"]
     keys = [k for k in COLUMNS if k != "trend"]
     rows = [[COLUMNS[k][1](r, preset, now) for k in keys] for r in sort_rows(h.processes, "overhead", preset)]
@@ -116,5 +116,5 @@ def render_host(h: HostSnapshot, preset: str) -> str:
         lines.append("  ".join(c.ljust(w) if i in (1, len(keys) - 1) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
     if not h.processes:
         lines.append("(no CUDA process measured)")
-    lines += [f"attaching: pid {p}" for p in h.pending] + list(h.notes)
+    lines += [f"not measured yet: pid {p}" for p in h.pending] + list(h.notes)
     return "\n".join(lines) + "\n"

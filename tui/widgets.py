@@ -50,7 +50,7 @@ class HostHeader(Widget):
         else:
             t.append(f"GPUs: none ({h.gpu_note})", style="dim")
         u = Text()
-        u.append(f"tracer {fmt_pct(h.tracer_overhead)} of traced CPU (budget {fmt_pct(h.budget, 1)})  ")
+        u.append(f"tracer at most {fmt_pct(h.tracer_overhead)} of a job's time (budget {fmt_pct(h.budget, 1)})  ")
         u.append(f"{len(h.processes)} processes", style="bold")
         if h.pending:
             u.append(f", {len(h.pending)} attaching")

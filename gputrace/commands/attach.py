@@ -207,6 +207,7 @@ def trace(args: argparse.Namespace) -> int:
                  "functions": list(patterns), "attach_mode": session.program.mode},
         calibration=session.calibration,
         attach={
+            "started_monotonic_s": session.started,  # CLOCK_MONOTONIC: lines the intervals up with a job's own clock
             "mode": session.program.mode,
             "functions": len(session.functions),
             "windows": len(session.attach_s),

@@ -89,10 +89,12 @@ def once(args: argparse.Namespace) -> int:
             last = frame
             if initial is None:
                 initial = set(frame.pending) | {r.pid for r in frame.processes}
-            waited = time.monotonic() - t0
-            # Waits for the processes there at the start to be measured, not for ones that keep coming
-            # (a test suite's), and never without bound: --once must end.
-            if waited >= args.duration and (not initial & set(frame.pending) or waited >= args.duration + 30):
+            rows = {r.pid: r for r in frame.processes}
+            # Every process there at the start (still there) traced for -d seconds and measured:
+            # not the ones that keep coming (a test suite's), and never without bound.
+            ready = all(pid in rows and rows[pid].snapshot.interval_s >= args.duration - 0.05
+                        for pid in initial if pid in rows or pid in frame.pending)
+            if ready or time.monotonic() - t0 >= args.duration + 30:
                 break
     finally:
         src.close()

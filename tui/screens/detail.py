@@ -43,7 +43,7 @@ def audit_text(row: ProcessRow, preset: str, now: float | None = None) -> Text:
     t.append(f"libcuda {row.library or '?'}\n", style="dim")
     t.append(f"driver calls {fmt_rate(s.calls_hz)}/s; driver CPU {fmt_pct(s.driver_cpu_s_per_s, 1)}; "
              f"wait {fmt_pct(s.wait_s_per_s, 1)}; probes attached {fmt_pct(s.window_s / s.interval_s if s.interval_s else 0, 0)} "
-             f"of {s.interval_s:.1f} s; tracer {fmt_pct(s.tracer_overhead)} of its CPU\n")
+             f"of {s.interval_s:.1f} s; tracer {fmt_pct(s.tracer_overhead)} of its time\n")
     t.append(f"preset {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")
     t.append(f"{fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second; ")
     t.append(f"predicted slowdown {fmt_share(a.slowdown_lower)} (hidden in the wait) – {fmt_share(a.slowdown_upper)} (exposed)",

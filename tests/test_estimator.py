@@ -1,0 +1,303 @@
+"""tracer/estimator.py driven by synthetic call streams: jobs whose rates change, start late, come in
+bursts or stop; short runs and long ones. The stream is simulated call by call (Poisson within
+each stretch of constant rate), windows are placed as the budget places them, the probes slow a job
+with no slack as a real one is slowed, and the estimates are held against the calls the job made.
+No root, no BPF."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from gputrace.tracer import estimator as est
+
+
+@dataclass
+class Func:
+    """A function's untraced rate as steps: [(from t, rate), ...], in bursts of `duty` of each `period`."""
+
+    steps: list[tuple[float, float]]
+    duty: float = 1.0
+    period: float = 0.1
+    cost_s: float = 1e-6  # calibrated probe cost a hit
+
+    def rate(self, t: float) -> float:
+        r = 0.0
+        for t0, v in self.steps:
+            if t >= t0:
+                r = v
+        if self.duty < 1.0:
+            return r / self.duty if (t % self.period) < self.duty * self.period else 0.0
+        return r
+
+    def calls(self, a: float, b: float, rng: random.Random, slow: float = 1.0) -> int:
+        """Calls in [a, b), the job slowed to `slow` of its pace."""
+        n, t, dt = 0, a, 0.0005
+        while t < b:
+            lam = self.rate(t) * min(dt, b - t) * slow
+            n += poisson(lam, rng)
+            t += dt
+        return n
+
+
+def poisson(lam: float, rng: random.Random) -> int:
+    if lam <= 0:
+        return 0
+    if lam > 50:
+        return max(0, int(round(rng.gauss(lam, math.sqrt(lam)))))
+    k, p, l = 0, 1.0, math.exp(-lam)
+    while True:
+        p *= rng.random()
+        if p <= l:
+            return k
+        k += 1
+
+
+@dataclass
+class Job:
+    funcs: dict[int, Func]
+    kappa: float = 1.0                 # the share of calibrated probe time the job loses in windows
+
+    def truth(self, a: float, b: float) -> dict[int, float]:
+        out = {}
+        for f, fn in self.funcs.items():
+            n, t, dt = 0.0, a, 0.0005
+            while t < b:
+                n += fn.rate(t) * min(dt, b - t)
+                t += dt
+            out[f] = n
+        return out
+
+
+def first_call(fn: Func, t: float, end: float, rng: random.Random) -> float | None:
+    dt = 0.0005
+    while t < end:
+        if rng.random() < 1 - math.exp(-fn.rate(t) * dt):
+            return t
+        t += dt
+    return None
+
+
+DISCOVERY_S = 0.02  # the watch link's poll period: a function called is moved into the windows within it
+
+
+def simulate(job: Job, seconds: float, rng: random.Random, *, window_s: float = 0.01, per_interval: int = 2,
+             marker: int | None = None, every: int = 1) -> list[est.Observation]:
+    """What the tracer would record, interval by interval (1 s): the first window probes every
+    function; those it saw called are sampled in every window after it, the rest are on the watch
+    link (counted exactly) until DISCOVERY_S after their first call, when the last DISCOVERY_S of
+    watched calls stand as a window of their own and windows sample them. `per_interval` windows
+    an interval, each at a random offset in its part, with the marker's reference span before it;
+    a window every `every` intervals."""
+    obs = []
+    seen: set[int] = set()
+    watch: dict[int, tuple[float, float]] = {}  # function -> [on, off) of the watch link
+    t, k = 0.0, 0
+    while t < seconds - 1e-9:
+        span = min(1.0, seconds - t)
+        windows = []
+        if k % every == 0:
+            part = span / per_interval
+            for j in range(per_interval):
+                w = min(window_s, part / 3)
+                lead = w if marker is not None and t > 0 else 0.0
+                start = t + j * part + lead + rng.uniform(0, part - lead - w)
+                scout = not obs and not windows
+                probed = frozenset(job.funcs) if scout else frozenset(f for f in seen if watch.get(f, (0, 0))[1] <= start)
+                if not probed:
+                    continue
+                # The probes' share of the window, as the job spends it (solved with the slowdown
+                # it causes): the job runs at (1 - kappa p) of its pace.
+                base = sum(job.funcs[f].rate(start) * job.funcs[f].cost_s for f in probed)
+                p = base / (1 + job.kappa * base)
+                calls = {f: job.funcs[f].calls(start, start + w, rng, 1 - job.kappa * p) for f in probed}
+                probe_s = sum(n * job.funcs[f].cost_s for f, n in calls.items())
+                m = None
+                if lead and marker in probed:
+                    fm = job.funcs[marker]
+                    bm = fm.rate(start) * fm.cost_s
+                    out = fm.calls(start - lead, start, rng, 1 - job.kappa * bm / (1 + job.kappa * bm))
+                    m = est.MarkerCount(calls[marker], w, out, lead, out * fm.cost_s)
+                windows.append(est.Window(w, probed, {f: n for f, n in calls.items() if n}, probe_s, m))
+                if scout:
+                    seen.update(f for f, n in calls.items() if n)
+                    for f in job.funcs:
+                        if f not in seen:
+                            first = first_call(job.funcs[f], start + w, seconds, rng)
+                            watch[f] = (start + w, math.inf if first is None else first + DISCOVERY_S)
+        watched, unwatched = {}, {}
+        for f, fn in job.funcs.items():
+            on, off = watch.get(f, (math.inf, math.inf))
+            a, b = max(on, t), min(off, t + span)
+            if a < b:
+                watched[f] = fn.calls(a, b, rng)
+            unwatched[f] = span - max(0.0, b - a)
+            if t <= off < t + span:  # moved into the windows in this interval: the last watched calls stand as a window
+                seen.add(f)
+                n = fn.calls(off - DISCOVERY_S, off, rng)
+                windows.append(est.Window(DISCOVERY_S, frozenset({f}), {f: n} if n else {}, n * fn.cost_s))
+        obs.append(est.Observation(span, tuple(windows), {f: n for f, n in watched.items() if n},
+                                   {f: u for f, u in unwatched.items() if u > 1e-12}))
+        t += span
+        k += 1
+    return obs
+
+
+def covered(e: est.Estimate, truth_calls: float, span: float) -> bool:
+    return abs(e.rate_hz - truth_calls / span) <= e.err_hz
+
+
+MEASURED = est.Exposures(est.Exposure(1.0, 0.0, True), est.Exposure(1.0, 0.0, True))
+
+
+# --- point estimates -------------------------------------------------------------------------------------------------
+
+def test_a_steady_job_reads_its_rate_within_a_few_percent():
+    rng = random.Random(1)
+    job = Job({0: Func([(0, 50_000.0)], cost_s=2e-7), 1: Func([(0, 3_000.0)], cost_s=2e-7)})
+    obs = simulate(job, 30, rng, window_s=0.02)
+    out = est.estimate(obs, MEASURED)
+    for f, true in job.truth(0, 30).items():
+        assert out[f].rate_hz == pytest.approx(true / 30, rel=0.05)
+        assert covered(out[f], true, 30)
+        assert out[f].err_hz < 0.1 * out[f].rate_hz  # and says so: a narrow interval
+
+
+def test_a_function_that_starts_late_is_counted_from_its_start_not_averaged_over_windows_before_it():
+    """Watched (exact) until 20 ms after its first call at 4.3 s, then sampled: the session rate is
+    its calls over the session, not its loop's rate."""
+    rng = random.Random(2)
+    job = Job({0: Func([(0, 10_000.0)]), 1: Func([(0, 0.0), (4.3, 80_000.0)])})
+    obs = simulate(job, 10, rng)
+    out = est.estimate(obs, MEASURED)
+    true = job.truth(0, 10)
+    assert out[1].rate_hz == pytest.approx(true[1] / 10, rel=0.05) and covered(out[1], true[1], 10)
+    assert out[1].measured_s == pytest.approx(10.0)
+
+
+def test_a_phase_change_counts_once_in_the_uncertainty():
+    """Setup then a loop: the windows' rates step once; from one window to the next, that is one big
+    difference among many small ones, not every window's distance from a mean between the phases."""
+    rng = random.Random(3)
+    job = Job({0: Func([(0, 1_000.0), (5.0, 300_000.0)], cost_s=1e-8)})
+    obs = simulate(job, 20, rng)
+    e = est.estimate(obs, MEASURED)[0]
+    true = job.truth(0, 20)[0]
+    assert covered(e, true, 20) and e.rate_hz == pytest.approx(true / 20, rel=0.05)
+    assert e.err_hz < 0.15 * e.rate_hz
+
+
+def test_windowless_intervals_carry_the_last_windows_rate_and_count_in_the_span():
+    """A window every third interval (a tight budget): the rate stands for the windowless intervals
+    after it; a job traced from its start is not read at a third of its rate."""
+    rng = random.Random(4)
+    job = Job({0: Func([(0, 40_000.0)])})
+    obs = simulate(job, 12, rng, every=3)
+    assert sum(bool(o.windows) for o in obs) == 4
+    e = est.estimate(obs, MEASURED)[0]
+    assert e.rate_hz == pytest.approx(40_000.0, rel=0.05) and e.calls_estimated == pytest.approx(480_000, rel=0.05)
+
+
+def test_a_function_never_sampled_and_not_watched_is_not_measured():
+    obs = [est.Observation(1.0, (), {}, {0: 1.0})]
+    assert est.estimate(obs) == {}  # nothing counted: nothing to list
+    w = est.Window(0.01, frozenset({1}), {1: 100}, 0.0)
+    obs = [est.Observation(1.0, (w,), {}, {0: 1.0, 1: 1.0})]
+    out = est.estimate(obs, MEASURED)
+    assert 0 not in out and out[1].rate_hz == pytest.approx(10_000.0)
+
+
+def test_an_empty_window_is_a_measured_zero_not_a_gap():
+    """A bursty job's window that fell between bursts saw no calls: that is a sample, and the next
+    window's burst is another; both count."""
+    w0 = est.Window(0.01, frozenset({0}), {}, 0.0)
+    w1 = est.Window(0.01, frozenset({0}), {0: 200}, 0.0)
+    out = est.estimate([est.Observation(1.0, (w0, w1), {}, {0: 1.0})], MEASURED)
+    assert out[0].rate_hz == pytest.approx(10_000.0)  # (0 + 20k) / 2
+    assert out[0].err_hz > 10_000.0  # two windows that disagree that much: t with one degree of freedom
+
+
+def test_watched_throughout_is_exact():
+    obs = [est.Observation(1.0, (), {0: 1234}, {}), est.Observation(0.5, (), {0: 766}, {})]
+    e = est.estimate(obs)[0]
+    assert (e.calls_observed, e.calls_estimated, e.rate_hz, e.err_hz) == (2000, pytest.approx(2000), pytest.approx(2000 / 1.5), 0.0)
+
+
+# --- exposure --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kappa", [0.0, 1.0, 2.0])
+def test_the_marker_measures_the_exposure_and_the_rates_come_out_untraced(kappa):
+    """A job that loses kappa x the probes' calibrated time in windows (0: it hides in waits; 2: a
+    real job's cache misses): the marker's reference against its in-window rate gives kappa back,
+    and the rates are the job's untraced ones."""
+    rng = random.Random(5)
+    job = Job({0: Func([(0, 300_000.0)], cost_s=1e-6), 1: Func([(0, 20_000.0)], cost_s=1e-6)}, kappa=kappa)
+    obs = simulate(job, 30, rng, window_s=0.02, marker=1)
+    pool = est.MarkerPools()
+    for o in obs:
+        for w in o.windows:
+            pool.add(w)
+    expo = pool.exposures()
+    assert expo.counted.measured and abs(expo.counted.value - kappa) <= expo.counted.err + 0.05
+    out = est.estimate(obs, expo)
+    true = job.truth(0, 30)
+    for f in (0, 1):
+        assert out[f].rate_hz == pytest.approx(true[f] / 30, rel=0.06) and covered(out[f], true[f], 30)
+
+
+def test_unmeasured_exposure_widens_the_interval_to_cover_both_ends():
+    """No marker: the job may have lost nothing or up to EXPOSURE_MAX x the probe time; the interval
+    covers the untraced rate either way."""
+    for kappa in (0.0, 2.5):
+        rng = random.Random(6)
+        job = Job({0: Func([(0, 200_000.0)], cost_s=1e-6)}, kappa=kappa)
+        obs = simulate(job, 5, rng)
+        e = est.estimate(obs, est.UNMEASURED)[0]
+        assert covered(e, job.truth(0, 5)[0], 5), kappa
+
+
+def test_exposure_needs_enough_marker_calls():
+    w = est.Window(0.01, frozenset({0}), {0: 10}, 0.001, est.MarkerCount(10, 0.01, 12, 0.01, 0.0))
+    assert est.exposure([w]) == est.UNMEASURED_EXPOSURE
+
+
+# --- coverage ----------------------------------------------------------------------------------------------------------
+
+def random_job(rng: random.Random, seconds: float) -> Job:
+    funcs = {}
+    for f in range(rng.randint(2, 5)):
+        steps = [(0.0, rng.choice([0.0, 2e3, 2e4, 1e5, 3e5]))]
+        for _ in range(rng.randint(0, 2)):  # phase changes
+            steps.append((rng.uniform(0, seconds), rng.choice([0.0, 5e3, 5e4, 2e5])))
+        steps.sort()
+        funcs[f] = Func(steps, duty=rng.choice([1.0, 1.0, 0.5, 0.2]), period=rng.choice([0.05, 0.1, 0.3]),
+                        cost_s=rng.choice([2e-7, 1e-6]))
+    return Job(funcs, kappa=rng.choice([0.3, 1.0, 2.0]))
+
+
+def test_stated_intervals_cover_the_truth_at_least_90_percent_of_the_time():
+    """Short runs and long, steady and bursty, phases changing: the 95% intervals must cover the
+    calls the job made for at least 90% of (run, function above 1k calls/s) pairs."""
+    rng = random.Random(11)
+    hits = total = 0
+    for run in range(150):
+        seconds = rng.choice([1, 2, 3, 5, 10])
+        job = random_job(rng, seconds)
+        marker = max(job.funcs, key=lambda f: job.funcs[f].steps[-1][1])
+        obs = simulate(job, seconds, rng, window_s=rng.choice([0.005, 0.01, 0.03]), marker=marker)
+        pool = est.MarkerPools()
+        for o in obs:
+            for w in o.windows:
+                pool.add(w)
+        out = est.estimate(obs, pool.exposures())
+        for f, true in job.truth(0, seconds).items():
+            if true / seconds < 1000:
+                continue
+            total += 1
+            e = out.get(f)
+            hits += e is not None and covered(e, true, seconds)
+    assert total > 200
+    assert hits / total >= 0.90, (hits, total)
