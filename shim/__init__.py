@@ -24,7 +24,7 @@ __all__ = ["SONAME", "library_path", "ffi", "open_in_process", "preload_env"]
 
 _HERE = Path(__file__).resolve().parent
 SONAME = "libgputrace_shim.so"
-_SOURCES = ("shim.c", "hooks.c", "registry.c", "control.c", "dump.c", "vmm.c")
+_SOURCES = ("shim.c", "hooks.c", "registry.c", "control.c", "dump.c", "vmm.c", "emulate.c")
 _HEADERS = ("shim_int.h", "shim_api.h", "gputrace_shim.h", "cuda_extra.h")
 
 

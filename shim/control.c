@@ -24,6 +24,10 @@
  *   unsuspend [lanes=N] [chunk=BYTES]
  *                 maps new memory at the same addresses, copies the image back, reopens the gate.
  *                 While suspended, `resume` and a closing connection leave the gate closed.
+ *   emulate [off | cost=NS [classes=C,...] [functions=NAME,...]]
+ *                 the emulated layer (emulate.c): add NS of busy CPU time to every intercepted call
+ *                 of those classes (submission, synchronization, state, query) or functions; alone,
+ *                 what it does now and how many calls it has slowed
  * The server is one thread, so a dump or restore in progress holds later commands of every client
  * until it ends (two checkpoints at once run one after the other).
  * The thread blocks every signal (they belong to the program) and calls nothing the program could
@@ -216,6 +220,14 @@ static void command(struct client *cl, int idx, char *line)
         } else {
             reply(cl->fd, "{\"ok\": true}");
         }
+    } else if (!strncmp(line, "emulate", 7) && (line[7] == 0 || line[7] == ' ')) {
+        char *buf = emul_command(line + 7);
+        if (!buf) {
+            reply(cl->fd, "{\"ok\": false, \"error\": \"out of memory\"}");
+            return;
+        }
+        send_all(cl->fd, buf, strlen(buf));
+        free(buf);
     } else if (dump_mode_of(line) >= 0) {
         int mode = dump_mode_of(line);
         char *args = line + strlen(dump_words[mode]);
@@ -234,7 +246,7 @@ static void command(struct client *cl, int idx, char *line)
         free(buf);
     } else {
         reply(cl->fd, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
-                      "restore, suspend, unsuspend, rehome\"}");
+                      "restore, suspend, unsuspend, rehome, emulate\"}");
     }
 }
 

@@ -12,6 +12,9 @@ typedef void (*CUhostFn)(void *userData);
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
 typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
 
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
+                                                             size_t dynamicSMemSize, unsigned int flags);
+CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev);
 CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount);
 CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount);
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);

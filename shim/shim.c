@@ -481,6 +481,7 @@ SHIM_STATE(HOOKS)
     CUresult name params                                                                                         \
     {                                                                                                            \
         struct slot *s_ = gate_enter(F_##name);                                                                  \
+        emul(F_##name);                                                                                          \
         __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
         CUresult r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                       \
         gate_leave(s_);                                                                                          \
@@ -495,6 +496,7 @@ SHIM_SUBMIT(SUBMIT_WRAPPER)
     CUresult name params                                                                                         \
     {                                                                                                            \
         struct slot *s_ = gate_enter(F_##name);                                                                  \
+        emul(F_##name);                                                                                          \
         __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
         struct hold h_;                                                                                          \
         h_.found = 0;                                                                                            \
@@ -508,6 +510,17 @@ SHIM_SUBMIT(SUBMIT_WRAPPER)
     }
 SHIM_STATE(STATE_WRAPPER)
 #undef STATE_WRAPPER
+
+/* Not gated, not counted: the emulated layer's cost, then the driver (shim_api.h, SHIM_PASS). */
+#define PASS_WRAPPER(name, params, args)                                                                         \
+    CUresult name params                                                                                         \
+    {                                                                                                            \
+        emul(F_##name);                                                                                          \
+        __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
+        return LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                              \
+    }
+SHIM_PASS(PASS_WRAPPER)
+#undef PASS_WRAPPER
 
 /* cuGetProcAddress hands out our wrapper wherever the driver hands out an entry point we wrap: the
  * driver has already applied the requested version and the per-thread-stream flag, so mapping its
@@ -640,6 +653,8 @@ char *shim_status_alloc(size_t *len)
         }
     }
     sb_printf(&b, "}, ");
+    emul_status(&b);
+    sb_printf(&b, ", ");
     reg_json(&b);
     sb_printf(&b, "}");
     if (b.oom) {

@@ -6,10 +6,13 @@
  *              post_NAME hook in hooks.c that keeps the registry in step with the driver.
  * SHIM_PROC:   cuGetProcAddress and _v2: not gated; they hand out the shim's wrappers in place of the
  *              driver's entry points.
+ * SHIM_SYNC, SHIM_QUERY, SHIM_PASS_STATE: synchronizations, the getters frameworks call most, and
+ *              the current-context setter: not gated, not counted, wrapped only so that the emulated
+ *              layer (emulate.c) can add its cost to them too; otherwise a load and a jump.
  *
- * Everything else (getters, occupancy queries, synchronization, cuGetExportTable, ...) is not
- * exported by the shim at all, so it reaches the driver with no added cost; why that is safe for
- * checkpointing is explained above gate_enter() in shim.c.
+ * Everything else (cuGetExportTable, rarer getters, ...) is not exported by the shim at all, so it
+ * reaches the driver with no added cost; why that is safe for checkpointing is explained above
+ * gate_enter() in shim.c.
  *
  * The prototypes come from the driver API header; a wrapper whose parameters disagree with the
  * header does not compile. */
@@ -134,12 +137,40 @@
     X(cuLibraryLoadFromFile, (CUlibrary *pl, const char *path, CUjit_option *jo, void **jv, unsigned int nj,     \
                               CUlibraryOption *lo, void **lv, unsigned int nl), (pl, path, jo, jv, nj, lo, lv, nl))
 
+#define SHIM_SYNC(X)                                                                                             \
+    X(cuStreamSynchronize, (CUstream h), (h))                                                                    \
+    X(cuStreamSynchronize_ptsz, (CUstream h), (h))                                                               \
+    X(cuCtxSynchronize, (void), ())                                                                              \
+    X(cuEventSynchronize, (CUevent e), (e))
+
+#define SHIM_QUERY(X)                                                                                            \
+    X(cuCtxGetDevice, (CUdevice *d), (d))                                                                        \
+    X(cuCtxGetDevice_v2, (CUdevice *d, CUcontext c), (d, c))                                                     \
+    X(cuCtxGetCurrent, (CUcontext *pc), (pc))                                                                    \
+    X(cuDevicePrimaryCtxGetState, (CUdevice dev, unsigned int *fl, int *active), (dev, fl, active))             \
+    X(cuDeviceGetAttribute, (int *pi, CUdevice_attribute a, CUdevice dev), (pi, a, dev))                         \
+    X(cuStreamIsCapturing, (CUstream h, CUstreamCaptureStatus *st), (h, st))                                     \
+    X(cuStreamIsCapturing_ptsz, (CUstream h, CUstreamCaptureStatus *st), (h, st))                                \
+    X(cuStreamQuery, (CUstream h), (h))                                                                          \
+    X(cuStreamQuery_ptsz, (CUstream h), (h))                                                                     \
+    X(cuEventQuery, (CUevent e), (e))                                                                            \
+    X(cuKernelGetFunction, (CUfunction *pf, CUkernel k), (pf, k))                                                \
+    X(cuKernelGetAttribute, (int *pi, CUfunction_attribute a, CUkernel k, CUdevice dev), (pi, a, k, dev))        \
+    X(cuFuncGetAttribute, (int *pi, CUfunction_attribute a, CUfunction f), (pi, a, f))                           \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *n, CUfunction f, int bs, size_t sm), (n, f, bs, sm))    \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, (int *n, CUfunction f, int bs, size_t sm,            \
+                                                              unsigned int fl), (n, f, bs, sm, fl))
+
+#define SHIM_PASS_STATE(X) X(cuCtxSetCurrent, (CUcontext c), (c))
+
+#define SHIM_PASS(X) SHIM_SYNC(X) SHIM_QUERY(X) SHIM_PASS_STATE(X)
+
 #define SHIM_PROC(X)                                                                                             \
     X(cuGetProcAddress, (const char *sym, void **pfn, int ver, cuuint64_t flags), (sym, pfn, ver, flags))        \
     X(cuGetProcAddress_v2, (const char *sym, void **pfn, int ver, cuuint64_t flags,                              \
                             CUdriverProcAddressQueryResult *st), (sym, pfn, ver, flags, st))
 
-#define SHIM_ALL(X) SHIM_SUBMIT(X) SHIM_STATE(X) SHIM_PROC(X)
+#define SHIM_ALL(X) SHIM_SUBMIT(X) SHIM_STATE(X) SHIM_PASS(X) SHIM_PROC(X)
 
 enum shim_fn {
 #define SHIM_ENUM(name, params, args) F_##name,

@@ -78,6 +78,18 @@ struct sbuf {
 HIDDEN void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 HIDDEN void reg_json(struct sbuf *b);
 
+/* ---- emulate.c: the emulated layer */
+HIDDEN extern atomic_int g_emul_on;
+HIDDEN void emul_spin(int fn);
+static inline void emul(int fn)
+{
+    if (UNLIKELY(atomic_load_explicit(&g_emul_on, memory_order_relaxed)))
+        emul_spin(fn);
+}
+HIDDEN char *emul_command(const char *args); /* the control command's reply, malloc'ed */
+HIDDEN void emul_status(struct sbuf *b);     /* its part of the status JSON */
+
+
 /* ---- gate (shim.c) */
 HIDDEN int gate_paused(void);
 

@@ -158,7 +158,7 @@ def test_in_process_control_functions(monkeypatch):
     assert lib.gputrace_shim_calls(b"no_such_function") == -1
     assert lib.gputrace_shim_calls(b"cuLaunchKernel") == 0
     assert lib.gputrace_shim_real(b"cuLaunchKernel") != ffi.NULL
-    assert lib.gputrace_shim_real(b"cuCtxGetCurrent") == ffi.NULL  # not wrapped, so not the shim's to hand out
+    assert lib.gputrace_shim_real(b"cuMemGetInfo_v2") == ffi.NULL  # not wrapped, so not the shim's to hand out
     assert lib.gputrace_shim_resume() == -1
     assert lib.gputrace_shim_pause(100) == 0 and lib.gputrace_shim_paused() == 1
     assert lib.gputrace_shim_pause(100) == -2
@@ -240,7 +240,7 @@ def test_get_proc_address_hands_out_wrappers_honoring_version_and_ptsz(shim_dir)
         ("cuLaunchKernel", 13000, 0), ("cuLaunchKernel", 13000, 2), ("cuMemcpyHtoD", 13000, 2),
         ("cuMemAllocAsync", 13000, 2), ("cuMemAllocAsync", 11010, 0), ("cuGetProcAddress", 12000, 0),
         ("cuGetProcAddress", 11030, 0), ("cuCtxGetCurrent", 13000, 0), ("cuCtxGetDevice", 12000, 0),
-        ("cuGetExportTable", 13000, 0), ("cuNoSuchFunction", 13000, 0),
+        ("cuMemGetInfo", 13000, 0), ("cuGetExportTable", 13000, 0), ("cuNoSuchFunction", 13000, 0),
     ]
     r = subprocess.run([sys.executable, "-c", GETPROC, json.dumps(queries)], env=shim.preload_env(simcuda.env()),
                        capture_output=True, text=True, timeout=60)
@@ -258,8 +258,10 @@ def test_get_proc_address_hands_out_wrappers_honoring_version_and_ptsz(shim_dir)
     assert got["cuGetProcAddress@12000/0"] == [0, 0, [S, "cuGetProcAddress_v2"]]
     assert got["cuGetProcAddress@11030/0"] == [0, 0, [S, "cuGetProcAddress"]]
     assert got["via cuGetProcAddress@12000"] == [S, "cuLaunchKernel_ptsz"]
-    assert got["cuCtxGetCurrent@13000/0"] == [0, 0, [D, "cuCtxGetCurrent"]]  # not wrapped: the driver's own
-    assert got["cuCtxGetDevice@12000/0"] == [0, 0, [D, "cuCtxGetDevice"]]
+    # Wrapped, ungated, for the emulated layer alone (shim_api.h's SHIM_PASS).
+    assert got["cuCtxGetCurrent@13000/0"] == [0, 0, [S, "cuCtxGetCurrent"]]
+    assert got["cuCtxGetDevice@12000/0"][2][0] == S
+    assert got["cuMemGetInfo@13000/0"] == [0, 0, [D, "cuMemGetInfo_v2"]]  # not wrapped: the driver's own
     assert got["cuGetExportTable@13000/0"] == [0, 0, [D, "cuGetExportTable"]]
     assert got["cuNoSuchFunction@13000/0"] == [500, 1, None]
 

@@ -62,13 +62,63 @@ def run(args: argparse.Namespace) -> int:
 SHIM_EPILOG = """examples:
   gputrace shim status -p 1234          what the process holds: contexts, memory, modules, streams
   gputrace shim status -p 1234 --json   the shim's own JSON (schema 1), as its control socket sends it
+  gputrace shim emulate -p 1234 --cost-ns 2000 --classes submission
+                                        feel a heavier layer: 2 us of CPU added to every launch, copy, ...
+  gputrace shim emulate -p 1234 --cost-ns 500 --classes submission,synchronization,state,query
+  gputrace shim emulate -p 1234         what the emulated layer does now, and how many calls it slowed
+  gputrace shim emulate -p 1234 --off
+
+The emulated layer spins on the calling thread for --cost-ns before each intercepted call of those
+classes (or --functions), as a layer's bookkeeping would, until --off. Compare the job's speed with
+what `gputrace attach` predicted for a layer of that cost: the audit's bounds should hold it.
 """
+
+EMULATE_CLASSES = ("submission", "synchronization", "state", "query")
 
 
 def configure_shim(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["status"], help="status: the GPU state the shim has recorded")
+    p.add_argument("action", choices=["status", "emulate"],
+                   help="status: the GPU state the shim has recorded; emulate: add a set cost to intercepted calls")
     add_pid(p)
+    p.add_argument("--cost-ns", type=float, help="emulate: ns of busy CPU time added to each call")
+    p.add_argument("--classes", help=f"emulate: comma-separated classes ({', '.join(EMULATE_CLASSES)})")
+    p.add_argument("--functions", help="emulate: comma-separated driver functions the shim wraps, e.g. cuLaunchKernel")
+    p.add_argument("--off", action="store_true", help="emulate: stop adding cost")
     add_json(p)
+
+
+def emulate_command(args: argparse.Namespace) -> str:
+    """The control command for `shim emulate`'s arguments (usage errors raised here, not by the shim)."""
+    if args.off:
+        if args.cost_ns is not None or args.classes or args.functions:
+            raise UsageError("--off takes no cost, classes or functions", "gputrace shim emulate -p PID --off")
+        return "emulate off"
+    if args.cost_ns is None and not args.classes and not args.functions:
+        return "emulate"
+    if args.cost_ns is None or not (0 <= args.cost_ns <= 1e9):
+        raise UsageError("give --cost-ns between 0 and 1e9 with --classes or --functions",
+                         "gputrace shim emulate -p PID --cost-ns 2000 --classes submission")
+    if not args.classes and not args.functions:
+        raise UsageError("say which calls to slow: --classes or --functions",
+                         "e.g. --classes submission,synchronization")
+    words = [f"cost={int(round(args.cost_ns))}"]
+    if args.classes:
+        cls = [c.strip() for c in args.classes.split(",") if c.strip()]
+        bad = [c for c in cls if c not in EMULATE_CLASSES and c != "sync"]
+        if bad:
+            raise UsageError(f"unknown class {bad[0]!r}", f"choose from {', '.join(EMULATE_CLASSES)}")
+        words.append("classes=" + ",".join(cls))
+    if args.functions:
+        words.append("functions=" + ",".join(f.strip() for f in args.functions.split(",") if f.strip()))
+    return "emulate " + " ".join(words)
+
+
+def render_emulate(e: dict) -> str:
+    if not e["on"]:
+        return f"emulated layer off; {e['calls_slowed']} calls slowed while it was last on"
+    fns = e["functions"]
+    return (f"emulated layer on: {e['cost_ns']} ns added to each call of {len(fns)} function(s) "
+            f"({', '.join(fns[:8])}{', ...' if len(fns) > 8 else ''}); {e['calls_slowed']} calls slowed so far")
 
 
 def fmt_bytes(n: int) -> str:
@@ -113,6 +163,8 @@ def render_status(st: dict, comm: str) -> str:
     calls = sorted(st["calls"].items(), key=lambda kv: -kv[1])
     if calls:
         lines.append("intercepted calls: " + ", ".join(f"{k} {v}" for k, v in calls))
+    if st.get("emulate", {}).get("on"):
+        lines.append(render_emulate(st["emulate"]))
     return "\n".join(lines)
 
 
@@ -125,8 +177,23 @@ def _dump_json(doc: object) -> None:
 
 @command("shim", "inspect the checkpointing shim in a process", SHIM_EPILOG)(configure_shim)
 def shim_cmd(args: argparse.Namespace) -> int:
-    from ..shim.client import comm, status
+    from ..shim.client import Connection, comm, status
 
+    if args.action == "emulate":
+        line = emulate_command(args)
+        with Connection(args.pid) as c:
+            reply = c.request(line)
+        if not reply.get("ok"):
+            raise GputraceError(f"the shim of process {args.pid} refused: {reply.get('error')}",
+                                "see `gputrace shim --help` for the classes and the form of --functions")
+        if args.json:
+            _dump_json(reply)
+        else:
+            print(render_emulate(reply["emulate"]))
+        return 0
+    if args.cost_ns is not None or args.classes or args.functions or args.off:
+        raise UsageError("--cost-ns, --classes, --functions and --off go with `shim emulate`",
+                         "gputrace shim emulate -p PID --cost-ns 2000 --classes submission")
     st = status(args.pid)
     if args.json:
         _dump_json(st)

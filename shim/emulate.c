@@ -1,0 +1,180 @@
+/* The emulated layer: a set busy CPU cost added to every intercepted call of chosen classes or
+ * functions, switched at run time over the control socket (`emulate`).  A user feels a heavier
+ * layer's cost on a canary job before rolling it out, and the tracer's audit ("a layer of c ns a
+ * call would slow this job between X and Y") is checked against the slowdown it causes, in one
+ * process.
+ *
+ * Off (the default), a wrapper pays one relaxed load of g_emul_on.  On, each selected call spins on
+ * the monotonic clock (vDSO) for the set time on the calling thread, before the driver call, inside
+ * the gate, as a layer's bookkeeping would; the count of slowed calls is one relaxed add.
+ *
+ * Classes are the tracer's (tracer/classify.py): SHIM_SUBMIT is submission, SHIM_STATE and
+ * SHIM_PASS_STATE state, SHIM_SYNC synchronization, SHIM_QUERY query; a test holds the two
+ * classifications to each other. */
+#include "shim_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { C_SUBMISSION = 1, C_SYNC = 2, C_STATE = 4, C_QUERY = 8 };
+static const char *const class_names[] = {"submission", "synchronization", "state", "query"};
+
+static const unsigned char fn_class[F_COUNT] = {
+#define CLS_SUB(name, params, args) [F_##name] = C_SUBMISSION,
+#define CLS_STATE(name, params, args) [F_##name] = C_STATE,
+#define CLS_SYNC(name, params, args) [F_##name] = C_SYNC,
+#define CLS_QUERY(name, params, args) [F_##name] = C_QUERY,
+    SHIM_SUBMIT(CLS_SUB) SHIM_STATE(CLS_STATE) SHIM_PASS_STATE(CLS_STATE) SHIM_SYNC(CLS_SYNC) SHIM_QUERY(CLS_QUERY)
+#undef CLS_SUB
+#undef CLS_STATE
+#undef CLS_SYNC
+#undef CLS_QUERY
+};
+
+atomic_int g_emul_on;
+static _Atomic unsigned char g_sel[F_COUNT];
+static _Atomic long long g_cost_ns;
+static _Atomic unsigned long long g_slowed;
+static _Atomic long long g_since_ns;
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+void emul_spin(int fn)
+{
+    if (!atomic_load_explicit(&g_sel[fn], memory_order_relaxed))
+        return;
+    long long cost = atomic_load_explicit(&g_cost_ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_slowed, 1, memory_order_relaxed);
+    long long until = now_ns() + cost;
+    while (now_ns() < until)
+        __asm__ volatile("pause");
+}
+
+static int class_of_name(const char *s, size_t n)
+{
+    for (int c = 0; c < 4; c++)
+        if (strlen(class_names[c]) == n && !strncmp(class_names[c], s, n))
+            return 1 << c;
+    if (n == 4 && !strncmp(s, "sync", 4))
+        return C_SYNC;
+    return 0;
+}
+
+static int fn_of_name(const char *s, size_t n)
+{
+    for (int i = 0; i < F_COUNT; i++)
+        if (fn_class[i] && strlen(shim_fn_name[i]) == n && !strncmp(shim_fn_name[i], s, n))
+            return i;
+    return -1;
+}
+
+static void state_json(struct sbuf *b)
+{
+    int on = atomic_load(&g_emul_on);
+    sb_printf(b, "\"emulate\": {\"on\": %s, \"cost_ns\": %lld, \"calls_slowed\": %llu, \"functions\": [",
+              on ? "true" : "false", on ? atomic_load(&g_cost_ns) : 0, atomic_load(&g_slowed));
+    int first = 1;
+    for (int i = 0; on && i < F_COUNT; i++)
+        if (atomic_load(&g_sel[i])) {
+            sb_printf(b, "%s\"%s\"", first ? "" : ", ", shim_fn_name[i]);
+            first = 0;
+        }
+    sb_printf(b, "]}");
+}
+
+void emul_status(struct sbuf *b) { state_json(b); }
+
+static char *finish(struct sbuf *b)
+{
+    sb_printf(b, "\n");
+    if (b->oom) {
+        free(b->p);
+        return NULL;
+    }
+    return b->p;
+}
+
+static char *error(const char *msg, const char *arg, size_t n)
+{
+    struct sbuf b = {0};
+    sb_printf(&b, "{\"ok\": false, \"error\": \"%s", msg);
+    if (arg)
+        sb_printf(&b, ": %.*s", (int)(n > 100 ? 100 : n), arg);
+    sb_printf(&b, "\"}");
+    return finish(&b);
+}
+
+/* Parses "off" or "cost=NS classes=a,b functions=x,y" (any of the last two, at least one). */
+char *emul_command(const char *args)
+{
+    while (*args == ' ')
+        args++;
+    if (!strcmp(args, "off")) {
+        atomic_store(&g_emul_on, 0);
+        for (int i = 0; i < F_COUNT; i++)
+            atomic_store(&g_sel[i], 0);
+    } else if (*args) {
+        long long cost = -1;
+        int classes = 0, chosen = 0;
+        unsigned char sel[F_COUNT] = {0};
+        const char *p = args;
+        while (*p) {
+            const char *end = strchr(p, ' ');
+            size_t n = end ? (size_t)(end - p) : strlen(p);
+            if (n > 5 && !strncmp(p, "cost=", 5)) {
+                char *e;
+                cost = strtoll(p + 5, &e, 10);
+                if (e != p + n || cost < 0 || cost > 1000000000ll)
+                    return error("cost= takes nanoseconds (0 to 1e9)", p, n);
+            } else if (n > 8 && !strncmp(p, "classes=", 8)) {
+                for (const char *q = p + 8; q < p + n;) {
+                    const char *c = memchr(q, ',', (size_t)(p + n - q));
+                    size_t m = c ? (size_t)(c - q) : (size_t)(p + n - q);
+                    int k = class_of_name(q, m);
+                    if (!k)
+                        return error("unknown class (submission, synchronization, state, query)", q, m);
+                    classes |= k;
+                    q += m + (c != NULL);
+                }
+            } else if (n > 10 && !strncmp(p, "functions=", 10)) {
+                for (const char *q = p + 10; q < p + n;) {
+                    const char *c = memchr(q, ',', (size_t)(p + n - q));
+                    size_t m = c ? (size_t)(c - q) : (size_t)(p + n - q);
+                    int f = fn_of_name(q, m);
+                    if (f < 0)
+                        return error("the shim does not wrap this function", q, m);
+                    sel[f] = 1;
+                    chosen = 1;
+                    q += m + (c != NULL);
+                }
+            } else {
+                return error("expected off, or cost=NS with classes= and/or functions=", p, n);
+            }
+            p += n;
+            while (*p == ' ')
+                p++;
+        }
+        if (cost < 0 || (!classes && !chosen))
+            return error("give cost=NS and classes= or functions=", NULL, 0);
+        atomic_store(&g_emul_on, 0);
+        atomic_store(&g_cost_ns, cost);
+        for (int i = 0; i < F_COUNT; i++)
+            atomic_store(&g_sel[i], sel[i] || (fn_class[i] & classes) ? 1 : 0);
+        atomic_store(&g_slowed, 0);
+        atomic_store(&g_since_ns, now_ns());
+        atomic_store(&g_emul_on, 1);
+    }
+    struct sbuf b = {0};
+    sb_printf(&b, "{\"ok\": true, ");
+    state_json(&b);
+    long long since = atomic_load(&g_since_ns);
+    sb_printf(&b, ", \"since_s\": %.3f}", since && atomic_load(&g_emul_on) ? (now_ns() - since) / 1e9 : 0.0);
+    return finish(&b);
+}
