@@ -11,8 +11,10 @@ Jobs (--job):
   switch   mlp steps until the first `run` ends, then graph replays: calls that change mid-run
 
 Protocol (stdout is one line per answer): after set-up and warm-up it prints `ready`; then each line
-on stdin is `run SECONDS` (run that long; answer {"steps", "seconds", "steps_per_s", "cpu_s"}) or
-`quit`. cpu_s is the process's CPU time over the phase, all threads.
+on stdin is `run SECONDS [stamps]` (run that long; answer {"steps", "seconds", "steps_per_s",
+"cpu_s", "t0"} and with `stamps` "stamps": the end of every step; times are CLOCK_MONOTONIC
+seconds, as the tracer's report gives them) or `quit`. cpu_s is the process's CPU time over the
+phase, all threads.
 """
 
 from __future__ import annotations
@@ -152,15 +154,23 @@ def main() -> int:
         if words[0] == "quit":
             break
         seconds = float(words[1])
+        want_stamps = "stamps" in words[2:]
         step = steps[0]
-        n, c0, t0 = 0, cpu_s(), time.perf_counter()
+        stamps: list[float] = []
+        n, c0, t0 = 0, cpu_s(), time.monotonic()
         while True:
             step()
             n += 1
-            el = time.perf_counter() - t0
-            if el >= seconds:
+            now = time.monotonic()
+            if want_stamps:
+                stamps.append(now)
+            if now - t0 >= seconds:
                 break
-        print(json.dumps({"steps": n, "seconds": el, "steps_per_s": n / el, "cpu_s": cpu_s() - c0}), flush=True)
+        el = now - t0
+        out = {"steps": n, "seconds": el, "steps_per_s": n / el, "cpu_s": cpu_s() - c0, "t0": t0}
+        if want_stamps:
+            out["stamps"] = [round(x, 6) for x in stamps]
+        print(json.dumps(out), flush=True)
         if args.job == "switch":
             steps[0] = second
     return 0

@@ -84,3 +84,6 @@ class Interval:
     window_s: float
     processes: tuple[ProcessSnapshot, ...]
     errors: dict[str, int] = field(default_factory=dict)
+    # When probes were on the job (CLOCK_MONOTONIC seconds, from the first link attaching to the
+    # last detached), window by window: what a job's own clock can be lined up with.
+    windows: tuple[tuple[float, float], ...] = ()

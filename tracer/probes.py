@@ -50,6 +50,8 @@ class WindowSpan:
     timed: frozenset[int]
     marker: int | None = None
     outside_s: float = 0.0   # the marker's reference span before it
+    t0: float = 0.0          # CLOCK_MONOTONIC: the first link of it attaching (the marker's, if any)
+    t1: float = 0.0          # ... the last detached
 
 
 @dataclass
@@ -248,6 +250,7 @@ class Probes:
             lead = length if plan.marker is not None else 0.0
             if not self.waiting(wait, t_start + offset - lead - time.monotonic()):
                 break
+            t0 = time.monotonic()
             outside = 0.0
             if plan.marker is not None:
                 self.marker_begin(plan.marker)
@@ -256,7 +259,7 @@ class Probes:
                     self.marker_end()
                     break
                 outside = self.outside_end()
-            self._current = WindowSpan(0.0, plan.probe, plan.timed, plan.marker, outside)
+            self._current = WindowSpan(0.0, plan.probe, plan.timed, plan.marker, outside, t0)
             self.attach(plan.timed, plan.probe)
             self.waiting(wait, length)
             total += self._finish_window()
@@ -269,6 +272,7 @@ class Probes:
         ws, self._current = self._current, None
         if ws is not None:
             ws.counted_s = counted
+            ws.t1 = time.monotonic()
             self._end_window(ws)
         return counted
 

@@ -211,11 +211,13 @@ class Session:
         span = time.monotonic() - t_start
         if self.exited and exact:
             self.probes.detach()
-        snap = self.tracee.account(span, self.probes.take_log(), self._window_rows, self._read())
+        log = self.probes.take_log()
+        snap = self.tracee.account(span, log, self._window_rows, self._read())
         if not exact and not self.exited:
             self.policy.retire_idle()
             self.probes.set_watch(self.policy.watch_set())
-        return Interval(index, t_start - self.started, span, window, (snap,), self.program.read_errors())
+        return Interval(index, t_start - self.started, span, window, (snap,), self.program.read_errors(),
+                        tuple((w.t0, w.t1) for w in log.windows if w.t1 > 0))
 
     def summary(self) -> ProcessSnapshot:
         return self.tracee.summary()

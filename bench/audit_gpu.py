@@ -1,0 +1,312 @@
+#!/usr/bin/env python3
+"""The audit checked on a real GPU: the tracer's cost at its default budget, its rates against the truth,
+and its predicted slowdown against a layer of known cost (the shim's emulated layer), job by job.
+
+Each job (bench/gpu_jobs.py) runs once, warm, under the shim (`gputrace run --checkpointable`), and
+answers timed phases on request; everything is measured within that one process:
+
+  1. truth: one phase traced exactly (every call), in this process: driver calls per step, by
+     function; the truth of a rate is that times the job's untraced steps/s in the adjacent phase;
+  2. the tracer's cost: `gputrace attach -p PID -d L --json` from another process, as users run it
+     (compile, calibration, scout and every window included), during a job phase that covers it,
+     paired with an untraced phase of the same length, the order alternating. Slowdown is time-based:
+     the seconds the traced phase lost (its steps at the untraced rate, against its length) over the
+     attach's L. Beside it: the tracer's own accounted cost, and the loss measured window by window
+     from the job's step times around each window the report lists (local, so drift cancels);
+  3. the rates of that attach (L = 5 s) against the truth, for every function above 1k calls/s;
+  4. the audit against the emulated layer: for each cost (--costs) and selection (submission calls;
+     every class the shim wraps), an emulated phase paired with an untraced one; the prediction
+     is the audit's model over the functions the layer slowed (from the shim's reply), with the
+     rates and wait time of the first L = 5 s attach: between max(0, A - wait) and A.
+
+Run (root, real GPU, after `source bench/gpu-env.sh`):
+    python3 bench/audit_gpu.py --out $OUT/audit --jobs mlp,graph,matmul --long mlp
+Writes DIR/JOB.json as each job finishes (a later run with the same DIR skips the jobs done) and
+DIR/summary.json; `--reanalyze DIR` works the figures out again from the jobs' files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import orjson
+
+HERE = Path(__file__).resolve().parent
+EXPECT_STARTUP_S = 3.5  # compile and calibration before an attach's first interval (measured, then updated)
+
+
+def median_ci(xs: list[float], n: int = 2000) -> dict:
+    """Median with a 95% bootstrap interval (seeded); one value has no interval."""
+    if not xs:
+        return {"median": None, "lo": None, "hi": None, "n": 0}
+    if len(xs) == 1:
+        return {"median": xs[0], "lo": None, "hi": None, "n": 1}
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return {"median": statistics.median(xs), "lo": meds[int(0.025 * n)], "hi": meds[int(0.975 * n) - 1], "n": len(xs)}
+
+
+class Job:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        job = os.environ.get("GPUTRACE_BENCH_JOB_CMD")  # a stand-in job, to try the script without a GPU
+        argv = ["gputrace", "run", "--checkpointable", "--",
+                *(job.split() if job else [sys.executable, str(HERE / "gpu_jobs.py"), "--job", name])]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            raise SystemExit(f"{name} did not start: {line!r}")
+        self.pid = self.proc.pid
+
+    def run(self, seconds: float, stamps: bool = False) -> dict:
+        self.proc.stdin.write(f"run {seconds}{' stamps' if stamps else ''}\n")
+        self.proc.stdin.flush()
+        return orjson.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def exact_counts(job: Job, seconds: float = 3.0) -> dict:
+    """Calls per step of every function, every call counted (in this process's own session)."""
+    from gputrace.tracer.session import Options, Session
+    from gputrace.tracer.targets import libcuda_of
+
+    s = Session(job.pid, libcuda_of(job.pid).path, Options(1.0, 1.0))
+    s.prime()
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("summary", s.run(seconds)))
+    t0 = time.monotonic()
+    t.start()
+    ph = job.run(seconds + 1.0, stamps=True)
+    t.join()
+    s.close()
+    s.program.close()
+    summ = out["summary"]
+    a, b = s.started, s.started + summ.interval_s
+    steps = bisect.bisect_left(ph["stamps"], b) - bisect.bisect_left(ph["stamps"], a)
+    return {"steps": steps, "span_s": summ.interval_s, "traced_steps_per_s": steps / summ.interval_s,
+            "calls_per_step": {f.name: f.calls_observed / steps for f in summ.functions if steps},
+            "classes": {f.name: f.cls.value for f in summ.functions}, "started_after_s": a - t0}
+
+
+def attach_phase(job: Job, seconds: float, out: Path) -> tuple[dict, dict]:
+    """`gputrace attach -p` for `seconds` during a job phase that covers it: (phase, report)."""
+    global EXPECT_STARTUP_S
+    length = seconds + EXPECT_STARTUP_S + 1.5
+    cli = subprocess.Popen(["gputrace", "attach", "-p", str(job.pid), "-d", str(seconds), "--json", "-q",
+                            "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ph = job.run(length, stamps=True)
+    err = cli.communicate()[1]
+    if cli.returncode:
+        raise SystemExit(f"attach failed ({cli.returncode}): {err[-2000:]}")
+    rep = orjson.loads(out.read_bytes())
+    started = rep["attach"]["started_monotonic_s"]
+    EXPECT_STARTUP_S = max(EXPECT_STARTUP_S, started - ph["t0"] + 0.5)
+    end = started + rep["summary"]["interval_s"]
+    if end > ph["t0"] + ph["seconds"]:
+        print(f"  note: the attach ended {end - ph['t0'] - ph['seconds']:.2f} s after the phase", flush=True)
+    return ph, rep
+
+
+def local_loss_s(stamps: list[float], windows: list[tuple[float, float]], around: float = 0.15) -> float:
+    """Seconds the job lost in the windows, each against its own neighbourhood: the steps the job
+    made within `around` before and after a window (other windows left out) give its local rate;
+    at that rate the window's span should have held so many steps; what it held less, at that
+    rate, is time lost. Local, so the drift that separate phases see cancels."""
+    lost = 0.0
+    spans = sorted(windows)
+
+    def steps_in(a: float, b: float) -> int:
+        return bisect.bisect_left(stamps, b) - bisect.bisect_left(stamps, a)
+
+    for i, (t0, t1) in enumerate(spans):
+        lo = max(t0 - around, spans[i - 1][1] if i else -1e18)
+        hi = min(t1 + around, spans[i + 1][0] if i + 1 < len(spans) else 1e18)
+        ref_s = (t0 - lo) + (hi - t1)
+        if ref_s <= 0.05:
+            continue
+        rate = (steps_in(lo, t0) + steps_in(t1, hi)) / ref_s
+        if rate <= 0:
+            continue
+        lost += (t1 - t0) - steps_in(t0, t1) / rate
+    return lost
+
+
+def tracer_pairs(job: Job, seconds: float, reps: int, dirpath: Path, tag: str) -> list[dict]:
+    rows = []
+    for r in range(reps):
+        order = ["traced", "untraced"] if r % 2 else ["untraced", "traced"]
+        got: dict = {}
+        for which in order:
+            if which == "traced":
+                got["traced"], got["report"] = attach_phase(job, seconds, dirpath / f"{job.name}-attach-{tag}-{r}.json")
+            else:
+                got["untraced"] = job.run(seconds + EXPECT_STARTUP_S + 1.5, stamps=True)
+        u, t, rep = got["untraced"], got["traced"], got["report"]
+        s = rep["summary"]
+        lost = t["seconds"] - t["steps"] / u["steps_per_s"]
+        windows = [tuple(w) for iv in rep["intervals"] for w in iv.get("windows", ())]
+        local = local_loss_s(t["stamps"], windows)
+        rows.append({
+            "attach_s": seconds, "rep": r, "order": order,
+            "untraced_steps_per_s": u["steps_per_s"], "traced_steps_per_s": t["steps_per_s"],
+            "phase_s": t["seconds"], "session_s": s["interval_s"],
+            "lost_s": lost, "slowdown": lost / s["interval_s"],
+            "local_lost_s": local, "slowdown_local": local / s["interval_s"],
+            "accounted": s["tracer_overhead"], "exposure": s.get("exposure"),
+            "windows": len(windows), "window_s": s["window_s"],
+            "report": rep["attach"] | {"summary_calls_hz": s.get("calls_hz")},
+            "rates": {f["name"]: [f["rate_hz"], f["rate_err_hz"]] for f in s["functions"]},
+            "wait_s_per_s": s.get("wait_s_per_s"),
+        })
+        print(f"  attach {seconds:g}s #{r}: slowdown {100 * rows[-1]['slowdown']:+.2f}% (local "
+              f"{100 * rows[-1]['slowdown_local']:+.2f}%), accounted {100 * (s['tracer_overhead'] or 0):.2f}%, "
+              f"{len(windows)} windows, untraced {u['steps_per_s']:.0f}/s traced {t['steps_per_s']:.0f}/s", flush=True)
+    return rows
+
+
+def emulation_pairs(job: Job, costs: list[float], seconds: float) -> list[dict]:
+    from gputrace.shim.client import Connection
+
+    rows = []
+    for k, (cost, sel) in enumerate((c, s) for c in costs for s in ("submission", "all")):
+        classes = "submission" if sel == "submission" else "submission,synchronization,state,query"
+        order = ["emulated", "untraced"] if k % 2 else ["untraced", "emulated"]
+        got: dict = {}
+        for which in order:
+            if which == "emulated":
+                with Connection(job.pid) as c:
+                    on = c.request(f"emulate cost={int(cost)} classes={classes}")
+                    if not on.get("ok"):
+                        raise SystemExit(f"emulate refused: {on}")
+                    got["emulated"] = job.run(seconds)
+                    off = c.request("emulate off")
+                got["functions"] = on["emulate"]["functions"]
+                got["slowed"] = off["emulate"]["calls_slowed"]
+            else:
+                got["untraced"] = job.run(seconds)
+        u, e = got["untraced"], got["emulated"]
+        slow = u["steps_per_s"] / e["steps_per_s"] - 1  # time-based: the audit's "added seconds per second"
+        rows.append({"cost_ns": cost, "selection": sel, "functions": got["functions"], "calls_slowed": got["slowed"],
+                     "untraced_steps_per_s": u["steps_per_s"], "emulated_steps_per_s": e["steps_per_s"],
+                     "slowdown": slow,
+                     "slowed_per_step": got["slowed"] / e["steps"] if e["steps"] else None})
+        print(f"  emulate {cost:g} ns {sel}: slowdown {100 * slow:.2f}% ({got['slowed']} calls slowed)", flush=True)
+    return rows
+
+
+def analyze(doc: dict) -> dict:
+    """The figures of one job's document (also run by --reanalyze)."""
+    out: dict = {"job": doc["job"]}
+    pairs = doc["tracer_pairs"]
+    by_len: dict = {}
+    for p in pairs:
+        by_len.setdefault(p["attach_s"], []).append(p)
+    out["tracer"] = {
+        str(L): {"slowdown": median_ci([p["slowdown"] for p in ps]),
+                 "slowdown_local": median_ci([p["slowdown_local"] for p in ps]),
+                 "accounted": median_ci([p["accounted"] for p in ps if p["accounted"] is not None])}
+        for L, ps in sorted(by_len.items())}
+    # Rates after 5 s against the truth: calls per step x the untraced steps/s of the same pair.
+    truth_ps = doc["exact"]["calls_per_step"]
+    rate_rows = []
+    for p in by_len.get(5.0, by_len.get(5, [])):
+        for name, per_step in truth_ps.items():
+            true = per_step * p["untraced_steps_per_s"]
+            if true < 1000:
+                continue
+            est, err = p["rates"].get(name, [None, None])
+            rate_rows.append({"function": name, "truth_hz": true, "estimate_hz": est, "err_hz": err,
+                              "rel_error": None if est is None else est / true - 1,
+                              "covered": est is not None and err is not None and abs(est - true) <= err})
+    out["rates"] = rate_rows
+    errs = [abs(r["rel_error"]) for r in rate_rows if r["rel_error"] is not None]
+    out["rates_max_abs_rel_error"] = max(errs) if errs else None
+    out["rates_missing"] = sorted({r["function"] for r in rate_rows if r["estimate_hz"] is None})
+    out["rates_covered_share"] = sum(r["covered"] for r in rate_rows) / len(rate_rows) if rate_rows else None
+    # The audit's model over the functions the emulated layer slowed, from the first 5 s attach.
+    first = by_len.get(5.0, by_len.get(5, pairs))[0]
+    rates = {n: v[0] for n, v in first["rates"].items()}
+    wait = first["wait_s_per_s"] or 0.0
+    emu = []
+    for e in doc["emulation"]:
+        wrapped = set(e["functions"])
+        intercepted = sum(r for n, r in rates.items() if n in wrapped)
+        added = intercepted * e["cost_ns"] * 1e-9
+        lower, upper = max(0.0, added - wait), added
+        # The same from the job's own count of slowed calls per step (the truth of the rate).
+        true_added = (e["slowed_per_step"] or 0) * e["untraced_steps_per_s"] * e["cost_ns"] * 1e-9
+        emu.append({"cost_ns": e["cost_ns"], "selection": e["selection"], "measured": e["slowdown"],
+                    "predicted_lower": lower, "predicted_upper": upper, "intercepted_hz": intercepted,
+                    "wait_s_per_s": wait, "added_from_slowed_calls": true_added,
+                    "inside_within_1pt": lower - 0.01 <= e["slowdown"] <= upper + 0.01})
+    out["emulation"] = emu
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="directory for the results")
+    ap.add_argument("--jobs", default="mlp,gpt2,graph,matmul,copies")
+    ap.add_argument("--long", default="mlp,gpt2", help="jobs that also get the 20 s and 60 s attaches")
+    ap.add_argument("--reps5", type=int, default=3, help="pairs with 5 s attaches, jobs in --long")
+    ap.add_argument("--reps5-short", type=int, default=2, help="pairs with 5 s attaches, the other jobs")
+    ap.add_argument("--costs", default="500,2000,10000", help="emulated costs, ns a call")
+    ap.add_argument("--emulate-s", type=float, default=3.0)
+    ap.add_argument("--reanalyze", action="store_true", help="only work the figures out again from --out")
+    args = ap.parse_args()
+    d = Path(args.out)
+    d.mkdir(parents=True, exist_ok=True)
+    if not args.reanalyze:
+        for name in args.jobs.split(","):
+            path = d / f"{name}.json"
+            if path.exists():
+                print(f"{name}: done already ({path})", flush=True)
+                continue
+            t0 = time.monotonic()
+            print(f"{name}: starting", flush=True)
+            job = Job(name)
+            doc: dict = {"job": name, "pid": job.pid}
+            doc["exact"] = exact_counts(job)
+            top = sorted(doc["exact"]["calls_per_step"].items(), key=lambda kv: -kv[1])[:6]
+            print(f"  calls/step {[(n, round(v, 1)) for n, v in top]}", flush=True)
+            long = name in args.long.split(",")
+            pairs = tracer_pairs(job, 5.0, args.reps5 if long else args.reps5_short, d, "5")
+            if long:
+                pairs += tracer_pairs(job, 20.0, 1, d, "20")
+                pairs += tracer_pairs(job, 60.0, 1, d, "60")
+            doc["tracer_pairs"] = pairs
+            doc["emulation"] = emulation_pairs(job, [float(c) for c in args.costs.split(",")], args.emulate_s)
+            job.close()
+            doc["wall_s"] = time.monotonic() - t0
+            path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+            print(f"{name}: done in {doc['wall_s']:.0f} s", flush=True)
+    summary = {}
+    for path in sorted(d.glob("*.json")):
+        if path.name == "summary.json" or "-attach-" in path.name:
+            continue
+        summary[path.stem] = analyze(orjson.loads(path.read_bytes()))
+    (d / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    for name, s in summary.items():
+        tr = "; ".join(f"{L}s {100 * v['slowdown']['median']:+.2f}% (local {100 * v['slowdown_local']['median']:+.2f}%, "
+                       f"accounted {100 * (v['accounted']['median'] or 0):.2f}%)" for L, v in s["tracer"].items())
+        ok = sum(e["inside_within_1pt"] for e in s["emulation"])
+        print(f"{name}: tracer {tr}; rates max |err| {100 * (s['rates_max_abs_rel_error'] or 0):.1f}% "
+              f"missing {s['rates_missing']}; emulation inside bounds {ok}/{len(s['emulation'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
