@@ -9,13 +9,15 @@ answers timed phases on request; everything is measured within that one process:
      function; the truth of a rate is that times the job's untraced steps/s in the adjacent phase;
   2. the tracer's cost: `gputrace attach -p PID -d L --json` from another process, as users run it
      (compile, calibration, scout and every window included), during a job phase that covers it,
-     paired with an untraced phase of the same length, the order alternating. Slowdown is time-based:
-     the seconds the traced phase lost (its steps at the untraced rate, against its length) over the
-     attach's L. Beside it: the tracer's own accounted cost, and the loss measured window by window
-     from the job's step times around each window the report lists (local, so drift cancels);
+     between two untraced phases whose mean rate is its reference (U T U T ... U). Slowdown is
+     time-based: the seconds the traced phase lost (its steps at the reference rate, against its
+     length) over the attach's L. Beside it: the tracer's own accounted cost, and the loss measured
+     window by window from the job's step times around each window the report lists (local, so
+     drift cancels);
   3. the rates of that attach (L = 5 s) against the truth, for every function above 1k calls/s;
   4. the audit against the emulated layer: for each cost (--costs) and selection (submission calls;
-     every class the shim wraps), an emulated phase paired with an untraced one; the prediction
+     every class the shim wraps), emulated phases each between two untraced ones (the layer switched
+     at run time, U E U E ... U, six of each); the prediction
      is the audit's model over the functions the layer slowed (from the shim's reply), with the
      rates and wait time of the first L = 5 s attach: between max(0, A - wait) and A.
 
@@ -144,66 +146,75 @@ def local_loss_s(stamps: list[float], windows: list[tuple[float, float]], around
     return lost
 
 
-def tracer_pairs(job: Job, seconds: float, reps: int, dirpath: Path, tag: str) -> list[dict]:
+def tracer_pairs(job: Job, seconds: float, reps: int, dirpath: Path, tag: str, untraced_s: float) -> list[dict]:
+    """`reps` attaches of `seconds`, each between two untraced phases (U T U T ... U): a traced
+    phase's reference is the mean rate of the phases on either side, so drift cancels to first order."""
     rows = []
+    before = job.run(untraced_s)
     for r in range(reps):
-        order = ["traced", "untraced"] if r % 2 else ["untraced", "traced"]
-        got: dict = {}
-        for which in order:
-            if which == "traced":
-                got["traced"], got["report"] = attach_phase(job, seconds, dirpath / f"{job.name}-attach-{tag}-{r}.json")
-            else:
-                got["untraced"] = job.run(seconds + EXPECT_STARTUP_S + 1.5, stamps=True)
-        u, t, rep = got["untraced"], got["traced"], got["report"]
+        t, rep = attach_phase(job, seconds, dirpath / f"{job.name}-attach-{tag}-{r}.json")
+        after = job.run(untraced_s)
+        ref = (before["steps_per_s"] + after["steps_per_s"]) / 2
         s = rep["summary"]
-        lost = t["seconds"] - t["steps"] / u["steps_per_s"]
+        lost = t["seconds"] - t["steps"] / ref
         windows = [tuple(w) for iv in rep["intervals"] for w in iv.get("windows", ())]
         local = local_loss_s(t["stamps"], windows)
         rows.append({
-            "attach_s": seconds, "rep": r, "order": order,
-            "untraced_steps_per_s": u["steps_per_s"], "traced_steps_per_s": t["steps_per_s"],
-            "phase_s": t["seconds"], "session_s": s["interval_s"],
+            "attach_s": seconds, "rep": r,
+            "untraced_steps_per_s": ref, "untraced_before_after": [before["steps_per_s"], after["steps_per_s"]],
+            "traced_steps_per_s": t["steps_per_s"], "phase_s": t["seconds"], "session_s": s["interval_s"],
             "lost_s": lost, "slowdown": lost / s["interval_s"],
             "local_lost_s": local, "slowdown_local": local / s["interval_s"],
             "accounted": s["tracer_overhead"], "exposure": s.get("exposure"),
             "windows": len(windows), "window_s": s["window_s"],
-            "report": rep["attach"] | {"summary_calls_hz": s.get("calls_hz")},
+            "window_spans_s": sum(b - a for a, b in windows),
+            "report": rep["attach"] | {"summary_calls_hz": s.get("calls_hz"), "errors": rep["errors"]},
             "rates": {f["name"]: [f["rate_hz"], f["rate_err_hz"]] for f in s["functions"]},
             "wait_s_per_s": s.get("wait_s_per_s"),
         })
         print(f"  attach {seconds:g}s #{r}: slowdown {100 * rows[-1]['slowdown']:+.2f}% (local "
               f"{100 * rows[-1]['slowdown_local']:+.2f}%), accounted {100 * (s['tracer_overhead'] or 0):.2f}%, "
-              f"{len(windows)} windows, untraced {u['steps_per_s']:.0f}/s traced {t['steps_per_s']:.0f}/s", flush=True)
+              f"{len(windows)} windows ({rows[-1]['window_spans_s']:.2f} s on), untraced {ref:.0f}/s "
+              f"traced {t['steps_per_s']:.0f}/s", flush=True)
+        before = after
     return rows
 
 
-def emulation_pairs(job: Job, costs: list[float], seconds: float) -> list[dict]:
+def emulation_pairs(job: Job, costs: list[float], seconds: float, cycles: int = 6) -> list[dict]:
+    """Per cost and selection: `cycles` emulated phases of `seconds / cycles` each between two
+    untraced ones (U E U E ... U), the layer switched on and off over one connection; each
+    emulated phase's reference is the mean of its neighbours."""
     from gputrace.shim.client import Connection
 
     rows = []
-    for k, (cost, sel) in enumerate((c, s) for c in costs for s in ("submission", "all")):
+    part = seconds / cycles
+    for cost, sel in ((c, s) for c in costs for s in ("submission", "all")):
         classes = "submission" if sel == "submission" else "submission,synchronization,state,query"
-        order = ["emulated", "untraced"] if k % 2 else ["untraced", "emulated"]
-        got: dict = {}
-        for which in order:
-            if which == "emulated":
-                with Connection(job.pid) as c:
-                    on = c.request(f"emulate cost={int(cost)} classes={classes}")
-                    if not on.get("ok"):
-                        raise SystemExit(f"emulate refused: {on}")
-                    got["emulated"] = job.run(seconds)
-                    off = c.request("emulate off")
-                got["functions"] = on["emulate"]["functions"]
-                got["slowed"] = off["emulate"]["calls_slowed"]
-            else:
-                got["untraced"] = job.run(seconds)
-        u, e = got["untraced"], got["emulated"]
-        slow = u["steps_per_s"] / e["steps_per_s"] - 1  # time-based: the audit's "added seconds per second"
-        rows.append({"cost_ns": cost, "selection": sel, "functions": got["functions"], "calls_slowed": got["slowed"],
-                     "untraced_steps_per_s": u["steps_per_s"], "emulated_steps_per_s": e["steps_per_s"],
-                     "slowdown": slow,
-                     "slowed_per_step": got["slowed"] / e["steps"] if e["steps"] else None})
-        print(f"  emulate {cost:g} ns {sel}: slowdown {100 * slow:.2f}% ({got['slowed']} calls slowed)", flush=True)
+        slows, slowed, functions, u_rates, e_rates, e_steps = [], 0, [], [], [], 0
+        with Connection(job.pid) as c:
+            prev = job.run(part)
+            for _ in range(cycles):
+                on = c.request(f"emulate cost={int(cost)} classes={classes}")
+                if not on.get("ok"):
+                    raise SystemExit(f"emulate refused: {on}")
+                e = job.run(part)
+                off = c.request("emulate off")
+                nxt = job.run(part)
+                functions = on["emulate"]["functions"]
+                slowed += off["emulate"]["calls_slowed"]
+                e_steps += e["steps"]
+                ref = (prev["steps_per_s"] + nxt["steps_per_s"]) / 2
+                slows.append(ref / e["steps_per_s"] - 1)  # time-based: the audit's "added seconds per second"
+                u_rates.append(ref)
+                e_rates.append(e["steps_per_s"])
+                prev = nxt
+        ci = median_ci(slows)
+        rows.append({"cost_ns": cost, "selection": sel, "functions": functions, "calls_slowed": slowed,
+                     "untraced_steps_per_s": statistics.mean(u_rates), "emulated_steps_per_s": statistics.mean(e_rates),
+                     "slowdowns": slows, "slowdown": ci["median"], "slowdown_ci": [ci["lo"], ci["hi"]],
+                     "slowed_per_step": slowed / e_steps if e_steps else None})
+        print(f"  emulate {cost:g} ns {sel}: slowdown {100 * ci['median']:.2f}% "
+              f"(95% CI {100 * ci['lo']:.2f}..{100 * ci['hi']:.2f}; {slowed} calls slowed)", flush=True)
     return rows
 
 
@@ -249,6 +260,7 @@ def analyze(doc: dict) -> dict:
         # The same from the job's own count of slowed calls per step (the truth of the rate).
         true_added = (e["slowed_per_step"] or 0) * e["untraced_steps_per_s"] * e["cost_ns"] * 1e-9
         emu.append({"cost_ns": e["cost_ns"], "selection": e["selection"], "measured": e["slowdown"],
+                    "measured_ci": e.get("slowdown_ci"),
                     "predicted_lower": lower, "predicted_upper": upper, "intercepted_hz": intercepted,
                     "wait_s_per_s": wait, "added_from_slowed_calls": true_added,
                     "inside_within_1pt": lower - 0.01 <= e["slowdown"] <= upper + 0.01})
@@ -264,7 +276,7 @@ def main() -> int:
     ap.add_argument("--reps5", type=int, default=3, help="pairs with 5 s attaches, jobs in --long")
     ap.add_argument("--reps5-short", type=int, default=2, help="pairs with 5 s attaches, the other jobs")
     ap.add_argument("--costs", default="500,2000,10000", help="emulated costs, ns a call")
-    ap.add_argument("--emulate-s", type=float, default=3.0)
+    ap.add_argument("--emulate-s", type=float, default=3.0, help="emulated seconds per cost and selection")
     ap.add_argument("--reanalyze", action="store_true", help="only work the figures out again from --out")
     args = ap.parse_args()
     d = Path(args.out)
@@ -283,10 +295,10 @@ def main() -> int:
             top = sorted(doc["exact"]["calls_per_step"].items(), key=lambda kv: -kv[1])[:6]
             print(f"  calls/step {[(n, round(v, 1)) for n, v in top]}", flush=True)
             long = name in args.long.split(",")
-            pairs = tracer_pairs(job, 5.0, args.reps5 if long else args.reps5_short, d, "5")
+            pairs = tracer_pairs(job, 5.0, args.reps5 if long else args.reps5_short, d, "5", 5.0)
             if long:
-                pairs += tracer_pairs(job, 20.0, 1, d, "20")
-                pairs += tracer_pairs(job, 60.0, 1, d, "60")
+                pairs += tracer_pairs(job, 20.0, 1, d, "20", 10.0)
+                pairs += tracer_pairs(job, 60.0, 1, d, "60", 10.0)
             doc["tracer_pairs"] = pairs
             doc["emulation"] = emulation_pairs(job, [float(c) for c in args.costs.split(",")], args.emulate_s)
             job.close()

@@ -61,10 +61,14 @@ int gt_entry(struct pt_regs *ctx)
         return 0;
     }
     if (cookie & GT_COOKIE_MARKER) {
-        /* One cheap function probed all the time: its rate between windows against its rate inside
-         * them is how much the windows' probes slow the target, measured rather than modelled. */
+        /* One function probed alone just before a window and through it: its rate in that
+         * reference span against its rate in the window is how much the window's probes slow
+         * the target, measured rather than modelled. In the window its twin on the window's link
+         * counts; while links attach or detach, it is a cost. */
         if (s && cfg.open == GT_OUTSIDE)
             __sync_fetch_and_add(&s->outside, 1);
+        else if (s && cfg.open == GT_CLOSED)
+            __sync_fetch_and_add(&s->closed, 1);
         return 0;
     }
     if (cfg.open != GT_OPEN) {
@@ -127,7 +131,11 @@ int gt_return(struct pt_regs *ctx)
     u32 tid = (u32)id;
     struct gt_thread *t = threads.lookup(&tid);
     if (!t || t->depth == 0 || t->gen != gt_config_now().gen) {
+        /* Still a hit the target paid for (a return link's edge): a cost, like a closed entry. */
         gt_error(GT_ERR_UNPAIRED);
+        struct gt_stats *c = gt_stats_of(id >> 32, func);
+        if (c)
+            __sync_fetch_and_add(&c->closed, 1);
         return 0;
     }
     if (t->over) {  /* the return of a call too deep to track (calls return innermost first) */

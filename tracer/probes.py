@@ -202,11 +202,16 @@ class Probes:
         span, self.opened_at = now - self.opened_at, None
         return span
 
-    def detach(self) -> float:
+    def detach(self, *, marker: bool = False) -> float:
+        """Closes counting, then the window's links (and the marker's, with `marker`) all at once
+        (links.close_together): none goes on trapping the job while another's close waits."""
         counted = self.close_counting()
         t0 = time.perf_counter()
-        for link in reversed(self.links):  # entries first, so calls in flight still see their returns
-            link.close()
+        closing = list(self.links)
+        if marker and self.marker_link is not None:
+            closing.append(self.marker_link)
+            self.marker_link = None
+        links.close_together(closing)
         had = bool(self.links)
         self.links.clear()
         if had:
@@ -267,8 +272,7 @@ class Probes:
         return total
 
     def _finish_window(self) -> float:
-        counted = self.detach()
-        self.marker_end()
+        counted = self.detach(marker=True)
         ws, self._current = self._current, None
         if ws is not None:
             ws.counted_s = counted
