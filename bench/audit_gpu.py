@@ -58,11 +58,14 @@ def median_ci(xs: list[float], n: int = 2000) -> dict:
 
 
 class Job:
-    def __init__(self, name: str) -> None:
+    """A bench/gpu_jobs.py job, warm, answering timed phases; under the shim unless `shim` is False."""
+
+    def __init__(self, name: str, shim: bool = True) -> None:
         self.name = name
         job = os.environ.get("GPUTRACE_BENCH_JOB_CMD")  # a stand-in job, to try the script without a GPU
-        argv = ["gputrace", "run", "--checkpointable", "--",
-                *(job.split() if job else [sys.executable, str(HERE / "gpu_jobs.py"), "--job", name])]
+        argv = job.split() if job else [sys.executable, str(HERE / "gpu_jobs.py"), "--job", name]
+        if shim:
+            argv = ["gputrace", "run", "--checkpointable", "--", *argv]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if line.strip() != "ready":

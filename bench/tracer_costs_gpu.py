@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import subprocess
 import sys
@@ -36,29 +35,9 @@ from gputrace.tracer.symbols import read_functions
 from gputrace.tracer.targets import libcuda_of
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
-
-class Job:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        cmd = os.environ.get("GPUTRACE_BENCH_JOB_CMD")  # a stand-in job, to try the script without a GPU
-        argv = cmd.split() if cmd else [sys.executable, str(HERE / "gpu_jobs.py"), "--job", name]
-        self.proc = subprocess.Popen(argv,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if line.strip() != "ready":
-            raise SystemExit(f"{name} did not start: {line!r}")
-        self.pid = self.proc.pid
-
-    def run(self, seconds: float) -> dict:
-        self.proc.stdin.write(f"run {seconds}\n")
-        self.proc.stdin.flush()
-        return orjson.loads(self.proc.stdout.readline())
-
-    def close(self) -> None:
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.close()
-        self.proc.wait()
+from audit_gpu import Job  # noqa: E402
 
 
 def during(job: Job, seconds: float, work) -> dict:
@@ -86,7 +65,7 @@ def main() -> int:
     result: dict = {"calibration": dataclasses.asdict(cal), "options": vars(args), "jobs": {}}
     print("calibration:", cal, flush=True)
     for name in args.jobs.split(","):
-        job = Job(name)
+        job = Job(name, shim=False)
         lib = libcuda_of(job.pid).path
         funcs = read_functions(lib)
         kinds = [probe_kind(lib, f.offset) for f in funcs]

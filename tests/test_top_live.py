@@ -46,7 +46,7 @@ def test_once_json_shows_both_processes_with_rates_within_10_percent(spawned):
     # Measured while both ran, or the comparison below means nothing.
     assert all(p.poll() is None for p in procs), "the workloads ended before top had measured them"
     doc = orjson.loads(top.stdout)
-    assert doc["schema"] == 1 and doc["kind"] == "gputrace.top.frame"
+    assert doc["schema"] == 2 and doc["kind"] == "gputrace.top.frame"
     rows = {r["pid"]: r for r in doc["processes"]}
     for p in procs:
         assert p.pid in rows, (p.pid, sorted(rows), doc["pending"], doc["notes"])

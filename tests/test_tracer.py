@@ -51,7 +51,7 @@ def run_attach(args: list[str], out: Path, *, timeout: float = 120) -> tuple[dic
 
 def load_report(path: Path) -> dict:
     doc = orjson.loads(path.read_bytes())
-    assert doc["schema"] == 1 and doc["kind"] == "gputrace.attach"
+    assert doc["schema"] == 2 and doc["kind"] == "gputrace.attach"
     return doc
 
 

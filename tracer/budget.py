@@ -42,7 +42,9 @@ from .classify import FunctionClass
 from .estimator import EXPOSURE_MAX
 
 # Job time one breakpoint write costs (attach or detach): a page table update and a TLB flush on
-# the CPUs the job runs on. Measured on the H200 (bench/results/tracer-costs-h200.md).
+# the CPUs the job runs on. Assumed: too small for paired phases to resolve on the H200
+# (bench/results/tracer-costs-h200.md); with it, the accounted cost came within 0.3 points of the
+# loss measured window by window there (bench/results/audit-h200.md).
 WRITE_S = 5e-6
 
 
@@ -170,8 +172,10 @@ class Policy:
         if self.exact:
             return Plan(True, ((0.0, self.interval_s),), timed, probe)
         if self.windows == 0:
+            # At once: until it has run, no function is watched or sampled, so calls before it
+            # would be counted by nothing.
             w = self.last_window_s = self.scout_s()
-            return Plan(True, ((self.rng.uniform(0.0, self.interval_s - w), w),), timed, probe, full_scan=True)
+            return Plan(True, ((0.0, w),), timed, probe, full_scan=True)
         if not probe:
             return NO_WINDOW  # nothing called since the scout: the watch link counts it all
         if self.skip > 0:

@@ -53,6 +53,9 @@ class Window:
     probe_s: float                    # calibrated probe time of its hits
     marker: MarkerCount | None = None
     timed: bool = False               # every function timed in it (return probes: a dearer kind of window)
+    # The part of probe_s spent on functions whose first instruction is single-stepped: another
+    # trap, whose cost in the job the marker (an emulated one) does not measure.
+    stepped_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -75,12 +78,14 @@ class Exposure:
     measured: bool
 
     def effective_s(self, w: Window) -> float:
-        return max(w.counted_s - self.value * w.probe_s, EFFECTIVE_FLOOR * w.counted_s)
+        lost = self.value * (w.probe_s - w.stepped_s) + EXPOSURE_MAX / 2 * w.stepped_s
+        return max(w.counted_s - lost, EFFECTIVE_FLOOR * w.counted_s)
 
     def rel_err(self, w: Window) -> float:
-        """The relative error of a rate from window w that the exposure's uncertainty makes."""
+        """The relative error of a rate from window w that the exposure's uncertainty makes (for
+        single-stepped hits, the whole range: the marker does not measure them)."""
         eff = self.effective_s(w)
-        return self.err * w.probe_s / eff if eff > 0 else 0.0
+        return (self.err * (w.probe_s - w.stepped_s) + EXPOSURE_MAX / 2 * w.stepped_s) / eff if eff > 0 else 0.0
 
 
 UNMEASURED_EXPOSURE = Exposure(EXPOSURE_MAX / 2, EXPOSURE_MAX / 2, False)
@@ -167,7 +172,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
             c = o.watched_calls.get(f, 0)
             observed += c
             exact += c
-            u = o.unwatched_s.get(f, 0.0)
+            u = min(o.unwatched_s.get(f, 0.0), o.span_s)  # the tally may run a little past the span
             mine = [w for w in o.windows if f in w.probed]
             if mine:
                 spans_sq += group_s * group_s
@@ -195,7 +200,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
             rel_sys += last_rel * last[0] * u
             group_s += u
         spans_sq += group_s * group_s
-        measured = span - unmeasured
+        measured = max(0.0, span - unmeasured)
         total = exact + sampled
         rate = total / measured if measured > 0 else 0.0
         half = 1.96 * math.sqrt(var_poisson)

@@ -30,6 +30,7 @@ from .calibrate import Calibration, probe_kind
 from .symbols import Function
 
 POLL_S = 0.02  # how often the waits look at the watch link's counter
+WATCH_SHARDS = 16  # the watch link is this many links, by function id: a change rebuilds one of them
 
 
 def stamped(flip: Callable[[], None]) -> float:
@@ -83,7 +84,7 @@ class Probes:
         self.costs = {i: cal.of(k) for i, k in self.kinds.items()}
         self.links: list[links.Link] = []
         self.marker_link: links.Link | None = None
-        self.watch_link: links.Link | None = None
+        self.watch_links: dict[int, links.Link] = {}  # shard -> its link
         self.watched: frozenset[int] = frozenset()
         self._watch_since = time.monotonic()
         self._seen_mark = 0
@@ -119,23 +120,35 @@ class Probes:
                 acc[f] = acc.get(f, 0.0) + dt
         self._watch_since = now
 
+    @property
+    def watch_link(self) -> links.Link | None:
+        """One of the watch links (None: none attached)."""
+        return next(iter(self.watch_links.values()), None)
+
     def set_watch(self, ids: frozenset[int]) -> None:
-        """Keeps exactly `ids` on the watch link: a new link first, then the old one closed, so the
-        functions on both are never off it (their breakpoints stay: no writes for them)."""
+        """Keeps exactly `ids` on the watch link. It is WATCH_SHARDS links (function id modulo): a
+        function moving off it rebuilds one shard, a new link first and then the old one closed, so
+        the functions on both are never off it (their breakpoints stay: no writes for them).
+        Rebuilding all ~680 at once took the job's memory-map lock ~680 times while the function
+        that moved was still trapping at full rate."""
         ids = frozenset(ids)
-        if ids == self.watched and (self.watch_link is not None or not ids):
+        changed = ids ^ self.watched
+        if not changed:
             return
-        old = self.watch_link
-        new = None
-        if ids:
-            order = sorted(ids)
-            new = self._attach(order, [self.cookie(i) | COOKIE_WATCH for i in order], retprobe=False)
+        old_links = []
+        for shard in sorted({f % WATCH_SHARDS for f in changed}):
+            members = sorted(f for f in ids if f % WATCH_SHARDS == shard)
+            old = self.watch_links.pop(shard, None)
+            if members:
+                self.watch_links[shard] = self._attach(members, [self.cookie(i) | COOKIE_WATCH for i in members],
+                                                       retprobe=False)
+            if old is not None:
+                old_links.append(old)
         now = time.monotonic()
         self._tally_unwatched(now)
-        self.log.writes += len(ids - self.watched) + len(self.watched - ids)
-        self.watch_link, self.watched = new, ids
-        if old is not None:
-            old.close()
+        self.log.writes += len(changed)
+        self.watched = ids
+        links.close_together(old_links)
         self._seen_mark = self.program.seen_hits()
         self._poll_t = time.monotonic()
 
@@ -309,6 +322,6 @@ class Probes:
         self.detach()
         self.outside_end()
         self.marker_end()
-        if self.watch_link is not None:
-            self.watch_link.close()
-            self.watch_link = None
+        links.close_together(list(self.watch_links.values()))
+        self.watch_links.clear()
+        self.watched = frozenset()

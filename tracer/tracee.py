@@ -181,10 +181,14 @@ class Tracee:
         return self._pool.exposures()
 
     # --- costs --------------------------------------------------------------------------------
-    def _probe_s(self, deltas: Mapping[int, RawStats], *, window_only: bool) -> float:
-        """Calibrated probe time of these hits: the window's (calls, timed), or all of them."""
+    def _probe_s(self, deltas: Mapping[int, RawStats], *, window_only: bool, stepped: bool = False) -> float:
+        """Calibrated probe time of these hits: the window's (calls, timed), or all of them; with
+        `stepped`, only those of functions whose first instruction is single-stepped."""
         ns = 0.0
+        kinds = self.probes.kinds if stepped else None
         for f, d in deltas.items():
+            if kinds is not None and kinds.get(f) != "stepped":
+                continue
             c = self.costs[f]
             hits = d.calls if window_only else d.calls + d.closed + d.outside + d.watched
             ns += hits * c.entry_ns + d.timed * (c.entry_return_ns - c.entry_ns)
@@ -227,13 +231,16 @@ class Tracee:
                 marker = est.MarkerCount(m.calls, ws.counted_s, m.outside, ws.outside_s,
                                          m.outside * self.costs[ws.marker].entry_ns * 1e-9)
             w = est.Window(ws.counted_s, ws.probed, {f: x.calls for f, x in d.items() if x.calls},
-                           self._probe_s(d, window_only=True), marker, timed=ws.timed >= ws.probed)
+                           self._probe_s(d, window_only=True), marker, timed=ws.timed >= ws.probed,
+                           stepped_s=self._probe_s(d, window_only=True, stepped=True))
             windows.append(w)
             self._pool.add(w)
         for f, dt, n in log.discovered.get(self.pid, ()):
             # The watch link's last calls of a function before it moved into the windows: a window
             # of its own (only it, and the other watched ones that cost nothing, probed).
-            w = est.Window(dt, frozenset({f}), {f: n}, n * self.costs[f].entry_ns * 1e-9)
+            cost = n * self.costs[f].entry_ns * 1e-9
+            w = est.Window(dt, frozenset({f}), {f: n}, cost,
+                           stepped_s=cost if self.probes.kinds.get(f) == "stepped" else 0.0)
             windows.append(w)
         if end_rows is not None:
             _add(gained, row_deltas(end_rows, prev, self.ids))

@@ -14,7 +14,7 @@ from gputrace.tracer.audit import PRESETS, Audit, audit
 from gputrace.tracer.classify import FunctionClass
 from gputrace.tracer.model import ClassTotals, FunctionStats, ProcessSnapshot
 
-SCHEMA = 1
+SCHEMA = 2  # 2: as the attach report's 2 (gputrace/report.py); pending rows are the not measured ones
 KIND_FRAME = "gputrace.top.frame"
 KIND_RECORD = "gputrace.record"
 

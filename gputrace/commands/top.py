@@ -27,7 +27,7 @@ RECORD_EPILOG = """examples:
   sudo gputrace record -o run.jsonl -d 60     one minute
   gputrace top --replay run.jsonl
 
-The file is JSON lines: a gputrace.record header, then one gputrace.top.frame per refresh (schema 1,
+The file is JSON lines: a gputrace.record header, then one gputrace.top.frame per refresh (schema 2,
 the same objects `top --once --json` prints).
 """
 
