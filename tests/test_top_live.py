@@ -191,12 +191,10 @@ def test_hold_takes_tops_probes_off_every_process_on_the_file_until_it_ends(spaw
         src.close()
     assert held and all(p.poll() is None for p in procs)
     # The hold woke the stepping thread through its wake pipe; emptied, the waits after it sleep
-    # again (one a watch poll, POLL_S, and a few more a frame) rather than return at once until
+    # again (one a watch poll, probes.poll_s, and a few more a frame) rather than return at once until
     # their deadline.
-    from gputrace.tracer.probes import POLL_S
-
     frames = n + 1 - (resumed_by - 40)
-    assert waits.polls < frames * (0.5 / POLL_S + 10), waits.polls
+    assert waits.polls < frames * (0.5 / session.probes.poll_s + 10), waits.polls
 
 
 class CountingEpoll:

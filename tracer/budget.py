@@ -21,10 +21,11 @@ stays attached and costs nothing until a function on it is called (then it moves
 at once: tracer/probes.py). A function not called for `idle_windows` windows goes back to the
 watch link. The first window probes every function: it finds what the job calls.
 
-Two windows an interval, each at a random offset in its half (stratified: a job whose rate changes
-inside an interval is sampled on both sides, and the windows' spread is measured even in a short
-attach), where the budget pays for two of at least `min_window_s`; one otherwise; one every k
-intervals where even one costs more than an interval's budget. Windows grow at most `max_growth`
+Two windows an interval (`per_interval`), each at a random offset in its half (stratified: a job
+whose rate changes inside an interval is sampled on both sides, and the windows' spread is measured
+even in a short attach), where the budget pays for two of at least `min_window_s`; one otherwise;
+one every k intervals where even one costs more than an interval's budget. Host-wide, one window
+every second interval (`every`), as long as both intervals' budget pays for. Windows grow at most `max_growth`
 from one interval to the next (a job that turns busy must not pay a long window at its new rate
 before its rates are seen). Hot functions (above `hot_hz`, not synchronizing) are counted without
 timing except in every `retime_every`-th window.
@@ -79,6 +80,8 @@ class Policy:
         idle_windows: int = 8,
         max_growth: float | None = 2.0,
         max_skip: int = 30,
+        per_interval: int = 2,
+        every: int = 1,
         rng: random.Random | None = None,
     ) -> None:
         self.classes = dict(classes)
@@ -103,6 +106,11 @@ class Policy:
         self.intervals = 0
         self.last_window_s = 0.0
         self.skip = 0
+        # Windows an interval (where each can be min_window_s long), and a window only every
+        # `every` intervals, paid for by all of them: host-wide, each window's attach and detach
+        # writes its breakpoints into every process on the file (tracer/host.py).
+        self.per_interval = max(1, per_interval)
+        self.every = max(1, every)
 
     # --- what the windows probe ---------------------------------------------------------------
     def _timed(self) -> frozenset[int]:
@@ -181,19 +189,21 @@ class Policy:
         if self.skip > 0:
             self.skip -= 1
             return NO_WINDOW
+        if (self.intervals - 1) % self.every:
+            return NO_WINDOW
         marker = self.choose_marker(probe, timed)
-        n = 2 if self.interval_s >= 0.2 else 1
-        w = self.affordable_s(probe, timed, marker, n)
-        if n == 2 and w < self.min_window_s:
-            n = 1
-            w = self.affordable_s(probe, timed, marker, n)
+        n = self.per_interval if self.interval_s >= 0.2 else 1
+        w = self.affordable_s(probe, timed, marker, n, self.every)
+        while n > 1 and w < self.min_window_s:
+            n -= 1
+            w = self.affordable_s(probe, timed, marker, n, self.every)
         if w < self.min_window_s:
             # Even one window costs more than an interval's budget: one every k intervals, paid for
             # by all k. Never for good: rates and exposure are measured again in the next one.
-            k = 1
+            k = self.every
             while k < self.max_skip + 1 and self.affordable_s(probe, timed, marker, 1, k) < self.min_window_s:
-                k += 1
-            self.skip = k - 1
+                k += self.every
+            self.skip = k - self.every
             w = max(self.min_window_s, self.affordable_s(probe, timed, marker, 1, k))
         if self.last_window_s and self.max_growth:
             w = min(w, self.max_growth * self.last_window_s)
@@ -213,6 +223,8 @@ class Policy:
         first = self.windows == 0
         self.windows += windows
         for f, r in rates.items():
+            if f not in self.rates and not r:
+                continue  # never called: the scout probes every function, most of which no job calls
             self.rates[f] = r if first or f not in self.rates else 0.5 * (self.rates[f] + r)
         for f in list(self.seen):
             if called.get(f, 0):

@@ -155,6 +155,17 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         funcs.update(f for f, n in o.watched_calls.items() if n)
         for w in o.windows:
             funcs.update(f for f, n in w.calls.items() if n)
+    # Per observation and function: its windows' (calls, effective length, exposure error), worked
+    # out once per window rather than once per function.
+    per_obs: list[dict[int, list[tuple[int, float, float]]]] = []
+    for o in observations:
+        d: dict[int, list[tuple[int, float, float]]] = {}
+        for w in o.windows:
+            eff, rel = expo.effective_s(w), expo.rel_err(w)
+            probed = w.probed if len(w.probed) <= 2 * len(funcs) else funcs.intersection(w.probed)
+            for f in probed:
+                d.setdefault(f, []).append((w.calls.get(f, 0), eff, rel))
+        per_obs.append(d)
     out: dict[int, Estimate] = {}
     for f in funcs:
         observed = 0
@@ -168,24 +179,22 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         last = carry.get(f) if carry else None  # (rate, var, rel_sys) of the windows that last sampled f
         last_rel = 0.0
         group_s = 0.0        # time off the watch link that the current `last` stands for
-        for o in observations:
+        for o, d in zip(observations, per_obs):
             c = o.watched_calls.get(f, 0)
             observed += c
             exact += c
             u = min(o.unwatched_s.get(f, 0.0), o.span_s)  # the tally may run a little past the span
-            mine = [w for w in o.windows if f in w.probed]
+            mine = d.get(f)
             if mine:
                 spans_sq += group_s * group_s
                 group_s = 0.0
                 rs, vs, rels = [], [], []
-                for w in mine:
-                    n = w.calls.get(f, 0)
+                for n, eff, rel in mine:
                     observed += n
-                    eff = expo.effective_s(w)
                     r = n / eff
                     rs.append(r)
                     vs.append(n / (eff * eff))
-                    rels.append(expo.rel_err(w))
+                    rels.append(rel)
                 rates.extend(rs)
                 k = len(rs)
                 last = (sum(rs) / k, sum(vs) / (k * k))

@@ -38,9 +38,15 @@ class HostSession:
                              program, calibration)
         # The first window probes every function; after it, the functions no process has been seen
         # calling are on the watch link (no pid filter: it covers a process that joins later too).
+        # Each attach and detach writes the window's breakpoints into every process on the file, and
+        # the kernel's work for it is top's own CPU: one window every 2nd interval, as long as both
+        # intervals' budget pays for.
         self.policy = AlignedPolicy(self.probes.classes, self.probes.costs, budget=options.budget,
-                                    interval_s=options.interval_s)
+                                    interval_s=options.interval_s, per_interval=1,
+                                    every=1 if options.exact else 2)
         self.probes.on_seen = self._on_seen
+        # Every 50 ms rather than 20: each look wakes this thread, and top's own CPU is what it costs.
+        self.probes.poll_s = 0.05
         self.probes.on_window_end = self._window_end
         self._window_rows: list[dict[int, dict[int, RawStats]]] = []
         self._seen_rows: dict[int, dict[int, RawStats]] = {}

@@ -102,6 +102,7 @@ class Probes:
         # Called after each window is logged: the caller reads the maps, so each window's counts
         # are its own.
         self.on_window_end: Callable[[WindowSpan], None] = lambda ws: None
+        self.poll_s = POLL_S  # how often waits look at the watch link
         self._current: WindowSpan | None = None  # the window open now
 
     def cookie(self, f: int, timed: bool = False) -> int:
@@ -166,13 +167,13 @@ class Probes:
         return None
 
     def waiting(self, wait: Callable[[float], bool], seconds: float) -> bool:
-        """wait(seconds), looking at the watch link every POLL_S; False once wait says so."""
+        """wait(seconds), looking at the watch link every `poll_s`; False once wait says so."""
         deadline = time.monotonic() + seconds
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return True
-            if not wait(min(left, POLL_S) if self.watch_link is not None else left):
+            if not wait(min(left, self.poll_s) if self.watch_link is not None else left):
                 return False
             since = self.poll_seen()
             if since is not None:

@@ -131,11 +131,6 @@ def row_deltas(now: Mapping[int, RawStats], then: Mapping[int, RawStats], ids) -
     return out
 
 
-def _add(into: dict[int, RawStats], deltas: Mapping[int, RawStats]) -> None:
-    for f, d in deltas.items():
-        into[f] = into.get(f, ZERO) + d
-
-
 class Tracee:
     def __init__(self, pid: int, probes: Probes, *, budget: float, interval_s: float, exact: bool,
                  prev: Mapping[int, RawStats] | None = None) -> None:
@@ -148,12 +143,15 @@ class Tracee:
         # The maps may already hold counts of this pid (a reused program, a process hit before it
         # was found): start from them.
         self._prev: dict[int, RawStats] = dict(prev or {})
-        self._total: dict[int, RawStats] = {}     # per function, over the session
+        self._first: dict[int, RawStats] = self._prev  # the rows the session counts from
         self.observations: list[est.Observation] = []
         self._pool = est.MarkerPools()
+        self._expo: est.Exposures | None = None
         self._carry: dict[int, tuple[float, float]] = {}  # the last windows' rates, for recent()
-        # The last intervals: (observation, rows gained, cost, CPU s or None, carry before it).
+        # The last intervals: (observation, cost, CPU s or None, carry before it), and the rows at
+        # the end of each and at the start of the oldest: what they gained is one difference.
         self._recent: collections.deque = collections.deque(maxlen=RECENT)
+        self._rows_at: collections.deque = collections.deque([self._prev], maxlen=RECENT + 1)
         self._recent_snap: ProcessSnapshot | None = None
         self._cpu_mark: float | None = None
         self._cpu = CpuClock(pid)
@@ -178,7 +176,10 @@ class Tracee:
         return now - before if now is not None and before is not None else None
 
     def exposure(self) -> est.Exposures:
-        return self._pool.exposures()
+        """The exposures measured so far (worked out again only when a window has added to them)."""
+        if self._expo is None:
+            self._expo = self._pool.exposures()
+        return self._expo
 
     # --- costs --------------------------------------------------------------------------------
     def _probe_s(self, deltas: Mapping[int, RawStats], *, window_only: bool, stepped: bool = False) -> float:
@@ -216,13 +217,11 @@ class Tracee:
         else:
             self.target_cpu_s += cpu
         self.elapsed_s += span
-        gained: dict[int, RawStats] = {}
         windows: list[est.Window] = []
-        prev = self._prev
+        start = prev = self._prev
         for ws, rows in zip(log.windows, window_rows):
             d = row_deltas(rows, prev, self.ids)
             prev = rows
-            _add(gained, d)
             if self.exact or ws.counted_s <= 0:
                 continue
             marker = None
@@ -235,6 +234,7 @@ class Tracee:
                            stepped_s=self._probe_s(d, window_only=True, stepped=True))
             windows.append(w)
             self._pool.add(w)
+            self._expo = None
         for f, dt, n in log.discovered.get(self.pid, ()):
             # The watch link's last calls of a function before it moved into the windows: a window
             # of its own (only it, and the other watched ones that cost nothing, probed).
@@ -243,10 +243,9 @@ class Tracee:
                            stepped_s=cost if self.probes.kinds.get(f) == "stepped" else 0.0)
             windows.append(w)
         if end_rows is not None:
-            _add(gained, row_deltas(end_rows, prev, self.ids))
             prev = end_rows
-        self._prev = dict(prev)
-        _add(self._total, gained)
+        self._prev = prev  # the caller hands over rows it no longer changes
+        gained = row_deltas(prev, start, self.ids)
         self.window_s += log.counted_s
         if self.exact:
             obs = est.Observation(span, (), {f: d.calls for f, d in gained.items() if d.calls}, {})
@@ -261,12 +260,18 @@ class Tracee:
         self.cost_s += cost
         carry_before = dict(self._carry)
         self.observations.append(obs)
-        self._recent.append((obs, gained, cost, cpu, carry_before))
+        self._recent.append((obs, cost, cpu, carry_before))
+        self._rows_at.append(prev)
         if windows:
             self._carry.update(est.last_rates([obs], expo))
         if not self.exact:
-            estimates = est.estimate([obs], expo) if windows else {}
-            self.policy.observe(len(windows), {f: e.rate_hz for f, e in estimates.items()},
+            # The windows' own rates (untraced), for the next plan: not the estimate's whole work.
+            rates: dict[int, list[float]] = {}
+            for w in windows:
+                eff = expo.effective_s(w)
+                for f in w.probed:
+                    rates.setdefault(f, []).append(w.calls.get(f, 0) / eff)
+            self.policy.observe(len(windows), {f: sum(r) / len(r) for f, r in rates.items()},
                                 {f: n for w in windows for f, n in w.calls.items()})
             known = [e.value + e.err for e in (expo.counted, expo.timed) if e.measured]
             self.policy.observe_exposure(min(est.EXPOSURE_MAX, max(known)) if known else None)
@@ -285,6 +290,11 @@ class Tracee:
         outer = d.timed - d.nested
         return (max(0.0, d.total_ns / d.timed - bias) if d.timed else None,
                 max(0.0, d.outer_ns / outer - bias) if outer > 0 else None)
+
+    def _since_start(self, f: int) -> RawStats | None:
+        """Function f's row gained over the session."""
+        now, then = self._prev.get(f), self._first.get(f)
+        return None if now is None else now if then is None else now - then
 
     def _not_measured(self, obs: Sequence[est.Observation], carry: Mapping, view: str) -> str | None:
         for o in obs:
@@ -308,7 +318,7 @@ class Tracee:
                 fn = self.ids[f]
                 mean_ns, outer_mean_ns = self._means(f, d)
                 if outer_mean_ns is None:
-                    total = self._total.get(f)
+                    total = self._since_start(f)
                     if total and total.timed:
                         # Counted but not timed here: per-call time from the session so far.
                         mean_ns, outer_mean_ns = self._means(f, total)
@@ -342,21 +352,20 @@ class Tracee:
         if not rebuild and self._recent_snap is not None:
             return self._recent_snap
         items = list(self._recent)
-        gained: dict[int, RawStats] = {}
-        for _, g, _, _, _ in items:
-            _add(gained, g)
-        cpus = [c for _, _, _, c, _ in items]
+        gained = row_deltas(self._rows_at[-1], self._rows_at[0], self.ids)
+        cpus = [c for _, _, c, _ in items]
         self._recent_snap = self._snapshot(
             [o for o, *_ in items], gained, sum(o.span_s for o, *_ in items),
             sum(sum(w.counted_s for w in o.windows) for o, *_ in items),
-            sum(cpus) if cpus and None not in cpus else None, sum(c for _, _, c, _, _ in items),
-            items[0][4] if items else {}, view="recent")
+            sum(cpus) if cpus and None not in cpus else None, sum(c for _, c, _, _ in items),
+            items[0][3] if items else {}, view="recent")
         return self._recent_snap
 
     def summary(self) -> ProcessSnapshot:
         """The whole session as one snapshot: each function's calls over the session's time (exact
         where it was watched, each window's rate for the time it stands for), with its uncertainty
         (tracer/estimator.py)."""
-        return self._snapshot(self.observations, self._total, self.elapsed_s, self.window_s,
+        return self._snapshot(self.observations, row_deltas(self._prev, self._first, self.ids), self.elapsed_s,
+                              self.window_s,
                               self.target_cpu_s if self._cpu_known and self.observations else None,
                               self.cost_s, {}, view="summary")
