@@ -142,7 +142,7 @@ class TextRenderer:
         if len(s.functions) > self.top_functions:
             w(f"  ... and {len(s.functions) - self.top_functions} more (all of them with --json)\n")
         w("\n  what an interception layer would cost this job (at its nominal cost a call; a busy-spin layer\n"
-          "  cost CPU-bound jobs 1.1-1.3x that on the H200, bench/results/audit-h200.md):\n")
+          "  cost CPU-bound jobs 1.1-1.4x that on the H200, bench/results/audit-h200.md):\n")
         for a in r.audits:
             w(f"  - {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")
             w(f"      {fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second\n")

@@ -122,6 +122,15 @@ def exposure(windows: Iterable[Window], *, min_calls: int = 30) -> Exposure:
 
 
 @dataclass(frozen=True)
+class Carried:
+    """A function's rate as the last windows that sampled it measured it: what stands in for the
+    intervals after them that have no window."""
+
+    rate_hz: float
+    var: float            # the rate's variance from those windows' counts
+
+
+@dataclass(frozen=True)
 class Estimate:
     """One function over a run of intervals."""
 
@@ -144,10 +153,10 @@ def t975(dof: int) -> float:
 
 
 def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
-             carry: Mapping[int, tuple[float, float]] | None = None) -> dict[int, Estimate]:
+             carry: Mapping[int, Carried] | None = None) -> dict[int, Estimate]:
     """Estimates for every function counted in `observations` (chronological).
 
-    `carry`: per function, (rate, its variance) of the last windows before these observations,
+    `carry`: per function, the rate of the last windows before these observations,
     for intervals at their start that have none (a recent view's first intervals)."""
     span = sum(o.span_s for o in observations)
     funcs: set[int] = set()
@@ -176,7 +185,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         rel_sys = 0.0        # the exposure's share, weighted by the time it applies to
         unmeasured = 0.0
         rates: list[float] = []  # every window's rate, in order, for the successive differences
-        last = carry.get(f) if carry else None  # (rate, var, rel_sys) of the windows that last sampled f
+        last = carry.get(f) if carry else None  # the windows that last sampled f
         last_rel = 0.0
         group_s = 0.0        # time off the watch link that the current `last` stands for
         for o, d in zip(observations, per_obs):
@@ -197,16 +206,16 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                     rels.append(rel)
                 rates.extend(rs)
                 k = len(rs)
-                last = (sum(rs) / k, sum(vs) / (k * k))
+                last = Carried(sum(rs) / k, sum(vs) / (k * k))
                 last_rel = sum(rels) / k
             if u <= 0:
                 continue
             if last is None:
                 unmeasured += u
                 continue
-            sampled += last[0] * u
-            var_poisson += last[1] * u * u  # the same windows for all of it: errors add up
-            rel_sys += last_rel * last[0] * u
+            sampled += last.rate_hz * u
+            var_poisson += last.var * u * u  # the same windows for all of it: errors add up
+            rel_sys += last_rel * last.rate_hz * u
             group_s += u
         spans_sq += group_s * group_s
         measured = max(0.0, span - unmeasured)
@@ -235,10 +244,10 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
     return out
 
 
-def last_rates(observations: Sequence[Observation], expo: Exposures) -> dict[int, tuple[float, float]]:
-    """Per function, (rate, variance) of the last interval whose windows sampled it: what a view
-    starting after `observations` carries into its first windowless intervals."""
-    out: dict[int, tuple[float, float]] = {}
+def last_rates(observations: Sequence[Observation], expo: Exposures) -> dict[int, Carried]:
+    """Per function, the rate of the last interval whose windows sampled it: what a view starting
+    after `observations` carries into its first windowless intervals."""
+    out: dict[int, Carried] = {}
     for o in observations:
         by_f: dict[int, list[tuple[float, float]]] = {}
         for w in o.windows:
@@ -248,7 +257,7 @@ def last_rates(observations: Sequence[Observation], expo: Exposures) -> dict[int
                 by_f.setdefault(f, []).append((n / eff, n / (eff * eff)))
         for f, rv in by_f.items():
             k = len(rv)
-            out[f] = (sum(r for r, _ in rv) / k, sum(v for _, v in rv) / (k * k))
+            out[f] = Carried(sum(r for r, _ in rv) / k, sum(v for _, v in rv) / (k * k))
     return out
 
 

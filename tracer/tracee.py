@@ -147,7 +147,7 @@ class Tracee:
         self.observations: list[est.Observation] = []
         self._pool = est.MarkerPools()
         self._expo: est.Exposures | None = None
-        self._carry: dict[int, tuple[float, float]] = {}  # the last windows' rates, for recent()
+        self._carry: dict[int, est.Carried] = {}  # the last windows' rates, for recent()
         # The last intervals: (observation, cost, CPU s or None, carry before it), and the rows at
         # the end of each and at the start of the oldest: what they gained is one difference.
         self._recent: collections.deque = collections.deque(maxlen=RECENT)

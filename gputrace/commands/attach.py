@@ -15,7 +15,7 @@ from ..procs import require_process, require_root
 from .. import report as rep
 
 EXAMPLES = """examples:
-  gputrace attach -p 1234                      until Ctrl-C, at the default 1% overhead budget
+  gputrace attach -p 1234                      until Ctrl-C, slowing the job at most 1% (the default budget)
   gputrace attach -p 1234 -d 30 --json -o audit.json
   gputrace attach --exact -- python train.py   every call from the command's first driver call on
   gputrace attach -p 1234 --functions 'cuLaunch*,cuMemcpy*'
@@ -31,7 +31,7 @@ def parse_budget(text: str) -> float:
     try:
         value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
-        raise UsageError(f"invalid budget {text!r}", "give a share of the target's CPU time, e.g. 1% or 0.005") from None
+        raise UsageError(f"invalid budget {text!r}", "give the most the tracer may slow the job, as a share of its time: e.g. 1% or 0.005") from None
     if not 0 < value <= 1:
         raise UsageError(f"budget {text} is out of range", "use a value above 0% and at most 100% (100% traces every call)")
     return value
@@ -41,7 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--pid", type=int, help="process to trace (or give `-- command args` to start one)")
     p.add_argument("-d", "--duration", type=float, help="seconds to trace (default: until Ctrl-C or the process exits)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds per report interval (default 1)")
-    p.add_argument("--budget", default="1%", help="the tracer's cost cap, as a share of the target's CPU time (default 1%%)")
+    p.add_argument("--budget", default="1%", help="the most the tracer may slow the job, a share of its time (default 1%%; 100%% traces every call)")
     p.add_argument("--exact", action="store_true", help="trace every call continuously (same as --budget 100%%)")
     p.add_argument("--functions", action="append", default=[], metavar="PATTERN",
                    help="only these driver functions (shell globs, comma-separated or repeated)")

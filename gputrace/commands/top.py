@@ -17,7 +17,7 @@ TOP_EPILOG = """examples:
   sudo gputrace record -o run.jsonl -d 60   save a session
   gputrace top --replay run.jsonl           show a saved session (no root needed)
 
-Each process is traced within --budget of its CPU time, as `gputrace attach` does. The predicted
+Each process is slowed at most --budget (a share of its time), as `gputrace attach` does. The predicted
 overhead is what an interception layer of the chosen preset would add (lower: hidden in the time
 the job waits for the GPU; upper: fully exposed); `p` in the dashboard switches the preset.
 """
@@ -34,7 +34,7 @@ the same objects `top --once --json` prints).
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
-    p.add_argument("--budget", default="1%", help="the tracer's cost cap per process, share of its CPU (default 1%%)")
+    p.add_argument("--budget", default="1%", help="the most the tracer may slow each process, a share of its time (default 1%%)")
     p.add_argument("--attach-mode", choices=["auto", "multi", "perf"], default="auto", help=argparse.SUPPRESS)
 
 
