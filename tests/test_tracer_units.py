@@ -527,3 +527,29 @@ def test_rawstats_arithmetic_round_trips():
     b = bpfprog.RawStats(3, 1, 100, 90, 0, 1, tuple(1 for _ in range(bpfprog.HIST_SLOTS)), 1)
     assert (a - b) + b == a and a - a == bpfprog.ZERO and a + bpfprog.ZERO == a and bpfprog.ZERO + a == a
     assert (a - b).hist == tuple(x - 1 for x in range(bpfprog.HIST_SLOTS)) and (a - b).calls == 7
+
+
+def test_a_live_view_keeps_memory_bounded():
+    """top runs for days: a process traced for the recent view alone keeps no growing history."""
+    import os
+    import types
+
+    from gputrace.tracer.bpfprog import ZERO, RawStats
+    from gputrace.tracer.probes import IntervalLog, WindowSpan
+    from gputrace.tracer.symbols import Function
+    from gputrace.tracer.tracee import RECENT, Tracee
+
+    cost = ProbeCost(entry_ns=500.0, entry_return_ns=900.0, bias_ns=300.0)
+    fn = Function("cuLaunchKernel", 0x1000, 0x1000, 16, SUB)
+    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, kinds={0: "emulated"},
+                                   calibration=Calibration(cost, cost, 5.0, 1, 1))
+    for keep, bound in ((False, 1), (True, 200)):
+        t = Tracee(os.getpid(), probes, budget=0.01, interval_s=1.0, exact=False, keep=keep)
+        rows = ZERO
+        for k in range(200):
+            t.begin()
+            rows = rows + RawStats(100, 0, 0, 0, 0, 0, ZERO.hist)
+            log = IntervalLog([WindowSpan(0.01, frozenset({0}), frozenset())], {0: 1.0})
+            t.account(1.0, log, [{0: rows}], {0: rows}, snapshot=False)
+        assert len(t.observations) == bound and len(t._recent) == RECENT
+        assert t.recent().calls_hz == pytest.approx(10_000, rel=0.1)

@@ -164,17 +164,28 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         funcs.update(f for f, n in o.watched_calls.items() if n)
         for w in o.windows:
             funcs.update(f for f, n in w.calls.items() if n)
-    # Per observation and function: its windows' (calls, effective length, exposure error), worked
-    # out once per window rather than once per function.
-    per_obs: list[dict[int, list[tuple[int, float, float]]]] = []
+    # Per observation and function, what its windows there say: (calls counted, their rates in
+    # order, the mean rate and its variance, the mean exposure error), worked out once per
+    # window and function rather than in the loop below.
+    per_obs: list[dict[int, tuple[int, list[float], Carried, float]]] = []
     for o in observations:
-        d: dict[int, list[tuple[int, float, float]]] = {}
+        acc: dict[int, list] = {}
         for w in o.windows:
             eff, rel = expo.effective_s(w), expo.rel_err(w)
             probed = w.probed if len(w.probed) <= 2 * len(funcs) else funcs.intersection(w.probed)
+            calls = w.calls
             for f in probed:
-                d.setdefault(f, []).append((w.calls.get(f, 0), eff, rel))
-        per_obs.append(d)
+                n = calls.get(f, 0)
+                a = acc.get(f)
+                if a is None:
+                    acc[f] = [n, [n / eff], n / (eff * eff), rel]
+                else:
+                    a[0] += n
+                    a[1].append(n / eff)
+                    a[2] += n / (eff * eff)
+                    a[3] += rel
+        per_obs.append({f: (n, rs, Carried(sum(rs) / len(rs), v / (len(rs) * len(rs))), rel / len(rs))
+                        for f, (n, rs, v, rel) in acc.items()})
     out: dict[int, Estimate] = {}
     for f in funcs:
         observed = 0
@@ -194,20 +205,12 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
             exact += c
             u = min(o.unwatched_s.get(f, 0.0), o.span_s)  # the tally may run a little past the span
             mine = d.get(f)
-            if mine:
+            if mine is not None:
                 spans_sq += group_s * group_s
                 group_s = 0.0
-                rs, vs, rels = [], [], []
-                for n, eff, rel in mine:
-                    observed += n
-                    r = n / eff
-                    rs.append(r)
-                    vs.append(n / (eff * eff))
-                    rels.append(rel)
+                n, rs, last, last_rel = mine
+                observed += n
                 rates.extend(rs)
-                k = len(rs)
-                last = Carried(sum(rs) / k, sum(vs) / (k * k))
-                last_rel = sum(rels) / k
             if u <= 0:
                 continue
             if last is None:

@@ -31,9 +31,13 @@ from .tracee import Tracee
 
 
 class HostSession:
-    def __init__(self, library: str, options: Options, program: Program, calibration: Calibration) -> None:
+    def __init__(self, library: str, options: Options, program: Program, calibration: Calibration,
+                 *, keep: bool = True) -> None:
+        """`keep`: each process keeps every interval's observation, for the "summary" view; a
+        caller that only steps the "recent" view passes False, and memory stays bounded."""
         self.library = library
         self.options = options
+        self.keep = keep
         self.probes = Probes(library, select_functions(read_functions(library), options.patterns),
                              program, calibration)
         # The first window probes every function; after it, the functions no process has been seen
@@ -43,12 +47,13 @@ class HostSession:
         # intervals' budget pays for.
         self.policy = AlignedPolicy(self.probes.classes, self.probes.costs, budget=options.budget,
                                     interval_s=options.interval_s, per_interval=1,
-                                    every=1 if options.exact else 2)
+                                    every=1 if options.exact else 3)
         self.probes.on_seen = self._on_seen
-        # Every 50 ms rather than 20: each look wakes this thread, and top's own CPU is what it costs.
-        self.probes.poll_s = 0.05
+        # Every 100 ms rather than 20: each look wakes this thread, and top's own CPU is what it costs.
+        self.probes.poll_s = 0.1
         self.probes.on_window_end = self._window_end
         self._window_rows: list[dict[int, dict[int, RawStats]]] = []
+        self._last_rows: dict[int, dict[int, RawStats]] | None = None  # the maps as last read
         self._seen_rows: dict[int, dict[int, RawStats]] = {}
         self._seen_t = time.monotonic()
         self.tracees: dict[int, Tracee] = {}
@@ -134,7 +139,7 @@ class HostSession:
                 continue  # exited before its first interval
             o = self.options
             t = Tracee(pid, self.probes, budget=o.budget, interval_s=o.interval_s, exact=o.exact,
-                       prev=stats.get(pid))
+                       prev=stats.get(pid), keep=self.keep)
             t.comm_every = 10  # 50 processes' comm every second is 50 file reads for nothing
             self.tracees[pid] = t
             self._pidfds[pid] = fd
@@ -144,7 +149,8 @@ class HostSession:
             self._seen_rows[pid] = stats.get(pid, {})
 
     def _read(self) -> dict[int, dict[int, RawStats]]:
-        return self.program.read_by_tgid()
+        self._last_rows = self.program.read_by_tgid()
+        return self._last_rows
 
     def _wait(self, seconds: float) -> bool:
         """Waits up to `seconds`, noting processes that exit; False once none is left or on stop()."""
@@ -237,8 +243,8 @@ class HostSession:
         span = time.monotonic() - t_start
         # Rows change only while a link is attached: after the windows (read then) only the watch
         # link's, which the poll counter tells.
-        end = self._read() if self.probes.poll_seen() or not self._window_rows or self.options.exact \
-            else self._window_rows[-1]
+        end = self._read() if self.probes.poll_seen() is not None or self._last_rows is None or self.options.exact \
+            else self._last_rows
         log = self.probes.take_log()
         snaps = {}
         for pid, t in self.tracees.items():

@@ -133,7 +133,7 @@ def row_deltas(now: Mapping[int, RawStats], then: Mapping[int, RawStats], ids) -
 
 class Tracee:
     def __init__(self, pid: int, probes: Probes, *, budget: float, interval_s: float, exact: bool,
-                 prev: Mapping[int, RawStats] | None = None) -> None:
+                 prev: Mapping[int, RawStats] | None = None, keep: bool = True) -> None:
         self.pid = pid
         self.probes = probes
         self.ids, self.costs, self.calibration = probes.ids, probes.costs, probes.calibration
@@ -144,6 +144,9 @@ class Tracee:
         # was found): start from them.
         self._prev: dict[int, RawStats] = dict(prev or {})
         self._first: dict[int, RawStats] = self._prev  # the rows the session counts from
+        # Every interval's observation, for summary(); a live view that only shows recent() keeps
+        # none (`keep` False: top runs for days, and would hold them all).
+        self.keep = keep
         self.observations: list[est.Observation] = []
         self._pool = est.MarkerPools()
         self._expo: est.Exposures | None = None
@@ -259,7 +262,8 @@ class Tracee:
         cost = kappa * self._probe_s(gained, window_only=False) + log.writes * WRITE_S
         self.cost_s += cost
         carry_before = dict(self._carry)
-        self.observations.append(obs)
+        if self.keep or not self.observations:
+            self.observations.append(obs)  # the first one always: it says whether it was the first
         self._recent.append((obs, cost, cpu, carry_before))
         self._rows_at.append(prev)
         if windows:

@@ -69,7 +69,7 @@ class _FileTracer:
                 with _COMPILE:
                     prog = Program(self.mode)
             with self._lock:
-                self.session = HostSession(self.lib.path, self.options, prog, self.cal)
+                self.session = HostSession(self.lib.path, self.options, prog, self.cal, keep=self.cumulative)
                 for pid in self._pending:
                     self.session.add(pid)
             if self._stopped.is_set():
