@@ -15,14 +15,17 @@ holder exits however it exits).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gputrace.errors import (CheckpointBusy, CheckpointError, CheckpointMismatch, CorruptCheckpoint, ShimUnavailable,
-                             TargetLost)
+                             TargetLost, Untrusted)
+from gputrace.procs import boot_id, require_running, start_time
 from gputrace.shim import client
 
 from . import image, store
@@ -99,20 +102,47 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _open_lock(conn: client.Connection, pid: int) -> int:
+    """The per-process lock file beside the shim's socket, opened relative to the socket directory's
+    checked descriptor, never through a symbolic link, and only if it is a plain file of the job's
+    user or of ours: this process may be root, and the directory is the job's user's."""
+    name = f"shim-{pid}.lock"
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600,
+                     dir_fd=conn.dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Untrusted(f"{conn.path.with_name(name)} is a symbolic link: refusing to open it",
+                            "the lock file is made by gputrace itself; remove the link and try again") from None
+        raise CheckpointError(f"cannot open the lock file {conn.path.with_name(name)}: {exc.strerror}",
+                              "check that directory's permissions") from None
+    st = os.fstat(fd)
+    owners = {os.geteuid(), client.euid(pid)}
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in owners:
+        os.close(fd)
+        raise Untrusted(f"{conn.path.with_name(name)} is not a lock file gputrace made (not a plain file of the job's "
+                        "user with one link): refusing it", "remove it and try again")
+    return fd
+
+
 class _Session:
     """A connection to the target's shim holding the per-process operation lock."""
 
     def __init__(self, pid: int, what: str) -> None:
         self.pid, self.what = pid, what
+        require_running(pid, what)
         self.conn = client.Connection(pid)
-        lock_path = self.conn.path.with_name(f"shim-{pid}.lock")
-        self.lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.lock_fd = -1
         try:
+            self.lock_fd = _open_lock(self.conn, pid)
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.close()
             raise CheckpointBusy(f"another checkpoint or restore of process {pid} is in progress",
                                  "wait for it to finish, then try again") from None
+        except BaseException:
+            self.close()
+            raise
 
     def request(self, command: str, fd: int | None = None, timeout_s: float | None = None) -> dict:
         try:
@@ -125,7 +155,9 @@ class _Session:
 
     def close(self) -> None:
         self.conn.close()
-        os.close(self.lock_fd)
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
     def __enter__(self) -> "_Session":
         return self
@@ -140,10 +172,18 @@ def _shim_failure(reply: dict, pid: int, what: str) -> CheckpointError:
     msg = f"the shim of process {pid} could not {what}: {err}" + (f" ({detail})" if detail else "")
     if err in ("busy", "already paused"):
         return CheckpointBusy(msg, "the job is running as before; try again (a `pause` held elsewhere must end first)")
+    if err == "suspended":
+        return CheckpointError(f"process {pid} is suspended: its device memory is off the GPU, so it cannot {what}",
+                               f"bring it back first with `gputrace resume -p {pid}`; the job stays suspended, unchanged")
     if err == "copy failed" and what.startswith("restore"):
         return CheckpointError(msg, "the job runs again, but its device memory may be partly restored: "
                                     "restore again before relying on it")
     return CheckpointError(msg, "the job's gate is open again and its memory unchanged by this attempt")
+
+
+def _refuse_suspended(status: dict, pid: int, what: str) -> None:
+    if status.get("suspended"):
+        raise _shim_failure({"error": "suspended"}, pid, what)
 
 
 def _copy_timeout(nbytes: int) -> float:
@@ -165,6 +205,7 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
     store.check_target(out)
     with _Session(pid, "checkpoint") as s:
         status = s.request("status")
+        _refuse_suspended(status, pid, "dump its device memory")
         held = sum(size for _, size, _ in image.saved_allocations(status))
         memfd = os.memfd_create(f"gputrace-ckpt-{pid}", os.MFD_CLOEXEC)
         try:
@@ -192,7 +233,8 @@ def manifest_of(pid: int, status: dict, r: dict, memfd: int, nbytes: int) -> tup
     hdr = image.parse(os.pread(memfd, min(nbytes, 64 + 32 * r["allocations"] + 4096), 0))
     manifest = {
         "schema": store.SCHEMA, "format": store.FORMAT, "complete": True, "created_unix": time.time(),
-        "host": os.uname().nodename, "target": {"pid": pid, "comm": client.comm(pid)},
+        "host": os.uname().nodename,
+        "target": {"pid": pid, "comm": client.comm(pid), "start_time": start_time(pid), "boot_id": boot_id()},
         "driver": {"path": status.get("driver", ""), "version": r.get("driver_version", 0)},
         "devices": r.get("devices", []),
         "registry": status.get("totals", {}),
@@ -233,15 +275,41 @@ def _mismatch(pid: int, path: Path, diffs: list[str]) -> CheckpointMismatch:
         "restore into the process the checkpoint was taken of, holding the same allocations; it was not touched")
 
 
+def identity_differences(manifest: dict, pid: int) -> list[str]:
+    """How process `pid` differs from the one the checkpoint was taken of (empty: the same one)."""
+    t = manifest["target"]
+    out = []
+    if t["pid"] != pid:
+        out.append(f"it was taken of process {t['pid']} ({t.get('comm', '?')}), not {pid} ({client.comm(pid)})")
+    elif t.get("start_time") is not None and (t.get("boot_id") in (None, boot_id())) \
+            and t["start_time"] != start_time(pid):
+        out.append(f"it was taken of an earlier process {pid} ({t.get('comm', '?')}): this one started later")
+    elif t.get("boot_id") and t["boot_id"] != boot_id():
+        out.append(f"it was taken before this host last booted, of process {pid} then")
+    return out
+
+
 def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
-            timeout_ms: int = 5000, direct: bool = True, progress: store.Progress | None = None) -> RestoreReport:
+            timeout_ms: int = 5000, direct: bool = True, progress: store.Progress | None = None,
+            other_process: bool = False) -> RestoreReport:
     """Rolls the device memory of shimmed process `pid` back to the checkpoint in `path`.
-    `progress(phase, done, total)`: "verify" per chunk checked, "freeze" once before the gate closes."""
+    `progress(phase, done, total)`: "verify" per chunk checked, "freeze" once before the gate closes.
+    A checkpoint of another process (pid and start time) is refused unless `other_process`: the
+    allocations may match by chance, and the data are that process's."""
     t0 = time.monotonic_ns()
     path = Path(path).absolute()
     manifest = store.read_manifest(path)
+    if not other_process:
+        who = identity_differences(manifest, pid)
+        if who:
+            raise CheckpointMismatch(f"{path} is not a checkpoint of process {pid}: {'; '.join(who)}",
+                                     "restore it into the process it was taken of, or pass --into-other-process to "
+                                     "put that process's data into this one (its allocations must match); "
+                                     "nothing was changed")
     with _Session(pid, "restore") as s:
-        diffs = compare(manifest, s.request("status"))
+        status = s.request("status")
+        _refuse_suspended(status, pid, "restore its device memory")
+        diffs = compare(manifest, status)
         if diffs:
             raise _mismatch(pid, path, diffs)
         memfd = os.memfd_create(f"gputrace-restore-{pid}", os.MFD_CLOEXEC)

@@ -30,6 +30,8 @@ import xxhash
 
 from gputrace.errors import CheckpointError, CorruptCheckpoint, DiskFull
 
+from . import schema
+
 SCHEMA = 1
 FORMAT = "gputrace-checkpoint"
 MANIFEST = "manifest.json"
@@ -81,6 +83,13 @@ def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: 
     chunks: list[str] = []
     try:
         tmp.mkdir(mode=0o700)
+    except FileExistsError:  # not ours: neither used nor removed
+        raise CheckpointError(f"{tmp} exists already, and it is not this checkpoint's",
+                              "a leftover of an interrupted checkpoint, or someone else's: remove it, or use another -o"
+                              ) from None
+    except OSError as exc:
+        raise disk_error(exc, out) from None
+    try:
         fd = os.open(tmp / DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             with mmap.mmap(image_fd, image_bytes, prot=mmap.PROT_READ) as mm:
@@ -124,12 +133,13 @@ def load_manifest(path: Path, hint: str) -> object:
     if not path.is_dir():
         raise CorruptCheckpoint(f"{path} is not a checkpoint directory", hint)
     try:
-        raw = (path / MANIFEST).read_bytes()
+        os.lstat(path / MANIFEST)
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{path} has no {MANIFEST}: it is not a complete checkpoint",
                                 "an interrupted checkpoint never gets one; take a new checkpoint") from None
     except OSError as exc:
         raise CorruptCheckpoint(f"cannot read {path / MANIFEST}: {exc.strerror}", "check its permissions") from None
+    raw = schema.read_small(path / MANIFEST, "manifest")
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -147,6 +157,7 @@ def read_manifest(path: Path) -> dict:
     data = m.get("data")
     if m.get("complete") is not True or not isinstance(data, dict) or data.get("hash") != HASH:
         raise CorruptCheckpoint(f"{path / MANIFEST} does not describe complete data", "take a new checkpoint")
+    schema.device_checkpoint(m, path / MANIFEST)
     return m
 
 
@@ -156,17 +167,14 @@ def verified_copy(path: Path, manifest: dict, out_fd: int, progress: Progress | 
     data = manifest["data"]
     size, chunk, sums = int(data["bytes"]), int(data["chunk_bytes"]), list(data["chunks"])
     f = path / data["file"]
-    try:
-        actual = f.stat().st_size
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"{f} is missing", "the checkpoint is incomplete; take a new one") from None
-    if actual != size:
-        raise CorruptCheckpoint(f"{f} is {actual} bytes, the manifest says {size}: the file is "
-                                f"{'truncated' if actual < size else 'too long'}", "the checkpoint is damaged; take a new one")
-    if chunk <= 0 or len(sums) != (size + chunk - 1) // chunk:
-        raise CorruptCheckpoint(f"{path / MANIFEST} lists {len(sums)} checksums for {size} bytes", "take a new checkpoint")
-    os.posix_fallocate(out_fd, 0, size)  # its pages allocated once, up front
-    with open(f, "rb", buffering=0) as src:
+    fd, actual = schema.open_regular(f, what="data file")
+    with os.fdopen(fd, "rb", buffering=0) as src:
+        if actual != size:
+            raise CorruptCheckpoint(f"{f} is {actual} bytes, the manifest says {size}: the file is "
+                                    f"{'truncated' if actual < size else 'too long'}",
+                                    "the checkpoint is damaged; take a new one")
+        if size:
+            os.posix_fallocate(out_fd, 0, size)  # its pages allocated once, up front
         buf = bytearray(chunk)
         for i, want in enumerate(sums):
             n = src.readinto(buf)

@@ -35,6 +35,10 @@ class PermissionDenied(GputraceError):
     exit_code = 5
 
 
+class Untrusted(PermissionDenied):
+    """A path or a peer that is not the target's own (another user's socket, a symbolic link): refused."""
+
+
 class BpfUnavailable(GputraceError):
     """bcc missing, kernel without BPF/uprobes, or a program that does not load."""
 

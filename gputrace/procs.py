@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 from .errors import NoSuchProcess, PermissionDenied, UsageError
 
@@ -16,6 +17,62 @@ def require_process(pid: int) -> None:
         raise NoSuchProcess(f"no process with pid {pid}", "check the pid with `ps -p PID`; the job may have exited") from None
     except PermissionError:
         pass  # exists but is someone else's: privileges are checked where they matter
+
+
+def stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat's fields after the command name (fields 3 on: state first), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (with the pid, what names one process for good)."""
+    f = stat_fields(pid)
+    return int(f[19]) if f and len(f) > 19 else None
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def require_running(pid: int, what: str) -> None:
+    """Refuses at once a target that is stopped (SIGSTOP, a debugger): its threads, the shim's control
+    thread among them, answer nothing until it is continued, so the operation could only hang."""
+    require_process(pid)
+    f = stat_fields(pid)
+    if f is None:
+        raise NoSuchProcess(f"no process with pid {pid}", "check the pid with `ps -p PID`; the job may have exited")
+    state = f[0].decode()
+    if state in ("T", "t"):
+        from .errors import CheckpointError
+
+        who = "a debugger or tracer holds it" if state == "t" else "it was sent SIGSTOP (or Ctrl-Z)"
+        raise CheckpointError(f"cannot {what} process {pid}: it is stopped ({who})",
+                              f"continue it first (`kill -CONT {pid}`), then try again; nothing was changed")
+    if state == "Z":
+        raise NoSuchProcess(f"process {pid} has exited (a zombie)", "its parent has not reaped it yet; nothing to do")
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie has)."""
+    f = stat_fields(pid)
+    return f is not None and f[0] not in (b"Z", b"X")
+
+
+def stop_point(name: str) -> None:
+    """Where the tests stop gputrace mid-operation: with GPUTRACE_STOP_AT=NAME (comma-separated) in its
+    environment, this process stops itself (SIGSTOP) at point NAME, for the test to act there (kill
+    it, or change the target) and continue or kill it."""
+    at = os.environ.get("GPUTRACE_STOP_AT")
+    if at and name in at.split(","):
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def require_root(what: str) -> None:

@@ -135,8 +135,12 @@ def test_a_checkpoint_of_another_process_is_refused_with_what_differs(target, tm
     a, b = target(1 << 20), target(2 << 20)
     checkpoint(a.pid, tmp_path / "ck")
     now = b.sum()
-    with pytest.raises(CheckpointMismatch, match=r"does not match what process \d+ holds: .*bytes") as e:
+    # Another process's checkpoint is refused as such first (pid and start time), then, if asked for
+    # anyway, by what it holds.
+    with pytest.raises(CheckpointMismatch, match=rf"not a checkpoint of process {b.pid}: it was taken of process {a.pid}"):
         restore(b.pid, tmp_path / "ck")
+    with pytest.raises(CheckpointMismatch, match=r"does not match what process \d+ holds: .*bytes") as e:
+        restore(b.pid, tmp_path / "ck", other_process=True)
     assert "not touched" in e.value.hint
     assert b.sum() == now and b.gate_open()
 
