@@ -7,6 +7,10 @@ the data live in host memory, held by the job's own process, until resume), and 
 physical memory of each allocation while keeping its address reserved.  The gate stays closed: a
 suspended job waits at its next submission.  Resume maps new memory at the same addresses, copies
 the data back and reopens the gate.
+
+The suspension belongs to this process's connection until everything it needs is in place (the
+data written, with -o) and it sends `keep`: a suspend killed before that is undone by the shim
+itself when the connection closes (shim/control.c).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gputrace.errors import CheckpointError
+from gputrace.procs import stop_point
 
 from . import store
 from .ops import DEFAULT_CHUNK, DEFAULT_LANES, _copy_timeout, _Session, _shim_failure, manifest_of
@@ -83,10 +88,23 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
         try:
             r = s.request(f"suspend lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
                           timeout_s=_copy_timeout(nbytes))
+            if r.get("ok"):
+                stop_point("suspend:suspended")
             if r.get("ok") and out is not None:
                 tw = time.monotonic_ns()
-                _to_disk(s, pid, held, r, memfd, out, progress)
+                try:
+                    _to_disk(s, pid, held, r, memfd, out, progress)
+                except CheckpointError:
+                    s.request("keep")  # as the error says: suspended, its data safe in host memory
+                    raise
                 write_ns, path = time.monotonic_ns() - tw, str(out)
+            if r.get("ok"):
+                # Until now the suspension was this connection's: had this process died, the shim
+                # would have unsuspended the job itself. From here on it outlives us.
+                k = s.request("keep")
+                if not k.get("ok"):
+                    raise CheckpointError(f"the shim of process {pid} would not keep the suspension: {k.get('error')}",
+                                          "the job is given back (unsuspended) as this command exits")
         finally:
             os.close(memfd)  # the shim holds its own descriptor of it (or of the file) now
     if not r.get("ok"):

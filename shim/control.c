@@ -28,8 +28,16 @@
  *                 the emulated layer (emulate.c): add NS of busy CPU time to every intercepted call
  *                 of those classes (submission, synchronization, state, query) or functions; alone,
  *                 what it does now and how many calls it has slowed
- * The server is one thread, so a dump or restore in progress holds later commands of every client
- * until it ends (two checkpoints at once run one after the other).
+ *   keep          a suspension made through this connection outlives it (see below)
+ * A suspension belongs to the connection that made it until that connection says `keep`: if it
+ * closes first (the suspending gputrace was killed before it had recorded where the data are), the
+ * shim unsuspends the job itself, so that no death of a client leaves the job held.
+ *
+ * Replies are queued per client and sent without blocking: a client that stops reading has its
+ * further commands left unread (nothing more is queued for it) and is dropped once a reply has
+ * waited OUT_DEADLINE_MS; the others are served meanwhile.  The server is one thread, so a dump or
+ * restore in progress holds later commands of every client until it ends (two checkpoints at once
+ * run one after the other).
  * The thread blocks every signal (they belong to the program) and calls nothing the program could
  * be holding a lock in, apart from malloc. */
 #include "shim_int.h"
@@ -99,21 +107,70 @@ static int choose_dir(char *out, size_t n)
     return private_dir(out);
 }
 
-static void send_all(int fd, const char *p, size_t n)
+#define OUT_DEADLINE_MS 10000
+
+struct client {
+    int fd;
+    int passed; /* a descriptor sent with the last message (SCM_RIGHTS), -1 if none */
+    size_t len;
+    char buf[LINE_MAX_];
+    char *out; /* replies not yet sent */
+    size_t out_len, out_off;
+    uint64_t out_since_ms; /* when the oldest unsent reply was queued */
+};
+
+static uint64_t now_ms(void)
 {
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return;
-        p += w;
-        n -= (size_t)w;
-    }
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
 }
 
-static void reply(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void reply(int fd, const char *fmt, ...)
+/* Sends what is queued, as far as the socket takes it without blocking; -1 when the client is gone. */
+static int flush_out(struct client *cl)
+{
+    while (cl->out_off < cl->out_len) {
+        ssize_t w = send(cl->fd, cl->out + cl->out_off, cl->out_len - cl->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (w <= 0)
+            return -1;
+        cl->out_off += (size_t)w;
+    }
+    free(cl->out);
+    cl->out = NULL;
+    cl->out_len = cl->out_off = 0;
+    return 0;
+}
+
+/* Queues n bytes of reply for the client (taking ownership of `own` when given) and sends what it can. */
+static void queue(struct client *cl, const char *p, size_t n, char *own)
+{
+    if (!cl->out) {
+        cl->out = own ? own : malloc(n ? n : 1);
+        if (!cl->out)
+            return; /* out of memory: the reply is lost, the client times out on its side */
+        if (!own)
+            memcpy(cl->out, p, n);
+        cl->out_len = n;
+        cl->out_off = 0;
+        cl->out_since_ms = now_ms();
+    } else {
+        char *m = realloc(cl->out, cl->out_len + n);
+        if (m) {
+            memcpy(m + cl->out_len, p, n);
+            cl->out = m;
+            cl->out_len += n;
+        }
+        free(own);
+    }
+    flush_out(cl); /* a failure shows as POLLHUP/POLLERR at the next poll */
+}
+
+static void reply(struct client *cl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void reply(struct client *cl, const char *fmt, ...)
 {
     char buf[512];
     va_list ap;
@@ -125,30 +182,30 @@ static void reply(int fd, const char *fmt, ...)
     if (n > (int)sizeof buf - 2)
         n = (int)sizeof buf - 2;
     buf[n++] = '\n';
-    send_all(fd, buf, (size_t)n);
+    queue(cl, buf, (size_t)n, NULL);
 }
 
-static void send_status(int fd)
+/* A reply built by sb_printf (room for the NUL at buf[n]): sent as one line, buf freed. */
+static void reply_buf(struct client *cl, char *buf, size_t n)
+{
+    if (!buf) {
+        reply(cl, "{\"ok\": false, \"error\": \"out of memory\"}");
+        return;
+    }
+    buf[n] = '\n';
+    queue(cl, buf, n + 1, buf);
+}
+
+static void send_status(struct client *cl)
 {
     size_t n = 0;
     char *buf = shim_status_alloc(&n);
-    if (!buf) {
-        reply(fd, "{\"ok\": false, \"error\": \"out of memory\"}");
-        return;
-    }
-    buf[n] = '\n'; /* sb_printf always leaves room for the NUL */
-    send_all(fd, buf, n + 1);
-    free(buf);
+    reply_buf(cl, buf, n);
 }
 
-struct client {
-    int fd;
-    int passed; /* a descriptor sent with the last message (SCM_RIGHTS), -1 if none */
-    size_t len;
-    char buf[LINE_MAX_];
-};
 
 static int g_pauser = -1; /* index of the connection holding the pause */
+static int g_susp_holder = -1; /* index of the connection whose suspension ends with it (no `keep` yet) */
 
 static const char *const dump_words[] = {"dump", "restore", "suspend", "unsuspend"}; /* enum dump_mode */
 
@@ -170,14 +227,14 @@ static void command(struct client *cl, int idx, char *line)
     while (n && (line[n - 1] == ' ' || line[n - 1] == '\r'))
         line[--n] = 0;
     if (!strcmp(line, "status")) {
-        send_status(cl->fd);
+        send_status(cl);
     } else if (!strcmp(line, "ping")) {
-        reply(cl->fd, "{\"ok\": true, \"pid\": %d, \"schema\": %d}", (int)getpid(), SCHEMA);
+        reply(cl, "{\"ok\": true, \"pid\": %d, \"schema\": %d}", (int)getpid(), SCHEMA);
     } else if (!strncmp(line, "pause", 5) && (line[5] == 0 || line[5] == ' ')) {
         char *end;
         long ms = line[5] ? strtol(line + 6, &end, 10) : 5000;
         if (line[5] && (*end || ms < 0 || ms > 600000)) {
-            reply(cl->fd, "{\"ok\": false, \"error\": \"pause takes a timeout in ms (0-600000)\"}");
+            reply(cl, "{\"ok\": false, \"error\": \"pause takes a timeout in ms (0-600000)\"}");
             return;
         }
         struct timespec t0, t1;
@@ -187,28 +244,28 @@ static void command(struct client *cl, int idx, char *line)
         long long ns = (t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec);
         if (r == 0) {
             g_pauser = idx;
-            reply(cl->fd, "{\"ok\": true, \"paused\": true, \"drain_ns\": %lld, \"waiting\": %d}", ns,
+            reply(cl, "{\"ok\": true, \"paused\": true, \"drain_ns\": %lld, \"waiting\": %d}", ns,
                   gputrace_shim_waiting());
         } else if (r == -2) {
-            reply(cl->fd, "{\"ok\": false, \"error\": \"already paused\"}");
+            reply(cl, "{\"ok\": false, \"error\": \"already paused\"}");
         } else {
-            reply(cl->fd,
+            reply(cl,
                   "{\"ok\": false, \"error\": \"busy\", \"detail\": \"calls still in flight after %ld ms; the gate is "
                   "open again\", \"in_flight\": %d}",
                   ms, gputrace_shim_in_flight());
         }
     } else if (!strcmp(line, "resume")) {
         if (dump_suspended()) {
-            reply(cl->fd, "{\"ok\": false, \"error\": \"suspended\", \"detail\": \"the device memory is off the GPU: "
+            reply(cl, "{\"ok\": false, \"error\": \"suspended\", \"detail\": \"the device memory is off the GPU: "
                           "unsuspend brings it back and reopens the gate\"}");
             return;
         }
         int r = gputrace_shim_resume();
         g_pauser = -1;
         if (r == 0)
-            reply(cl->fd, "{\"ok\": true, \"paused\": false}");
+            reply(cl, "{\"ok\": true, \"paused\": false}");
         else
-            reply(cl->fd, "{\"ok\": false, \"error\": \"not paused\"}");
+            reply(cl, "{\"ok\": false, \"error\": \"not paused\"}");
     } else if (!strcmp(line, "rehome")) {
         int fd = cl->passed;
         cl->passed = -1;
@@ -216,37 +273,44 @@ static void command(struct client *cl, int idx, char *line)
         if (e) {
             if (fd >= 0)
                 close(fd);
-            reply(cl->fd, "{\"ok\": false, \"error\": \"%s\"}", e);
+            reply(cl, "{\"ok\": false, \"error\": \"%s\"}", e);
         } else {
-            reply(cl->fd, "{\"ok\": true}");
+            reply(cl, "{\"ok\": true}");
         }
     } else if (!strncmp(line, "emulate", 7) && (line[7] == 0 || line[7] == ' ')) {
         char *buf = emul_command(line + 7);
         if (!buf) {
-            reply(cl->fd, "{\"ok\": false, \"error\": \"out of memory\"}");
+            reply(cl, "{\"ok\": false, \"error\": \"out of memory\"}");
             return;
         }
-        send_all(cl->fd, buf, strlen(buf));
-        free(buf);
+        queue(cl, buf, strlen(buf), buf);
     } else if (dump_mode_of(line) >= 0) {
         int mode = dump_mode_of(line);
         char *args = line + strlen(dump_words[mode]);
         int fd = cl->passed;
         cl->passed = -1;
         size_t n = 0;
+        int was = dump_suspended();
         char *buf = dump_command(mode, args, fd, g_pauser == idx, &n);
         if (dump_suspended() && g_pauser == idx)
             g_pauser = -1; /* the gate is the suspension's now, not this connection's */
-        if (!buf) {
-            reply(cl->fd, "{\"ok\": false, \"error\": \"out of memory\"}");
-            return;
+        if (!was && dump_suspended())
+            g_susp_holder = idx; /* until `keep`: undone if this connection closes first */
+        if (!dump_suspended())
+            g_susp_holder = -1;
+        reply_buf(cl, buf, n);
+    } else if (!strcmp(line, "keep")) {
+        if (!dump_suspended())
+            reply(cl, "{\"ok\": false, \"error\": \"not suspended\"}");
+        else if (g_susp_holder >= 0 && g_susp_holder != idx)
+            reply(cl, "{\"ok\": false, \"error\": \"the suspension belongs to another connection\"}");
+        else {
+            g_susp_holder = -1;
+            reply(cl, "{\"ok\": true, \"suspended\": true, \"kept\": true}");
         }
-        buf[n] = '\n'; /* sb_printf always leaves room for the NUL */
-        send_all(cl->fd, buf, n + 1);
-        free(buf);
     } else {
-        reply(cl->fd, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
-                      "restore, suspend, unsuspend, rehome, emulate\"}");
+        reply(cl, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
+                      "restore, suspend, unsuspend, keep, rehome, emulate\"}");
     }
 }
 
@@ -255,9 +319,24 @@ static void drop(struct client *cls, int i)
     close(cls[i].fd);
     if (cls[i].passed >= 0)
         close(cls[i].passed);
+    free(cls[i].out);
+    cls[i].out = NULL;
+    cls[i].out_len = cls[i].out_off = 0;
     cls[i].passed = -1;
     cls[i].fd = -1;
     cls[i].len = 0;
+    if (g_susp_holder == i) { /* its suspender went away before keeping it: give the job back */
+        g_susp_holder = -1;
+        size_t n = 0;
+        char none[1] = "";
+        char *buf = dump_command(M_UNSUSPEND, none, -1, 1, &n);
+        if (dump_suspended())
+            shim_log("the connection that suspended this process closed before keeping the suspension, and "
+                     "unsuspending failed: %s", buf ? buf : "out of memory");
+        else
+            shim_log("the connection that suspended this process closed before keeping the suspension: unsuspended");
+        free(buf);
+    }
     if (g_pauser == i) { /* the pausing connection went away: never leave the job stopped */
         if (!dump_suspended())
             gputrace_shim_resume();
@@ -271,22 +350,37 @@ static void *serve(void *arg)
     prctl(PR_SET_NAME, "gputrace-shim", 0, 0, 0);
     struct client cls[MAX_CLIENTS];
     for (int i = 0; i < MAX_CLIENTS; i++)
-        cls[i].fd = -1, cls[i].passed = -1, cls[i].len = 0;
+        cls[i] = (struct client){.fd = -1, .passed = -1};
     int lfd = g_listen;
     for (;;) {
         struct pollfd pf[MAX_CLIENTS + 1];
         int map[MAX_CLIENTS + 1], n = 0, nclients = 0;
-        for (int i = 0; i < MAX_CLIENTS; i++)
-            if (cls[i].fd >= 0) {
-                pf[n] = (struct pollfd){.fd = cls[i].fd, .events = POLLIN};
-                map[n++] = i;
-                nclients++;
+        int wait_ms = -1;
+        uint64_t now = now_ms();
+        for (int i = 0; i < MAX_CLIENTS; i++) {
+            if (cls[i].fd < 0)
+                continue;
+            nclients++;
+            if (cls[i].out) {
+                uint64_t due = cls[i].out_since_ms + OUT_DEADLINE_MS;
+                if (due <= now) { /* it has not read a reply for OUT_DEADLINE_MS: let the others be */
+                    shim_log("dropping a control client that has not read its reply for %d s", OUT_DEADLINE_MS / 1000);
+                    drop(cls, i);
+                    nclients--;
+                    continue;
+                }
+                if (wait_ms < 0 || (int)(due - now) < wait_ms)
+                    wait_ms = (int)(due - now);
             }
+            /* While a reply waits, that client's further commands stay unread: it cannot queue more. */
+            pf[n] = (struct pollfd){.fd = cls[i].fd, .events = cls[i].out ? POLLOUT : POLLIN};
+            map[n++] = i;
+        }
         if (nclients < MAX_CLIENTS) {
             pf[n] = (struct pollfd){.fd = lfd, .events = POLLIN};
             map[n++] = -1;
         }
-        if (poll(pf, (nfds_t)n, -1) < 0) {
+        if (poll(pf, (nfds_t)n, wait_ms) < 0) {
             if (errno == EINTR)
                 continue;
             shim_log("control server stops: poll: %s", strerror(errno));
@@ -296,37 +390,44 @@ static void *serve(void *arg)
             if (!pf[k].revents)
                 continue;
             if (map[k] < 0) {
-                int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+                int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (fd < 0)
                     continue;
                 struct ucred cr;
                 socklen_t len = sizeof cr;
                 if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || (cr.uid != 0 && cr.uid != geteuid())) {
-                    reply(fd, "{\"ok\": false, \"error\": \"permission denied: only uid %d or root may control this "
-                              "process\"}", (int)geteuid());
+                    char msg[160];
+                    int m = snprintf(msg, sizeof msg, "{\"ok\": false, \"error\": \"permission denied: only uid %d "
+                                     "or root may control this process\"}\n", (int)geteuid());
+                    if (send(fd, msg, (size_t)m, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+                        /* nothing to do: it is refused either way */
+                    }
                     close(fd);
                     continue;
                 }
-                struct timeval tv = {5, 0}; /* a client that stops reading cannot stall the server for long */
-                setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
                 for (int i = 0; i < MAX_CLIENTS; i++)
                     if (cls[i].fd < 0) {
-                        cls[i].fd = fd;
-                        cls[i].passed = -1;
-                        cls[i].len = 0;
+                        cls[i] = (struct client){.fd = fd, .passed = -1};
                         break;
                     }
                 continue;
             }
             struct client *c = &cls[map[k]];
+            if (c->out) {
+                if (flush_out(c) < 0 || (pf[k].revents & (POLLHUP | POLLERR)))
+                    drop(cls, map[k]);
+                else if (!c->out && c->len) /* commands that came while the reply waited */
+                    goto lines;
+                continue;
+            }
             struct iovec iov = {c->buf + c->len, sizeof c->buf - 1 - c->len};
             union {
                 struct cmsghdr h;
                 char b[CMSG_SPACE(sizeof(int) * 4)];
             } cm;
             struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
-            ssize_t r = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
-            if (r < 0 && errno == EINTR)
+            ssize_t r = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+            if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
                 continue;
             for (struct cmsghdr *h = r > 0 ? CMSG_FIRSTHDR(&mh) : NULL; h; h = CMSG_NXTHDR(&mh, h))
                 if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
@@ -344,16 +445,18 @@ static void *serve(void *arg)
                 continue;
             }
             c->len += (size_t)r;
+        lines:;
             char *nl;
-            while (c->fd >= 0 && (nl = memchr(c->buf, '\n', c->len))) {
+            /* One reply at a time: the next command waits until this one's reply is sent. */
+            while (c->fd >= 0 && !c->out && (nl = memchr(c->buf, '\n', c->len))) {
                 *nl = 0;
                 command(c, map[k], c->buf);
                 size_t used = (size_t)(nl + 1 - c->buf);
                 memmove(c->buf, nl + 1, c->len - used);
                 c->len -= used;
             }
-            if (c->fd >= 0 && c->len >= sizeof c->buf - 1) {
-                reply(c->fd, "{\"ok\": false, \"error\": \"line too long\"}");
+            if (c->fd >= 0 && !c->out && c->len >= sizeof c->buf - 1) {
+                reply(c, "{\"ok\": false, \"error\": \"line too long\"}");
                 drop(cls, map[k]);
             }
         }

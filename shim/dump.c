@@ -622,17 +622,22 @@ static int diff(const struct img_ent *e, int ne, const struct item *v, int nv, s
     return nd;
 }
 
-/* Reads and checks a restore image's header and entries (malloc'ed into *out). */
+/* Reads and checks a restore image's header and entries (malloc'ed into *out).  Every offset and size
+ * is checked without overflow against the file's size: the image comes from outside the job, and a
+ * copy that runs past the mapped file would kill it. */
 static const char *read_image(int fd, struct img_hdr *h, struct img_ent **out)
 {
     *out = NULL;
     struct stat st;
     if (fstat(fd, &st) != 0)
         return "cannot stat the image";
+    if (!S_ISREG(st.st_mode))
+        return "the image is not a regular file";
+    uint64_t fsize = (uint64_t)st.st_size;
     if (io_all(1, fd, h, sizeof *h, 0) || memcmp(h->magic, IMG_MAGIC, sizeof h->magic))
         return "not a gputrace image (bad magic)";
     if (h->count > (1u << 24) || h->data_offset < sizeof *h + h->count * sizeof(struct img_ent) ||
-        h->data_offset + h->data_bytes != (uint64_t)st.st_size)
+        h->data_offset > fsize || h->data_bytes != fsize - h->data_offset)
         return "image header inconsistent with its size";
     struct img_ent *e = calloc(h->count ? h->count : 1, sizeof *e);
     if (!e)
@@ -642,8 +647,9 @@ static const char *read_image(int fd, struct img_hdr *h, struct img_ent **out)
         return "image too short for its entries";
     }
     for (uint64_t i = 0; i < h->count; i++)
-        if (e[i].offset < h->data_offset || e[i].offset + e[i].size > (uint64_t)st.st_size ||
-            (i && e[i].base <= e[i - 1].base)) {
+        if (e[i].offset < h->data_offset || e[i].offset > fsize || e[i].size > fsize - e[i].offset ||
+            e[i].base + e[i].size < e[i].base || (i && e[i].base <= e[i - 1].base) ||
+            (i && e[i].offset < e[i - 1].offset + e[i - 1].size)) {
             free(e);
             return "image entry out of range or out of order";
         }

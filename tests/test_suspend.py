@@ -105,7 +105,22 @@ def test_memory_not_served_through_vmm_cannot_be_suspended(procs, shim_dir):
     assert client.status(q.pid)["paused"] is False and ask(q, "sum")["sum"] == ready["sum"]
 
 
-def test_a_suspended_job_outlives_the_connection_and_refuses_a_second_suspend(procs, shim_dir):
+def test_a_suspension_is_undone_with_its_connection_unless_kept(procs, shim_dir):
+    p = start(procs, "--plain")
+    ready = json.loads(p.stdout.readline())
+    with client.Connection(p.pid) as c:
+        fd = os.memfd_create("img")
+        r = c.request("suspend", fd=fd)
+        os.close(fd)
+        assert r["ok"] and client.status(p.pid)["suspended"], r
+        with client.Connection(p.pid) as other:
+            assert other.request("keep")["error"] == "the suspension belongs to another connection"
+    # Closed without `keep` (as when the suspending gputrace dies): the shim gave the job back.
+    st = client.status(p.pid)
+    assert not st["suspended"] and not st["paused"] and ask(p, "sum")["sum"] == ready["sum"]
+
+
+def test_a_kept_suspension_outlives_the_connection_and_refuses_a_second_suspend(procs, shim_dir):
     p = start(procs, "--plain")
     ready = json.loads(p.stdout.readline())
     with client.Connection(p.pid) as c:
@@ -114,6 +129,7 @@ def test_a_suspended_job_outlives_the_connection_and_refuses_a_second_suspend(pr
         r = c.request("suspend", fd=fd)
         os.close(fd)
         assert r["ok"], r
+        assert c.request("keep")["kept"] is True
     # The connection that held the pause is gone; the suspension, and its closed gate, remain.
     assert client.status(p.pid)["suspended"] and client.status(p.pid)["paused"]
     with pytest.raises(CheckpointError, match="already suspended"):
