@@ -15,6 +15,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from gputrace.errors import CheckpointError
 
@@ -120,7 +121,18 @@ def _dump_hint(errs: list[str]) -> str:
     return "see the log for the whole story; the job was left running"
 
 
-def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True) -> int:
+def _run(cmd: list[str], on_start: Callable[[int], None] | None) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd), telling `on_start` CRIU's pid first (a guardian waits for it if we die)."""
+    with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as p:
+        if on_start:
+            on_start(p.pid)
+        out, err = p.communicate()
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True,
+         on_start: Callable[[int], None] | None = None) -> int:
     """`criu dump` of pid's process tree into `images`; the tasks are left stopped (SIGSTOP) when
     leave_stopped, else killed.  Returns the ns it took; CriuFailed (with the log's errors) if it fails,
     in which case CRIU has let the tasks run on."""
@@ -131,7 +143,7 @@ def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True) -> int:
     if c.allows_uprobes:
         cmd.append("--allow-uprobes")
     t = time.monotonic_ns()
-    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    r = _run(cmd, on_start)
     ns = time.monotonic_ns() - t
     if r.returncode:
         errs = _errors(log) or [ln for ln in r.stderr.splitlines() if ln.strip()][-3:]
@@ -140,7 +152,7 @@ def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True) -> int:
     return ns
 
 
-def restore(c: Criu, images: Path, work: Path, pid: int) -> int:
+def restore(c: Criu, images: Path, work: Path, pid: int, on_start: Callable[[int], None] | None = None) -> int:
     """`criu restore --restore-detached` from `images` (read only; logs go to `work`).  Returns the ns
     it took; CriuFailed if it fails."""
     log = work / "restore.log"
@@ -149,7 +161,7 @@ def restore(c: Criu, images: Path, work: Path, pid: int) -> int:
     if c.allows_uprobes:
         cmd.append("--allow-uprobes")
     t = time.monotonic_ns()
-    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    r = _run(cmd, on_start)
     ns = time.monotonic_ns() - t
     if r.returncode:
         errs = _errors(log) or [ln for ln in r.stderr.splitlines() if ln.strip()][-3:]

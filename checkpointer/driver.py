@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from gputrace.errors import CheckpointError
+from gputrace.procs import require_running, stop_point
 from gputrace.tracer.targets import libcuda_of
 
 API = ("cuCheckpointProcessGetState", "cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
@@ -89,22 +90,39 @@ def _lock_running(pid: int, timeout_ms: int) -> tuple[_Driver, int, int]:
 
 
 def checkpoint(pid: int, timeout_ms: int = 5000) -> DriverReport:
-    d, t0, lock = _lock_running(pid, timeout_ms)
-    try:
-        ck = d.call("Checkpoint")
-        rs = d.call("Restore")
-    finally:
-        un = d.call("Unlock") if d.state() == "locked" else 0
+    from .guardian import Guardian
+
+    require_running(pid, "checkpoint")
+    with Guardian(pid, "driver checkpoint") as g:  # a death between lock and unlock must not leave it locked
+        g.note(driver=True)
+        d, t0, lock = _lock_running(pid, timeout_ms)
+        try:
+            stop_point("driver:locked")
+            ck = d.call("Checkpoint")
+            stop_point("driver:checkpointed")
+            rs = d.call("Restore")
+        finally:
+            st = d.state()
+            if st == "checkpointed":
+                d.call("Restore")
+                st = d.state()
+            un = d.call("Unlock") if st == "locked" else 0
     return DriverReport(pid, "checkpoint", lock, ck, rs, un, time.monotonic_ns() - t0, d.path)
 
 
 def suspend(pid: int, timeout_ms: int = 5000) -> DriverReport:
-    d, t0, lock = _lock_running(pid, timeout_ms)
-    try:
-        ck = d.call("Checkpoint")
-    except CheckpointError:
-        d.call("Unlock")
-        raise
+    from .guardian import Guardian
+
+    require_running(pid, "suspend")
+    with Guardian(pid, "driver suspend") as g:  # suspended on purpose only once the checkpoint is done
+        g.note(driver=True)
+        d, t0, lock = _lock_running(pid, timeout_ms)
+        try:
+            ck = d.call("Checkpoint")
+        except BaseException:
+            if d.state() == "locked":
+                d.call("Unlock")
+            raise
     return DriverReport(pid, "suspend", lock, ck, 0, 0, time.monotonic_ns() - t0, d.path)
 
 

@@ -48,10 +48,13 @@ import orjson
 import xxhash
 
 from gputrace.errors import CheckpointError, CorruptCheckpoint, NoSuchProcess
+from gputrace.procs import require_running, stop_point
 
 from . import criu as criu_mod
 from . import driver, uprobes
 from .store import HASH, MANIFEST, Progress, _fsync_dir, check_target, disk_error, load_manifest
+from .guardian import Guardian
+from .schema import full_checkpoint, open_regular
 from .suspend import resume, suspend
 
 SCHEMA = 1
@@ -156,6 +159,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                     progress: Progress | None = None) -> FullCheckpointReport:
     t_start = time.monotonic_ns()
     comm = _comm(pid)
+    require_running(pid, "checkpoint")  # a stopped job's driver and shim answer nothing: fail now
     c = criu_mod.find()  # before the job is touched: no CRIU, no freeze
     out = Path(out or f"gputrace-full-{pid}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     check_target(out)
@@ -168,13 +172,23 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     images = tmp / IMAGES
     try:
-        images.mkdir(parents=True, mode=0o700)
+        tmp.mkdir(mode=0o700)  # ours alone: one that exists already is not ours to use or delete
+        images.mkdir(mode=0o700)
+    except FileExistsError:
+        raise CheckpointError(f"{tmp} exists already, and it is not this checkpoint's",
+                              "a leftover of an interrupted checkpoint, or someone else's: remove it, or use another -o")
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.rmdir()
         raise disk_error(exc, out) from None
     shim_report, shim_ns, stopped, suspended = None, 0, False, False
     t0 = time.monotonic_ns()
+    # From the first step on, a helper gives the job back if this process dies (checkpointer/guardian.py).
+    guard = Guardian(pid, "checkpoint --full")
+    guard.note(partial=str(tmp))
     try:
         if shim:
+            guard.note(shim=True)
             try:
                 # Into a file of the checkpoint directory, not a memfd: the job then holds its GPU data
                 # in a file that CRIU records by path instead of copying it, so the dump stays small and
@@ -186,24 +200,30 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                 t0 = time.monotonic_ns() - r.freeze_ns
                 shim_report, shim_ns, suspended = r.to_dict(), r.freeze_ns, True
                 shim_report["image_path"] = str(tmp / GPU_IMAGE)  # where the job's image says the file is
+                stop_point("full:suspended")
             except CheckpointError as exc:
                 if "cannot be suspended" not in exc.msg:
                     raise
                 # e.g. the program maps VMM memory of its own, which the shim does not release: the
                 # driver moves everything instead, as for a job without the shim.
                 shim_report = {"skipped": exc.msg}
+        guard.note(driver=True)
         lock_ns = d.call("Lock", timeout_ms)
+        stop_point("full:locked")
         ck_ns = d.call("Checkpoint")
+        stop_point("full:checkpointed")
         # Again, now that the job is still: a tracer may have attached since.
         traced = _check_traces(pid, c, "; the job was given back as it was").uprobes_page is not None
         layout = _layout(pid)
         stopped = True  # from here on CRIU may have stopped the job, even if the dump fails
         try:
-            dump_ns = criu_mod.dump(c, pid, images, leave_stopped=True)
+            dump_ns = criu_mod.dump(c, pid, images, leave_stopped=True,
+                                    on_start=lambda criu_pid: guard.note(criu=criu_pid, stopped=True))
         except criu_mod.CriuFailed:
             stopped = _is_stopped(pid)  # a failed dump lets the job run on
             raise
         freeze_ns = time.monotonic_ns() - t0
+        stop_point("full:dumped")
         # And in what CRIU wrote: a tracer that attached while it copied the job (a window of a few
         # ms is enough) left its breakpoints in the images, and the restored job would trap.
         ti = time.monotonic_ns()
@@ -253,13 +273,17 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                                   f"the job may be frozen: check `gputrace shim status -p {pid}`") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            guard.done()
         if isinstance(exc, OSError):
             raise disk_error(exc, out) from None
         raise
-    if leave_running:
-        _give_back(pid, d, True, suspended)
-    else:
-        os.kill(pid, signal.SIGKILL)  # its state is safe on disk: the job ends here
+    try:
+        if leave_running:
+            _give_back(pid, d, True, suspended)
+        else:
+            os.kill(pid, signal.SIGKILL)  # its state is safe on disk: the job ends here
+    finally:
+        guard.done()
     criu_bytes = sum(f["bytes"] for f in files if f["path"].startswith(IMAGES + "/"))
     return FullCheckpointReport(pid, str(out), sum(f["bytes"] for f in files), criu_bytes, len(files), shim_report,
                                 shim_ns,
@@ -359,24 +383,43 @@ def read_manifest(path: Path) -> dict:
     if m.get("complete") is not True or m.get("hash") != HASH or not isinstance(m.get("files"), list) \
             or not m["files"]:
         raise CorruptCheckpoint(f"{path / MANIFEST} does not describe a complete checkpoint", "take a new checkpoint")
+    full_checkpoint(m, path / MANIFEST)
     return m
 
 
 def verify(path: Path, m: dict) -> None:
-    """Every file the manifest lists: present, of its size, with its checksum."""
+    """Every file the manifest lists: a plain file inside the checkpoint, of its size, with its checksum."""
     for f in m["files"]:
         p = path / f["path"]
-        if ".." in Path(f["path"]).parts:
-            raise CorruptCheckpoint(f"{path / MANIFEST} names a file outside the checkpoint", "take a new checkpoint")
-        try:
-            size = p.stat().st_size
-        except FileNotFoundError:
-            raise CorruptCheckpoint(f"{p} is missing", "the checkpoint is incomplete; take a new one") from None
-        if size != f["bytes"]:
-            raise CorruptCheckpoint(f"{p} is {size} bytes, the manifest says {f['bytes']}",
-                                    "the checkpoint is damaged; take a new one")
-        if _hash_file(p) != f[HASH]:
+        fd, size = open_regular(p, what="image file")
+        with os.fdopen(fd, "rb", buffering=0) as src:
+            if size != f["bytes"]:
+                raise CorruptCheckpoint(f"{p} is {size} bytes, the manifest says {f['bytes']}",
+                                        "the checkpoint is damaged; take a new one")
+            h = xxhash.xxh3_64()
+            buf = bytearray(_BLOCK)
+            while n := src.readinto(buf):
+                h.update(memoryview(buf)[:n])
+        if h.hexdigest() != f[HASH]:
             raise CorruptCheckpoint(f"{p} fails its {HASH} checksum", "the checkpoint is damaged; take a new one")
+
+
+def _taken_tids(images: Path) -> list[tuple[int, str]]:
+    """The checkpointed job's thread ids (CRIU's core-TID.img files) that some task on this host holds
+    now, each with who holds it: CRIU restores every thread at its old id and fails on any taken."""
+    out = []
+    for p in sorted(images.glob("core-*.img")):
+        try:
+            tid = int(p.name[5:-4])
+        except ValueError:
+            continue
+        try:
+            status = Path(f"/proc/{tid}/status").read_text()
+        except OSError:
+            continue
+        tgid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("Tgid:")), "?")
+        out.append((tid, f"{_comm(int(tgid)) if tgid.isdigit() else '?'} (pid {tgid})"))
+    return out
 
 
 def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | None = None) -> FullRestoreReport:
@@ -398,19 +441,34 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
                               f"({_comm(pid) if Path(f'/proc/{pid}').exists() else 'gone now'})",
                               "CRIU brings a process back at its old pid: end the process that holds it, or "
                               "restore in a new pid namespace (`unshare --pid --fork --mount-proc`)")
+    taken = _taken_tids(path / IMAGES)
+    if taken:
+        listed = ", ".join(f"{tid} (held by {who})" for tid, who in taken[:4]) + \
+            (f" and {len(taken) - 4} more" if len(taken) > 4 else "")
+        raise CheckpointError(f"cannot restore process {pid}: thread ids of the checkpointed job are in use on this "
+                              f"host: {listed}",
+                              "CRIU brings every thread back at its old id: end those processes, or restore in a new "
+                              "pid namespace (`unshare --pid --fork --mount-proc`); nothing was restored")
     work = Path(tempfile.mkdtemp(prefix=f"gputrace-restore-{pid}-"))  # CRIU's log and pidfile
     t0 = time.monotonic_ns()
     link = _gpu_image_at_dump_path(path, m)
     # As a subreaper, this process inherits the restored job when criu exits, so that it can end and
     # reap it if the GPU side fails (the pid is then free at once for another try).
     _subreaper(True)
+    # Once CRIU has made the process, it waits in the driver's checkpointed state for us: if this
+    # process dies before it is restored and unlocked, the guardian finishes the job's way back.
+    guard = Guardian(pid, "restore --full")
+    shim_held = (m["gpu"].get("shim") or {}).get("allocations") is not None
     try:
-        criu_ns = criu_mod.restore(c, path / IMAGES, work, pid)
+        criu_ns = criu_mod.restore(c, path / IMAGES, work, pid,
+                                   on_start=lambda criu_pid: guard.note(criu=criu_pid, driver=True, shim=shim_held))
     except criu_mod.CriuFailed:
+        guard.done()
         _unlink_gpu_image(link)
         _reap_leftover(pid)
         raise  # its message points at the log in `work`: that stays
     except BaseException:
+        guard.done()
         _unlink_gpu_image(link)
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -424,10 +482,7 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
                                   "the image was not taken by `gputrace checkpoint --full`")
         rs_ns = _restore_gpu(d, pairs) if pairs else d.call("Restore")
         un_ns = d.call("Unlock")
-        shim_ns = 0
-        if (m["gpu"].get("shim") or {}).get("allocations") is not None:
-    
-            shim_ns = resume(pid).total_ns
+        shim_ns = resume(pid).total_ns if shim_held else 0
     except CheckpointError as exc:
         # A process back from CRIU without its GPU state is of no use: end it, so that the checkpoint
         # (untouched) can be restored again once the cause is fixed.
@@ -437,6 +492,7 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
             os.waitpid(pid, 0)
         raise CheckpointError(f"{exc.msg}; the restored process was ended", exc.hint) from None
     finally:
+        guard.done()
         _unlink_gpu_image(link)  # after resume the shim holds the file no more
         shutil.rmtree(work, ignore_errors=True)
     total = time.monotonic_ns() - t0

@@ -565,3 +565,47 @@ def test_top_checkpoints_a_job_it_traces_whole_and_it_restores(job, device, tmp_
     j.restored = True
     wait_exit(j.pid)
     assert j.out.read_text() == reference  # the restored job ran its last steps again, the same way
+
+
+def _take_pid(want: int) -> subprocess.Popen | None:
+    """A process at pid `want` (through ns_last_pid), or None when another fork took it first."""
+    for _ in range(5):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(want - 1))
+        p = subprocess.Popen(["sleep", "600"])
+        if p.pid == want:
+            return p
+        p.kill()
+        p.wait()
+    return None
+
+
+def test_restore_whose_thread_ids_are_taken_names_them(job, device, tmp_path):
+    j = job(shimmed=True)
+    j.at_step(2)
+    ck = tmp_path / "ck"
+    r = ckpt(j, "checkpoint", "-o", str(ck))
+    assert r.returncode == 0, r.stderr
+    j.reap()
+    tids = sorted(int(p.name[5:-4]) for p in (ck / "criu").glob("core-*.img"))
+    others = [t for t in tids if t != j.pid]
+    assert others, tids  # the shim's control thread at least
+    holder = _take_pid(others[0])
+    if holder is None:
+        pytest.skip(f"could not start a process at pid {others[0]}: the host forks too much")
+    try:
+        r = gputrace("restore", "--full", str(ck))
+        assert r.returncode == 10 and "Traceback" not in r.stderr, r.stderr
+        assert f"thread ids of the checkpointed job are in use on this host: {others[0]} (held by sleep " \
+               f"(pid {others[0]}))" in r.stderr, r.stderr
+        assert "hint:" in r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:  # new processes past the job's ids, not on them
+        f.write(str(max(tids) + 50))
+    r = gputrace("restore", "--full", str(ck))  # the thread ids free again: it comes back
+    assert r.returncode == 0, r.stderr
+    j.restored = True
+    os.kill(j.pid, signal.SIGKILL)
+    wait_exit(j.pid)
