@@ -37,8 +37,41 @@ def command(name: str, help: str, epilog: str = "") -> Callable:
     return register
 
 
+def number(kind: type = float, *, lo: float = 0, hi: float | None = None, above: bool = False,
+           multiple: int | None = None) -> Callable[[str], float]:
+    """An argparse type: a number of `kind` at least `lo` (above `lo` with `above`), at most `hi`,
+    a multiple of `multiple`; argparse turns the ValueError into `error: argument ...: ...`."""
+
+    fmt = "d" if kind is int else "g"
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if v != v or (above and v <= lo) or v < lo or (hi is not None and v > hi):
+            rng = f"above {lo:{fmt}}" if above else f"at least {lo:{fmt}}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give a value {rng}"
+                                             + (f" and at most {hi:{fmt}}" if hi is not None else ""))
+        if multiple and v % multiple:
+            raise argparse.ArgumentTypeError(f"{text} is not a multiple of {multiple}")
+        return v
+
+    parse.__name__ = kind.__name__  # what argparse names in its messages
+    return parse
+
+
+def nonempty(text: str) -> str:
+    if not text.strip(" ,"):
+        raise argparse.ArgumentTypeError("an empty value selects nothing: give a name or a pattern")
+    return text
+
+
+PID = number(int, lo=0, above=True)
+
+
 def add_pid(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("-p", "--pid", type=int, required=required, help="target process id")
+    p.add_argument("-p", "--pid", type=PID, required=required, help="target process id")
 
 
 def add_json(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import signal
 import statistics
 import sys
 
-from ..cli import add_json, command
+from ..cli import PID, add_json, command, nonempty, number
 from ..errors import GputraceError, UsageError
 from ..procs import require_process, require_root
 from .. import report as rep
@@ -38,16 +38,16 @@ def parse_budget(text: str) -> float:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-p", "--pid", type=int, help="process to trace (or give `-- command args` to start one)")
-    p.add_argument("-d", "--duration", type=float, help="seconds to trace (default: until Ctrl-C or the process exits)")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds per report interval (default 1)")
+    p.add_argument("-p", "--pid", type=PID, help="process to trace (or give `-- command args` to start one)")
+    p.add_argument("-d", "--duration", type=number(above=True), help="seconds to trace (default: until Ctrl-C or the process exits)")
+    p.add_argument("--interval", type=number(lo=0.05), default=1.0, help="seconds per report interval (default 1)")
     p.add_argument("--budget", default="1%", help="the most the tracer may slow the job, a share of its time (default 1%%; 100%% traces every call)")
     p.add_argument("--exact", action="store_true", help="trace every call continuously (same as --budget 100%%)")
-    p.add_argument("--functions", action="append", default=[], metavar="PATTERN",
+    p.add_argument("--functions", action="append", default=[], metavar="PATTERN", type=nonempty,
                    help="only these driver functions (shell globs, comma-separated or repeated)")
     p.add_argument("--preset", choices=["all", "shim", "proxy"], default="all",
                    help="interception layer to audit: shim (submission+state), proxy (every call), all (default)")
-    p.add_argument("--cost-ns", type=float, help="ns a layer adds per intercepted call (overrides the preset's)")
+    p.add_argument("--cost-ns", type=number(hi=1e9), help="ns a layer adds per intercepted call (overrides the preset's)")
     p.add_argument("--attach-mode", choices=["auto", "multi", "perf"], default="auto",
                    help="uprobe-multi links, per-probe perf links, or the first that works (default)")
     p.add_argument("-o", "--output", help="write the final report here instead of stdout")
@@ -247,7 +247,7 @@ def configure_demo(p: argparse.ArgumentParser) -> None:
                    default="launch_bound", help="which bundled workload (default launch_bound)")
     p.add_argument("--driver", choices=["auto", "simcuda", "system"], default="auto",
                    help="simcuda (the simulated driver), the system's libcuda, or auto: system when one exists")
-    p.add_argument("-d", "--duration", type=float, default=10.0, help="seconds the workload runs (default 10)")
+    p.add_argument("-d", "--duration", type=number(above=True), default=10.0, help="seconds the workload runs (default 10)")
     p.add_argument("--exact", action="store_true", help="trace every call")
     p.add_argument("--budget", default="1%", help="tracer cost cap (default 1%%)")
     add_json(p)

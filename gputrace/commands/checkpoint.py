@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from ..cli import add_json, add_pid, command
+from ..cli import add_json, add_pid, command, number
 from . import full
 from .shim import _dump_json, fmt_bytes
 
@@ -32,10 +32,10 @@ mismatch nothing changes.
 
 
 def _tuning(p: argparse.ArgumentParser, direct: bool = False) -> None:
-    p.add_argument("--lanes", type=int, default=4, help="copy threads, each with its own streams (default 4)")
-    p.add_argument("--chunk", type=int, default=8 << 20,
+    p.add_argument("--lanes", type=number(int, lo=1, hi=16), default=4, help="copy threads, each with its own streams (default 4)")
+    p.add_argument("--chunk", type=number(int, lo=4096, hi=1 << 30, multiple=4096), default=8 << 20,
                    help="bytes per staged copy, a multiple of 4096 (default 8 MiB)")
-    p.add_argument("--timeout-ms", type=int, default=5000,
+    p.add_argument("--timeout-ms", type=number(int, lo=0, hi=600000), default=5000,
                    help="how long to wait for driver calls in flight before giving up the freeze (default 5000)")
     if direct:
         _staging(p)
@@ -78,6 +78,9 @@ def configure_restore(p: argparse.ArgumentParser) -> None:
     p.add_argument("--full", action="store_true", help="a whole-process checkpoint: CRIU restore, then GPU state")
     p.add_argument("--gpu-map", action="append", metavar="OLD=NEW",
                    help="with --full: put the job's GPU OLD on GPU NEW (indices or UUIDs; repeatable)")
+    p.add_argument("--into-other-process", action="store_true",
+                   help="restore a checkpoint of another process (or of an earlier one with this pid) into this "
+                        "one; its allocations must still match")
     _tuning(p, direct=True)
     add_json(p)
 
@@ -178,7 +181,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
     prog = _Progress(not args.json and sys.stderr.isatty())
     try:
         r = restore(args.pid, args.dir, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
-                    direct=args.direct, progress=prog)
+                    direct=args.direct, progress=prog, other_process=args.into_other_process)
     finally:
         prog.end()
     if args.json:
@@ -253,8 +256,9 @@ def suspend_cmd(args: argparse.Namespace) -> int:
 def configure_resume(p: argparse.ArgumentParser) -> None:
     add_pid(p)
     _backend(p)
-    p.add_argument("--lanes", type=int, default=4, help="copy threads (default 4)")
-    p.add_argument("--chunk", type=int, default=8 << 20, help="bytes per staged copy (default 8 MiB)")
+    p.add_argument("--lanes", type=number(int, lo=1, hi=16), default=4, help="copy threads (default 4)")
+    p.add_argument("--chunk", type=number(int, lo=4096, hi=1 << 30, multiple=4096), default=8 << 20,
+                   help="bytes per staged copy (default 8 MiB)")
     _staging(p)
     add_json(p)
 

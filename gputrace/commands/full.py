@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import add_json, add_pid, command
+from ..cli import add_json, add_pid, command, number
 from ..errors import UsageError
 from .shim import _dump_json, fmt_bytes
 
@@ -96,7 +96,7 @@ def configure_migrate(p: argparse.ArgumentParser) -> None:
     add_pid(p)
     p.add_argument("--to", required=True, metavar="DIR", help="new directory for the whole-process checkpoint")
     p.add_argument("--restore-here", action="store_true", help="restore it on this machine right after")
-    p.add_argument("--timeout-ms", type=int, default=5000, help="how long the driver's lock may wait (default 5000)")
+    p.add_argument("--timeout-ms", type=number(int, lo=0, hi=600000), default=5000, help="how long the driver's lock may wait (default 5000)")
     add_json(p)
 
 

@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 
-from ..cli import add_json, add_pid, command
+from ..cli import add_json, add_pid, command, nonempty, number
 from ..errors import GputraceError, UsageError
 
 RUN_EPILOG = """examples:
@@ -80,9 +80,9 @@ def configure_shim(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["status", "emulate"],
                    help="status: the GPU state the shim has recorded; emulate: add a set cost to intercepted calls")
     add_pid(p)
-    p.add_argument("--cost-ns", type=float, help="emulate: ns of busy CPU time added to each call")
-    p.add_argument("--classes", help=f"emulate: comma-separated classes ({', '.join(EMULATE_CLASSES)})")
-    p.add_argument("--functions", help="emulate: comma-separated driver functions the shim wraps, e.g. cuLaunchKernel")
+    p.add_argument("--cost-ns", type=number(hi=1e9), help="emulate: ns of busy CPU time added to each call")
+    p.add_argument("--classes", type=nonempty, help=f"emulate: comma-separated classes ({', '.join(EMULATE_CLASSES)})")
+    p.add_argument("--functions", type=nonempty, help="emulate: comma-separated driver functions the shim wraps, e.g. cuLaunchKernel")
     p.add_argument("--off", action="store_true", help="emulate: stop adding cost")
     add_json(p)
 

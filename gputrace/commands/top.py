@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import add_json, command
+from ..cli import add_json, command, number
 from ..errors import GputraceError, UsageError
 from .attach import parse_budget
 
@@ -33,7 +33,7 @@ the same objects `top --once --json` prints).
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    p.add_argument("-i", "--interval", type=number(lo=0.05), default=1.0, help="seconds between refreshes (default 1)")
     p.add_argument("--budget", default="1%", help="the most the tracer may slow each process, a share of its time (default 1%%)")
     p.add_argument("--attach-mode", choices=["auto", "multi", "perf"], default="auto", help=argparse.SUPPRESS)
 
@@ -41,10 +41,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def configure_top(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--once", action="store_true", help="print one snapshot and exit (with --json: as JSON)")
-    p.add_argument("-d", "--duration", type=float, default=3.0,
+    p.add_argument("-d", "--duration", type=number(above=True), default=3.0,
                    help="with --once: seconds to measure before printing (default 3)")
     p.add_argument("--replay", metavar="FILE", help="show a session saved by `gputrace record`")
-    p.add_argument("--speed", type=float, default=1.0, help="replay speed factor (default 1; 0: no pauses)")
+    p.add_argument("--speed", type=number(), default=1.0, help="replay speed factor (default 1; 0: no pauses)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="where the c key writes checkpoints (default $GPUTRACE_CKPT_DIR, else ~/.local/share/gputrace/checkpoints)")
     p.add_argument("--preset", default="shim", help="interception layer for the predicted overhead (shim, proxy)")
@@ -143,7 +143,7 @@ def top(args: argparse.Namespace) -> int:
 def configure_record(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("-o", "--output", required=True, help="file to write (JSON lines)")
-    p.add_argument("-d", "--duration", type=float, help="seconds to record (default: until Ctrl-C)")
+    p.add_argument("-d", "--duration", type=number(above=True), help="seconds to record (default: until Ctrl-C)")
 
 
 @command("record", "record what `top` shows to a file, for `top --replay`", RECORD_EPILOG)(configure_record)
