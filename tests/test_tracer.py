@@ -599,3 +599,49 @@ def test_nesting_recursion_and_dying_threads(fake_driver, spawned):
         assert fs[name].p99_ns is not None and fs[name].p99_ns < 100e6, fs[name]
     # The outer call of a recursion contains all its levels: longer than any nested one's mean.
     assert fs["cuRecurse"].outer_mean_ns > fs["cuRecurse"].mean_ns
+
+
+# --- 7. targets that are not what they seem (issue: hardening) --------------------------------------------------
+
+def test_attach_finds_a_libcuda_installed_under_another_file_name(spawned, tmp_path):
+    """A driver installed as libnvcuda-sim.so.580 and reached through a libcuda.so.1 symbolic link: the
+    process's maps name the file, not the link; its ELF soname says what it is."""
+    d = tmp_path / "drv"
+    d.mkdir()
+    shutil.copy2(simcuda.library_path(), d / "libnvcuda-sim.so.580")
+    os.symlink("libnvcuda-sim.so.580", d / "libcuda.so.1")
+    env = simcuda.env()
+    env["LD_LIBRARY_PATH"] = f"{d}:{env['LD_LIBRARY_PATH']}"
+    proc = start_held(launch_bound("--steps", "100", "--scale", "0.2"), env=env)
+    spawned.append(proc)
+    assert "libnvcuda-sim.so.580" in Path(f"/proc/{proc.pid}/maps").read_text()
+    out = tmp_path / "r.json"
+    tracer = start_tracer(["--exact", "--interval", "0.2", "-p", str(proc.pid), "--json", "-o", str(out)], spawned)
+    wait_live_line(tracer)
+    release(proc)
+    wl_out, err = finish(proc)
+    assert proc.returncode == 0, err
+    _, err = finish(tracer)
+    assert tracer.returncode == 0, err
+    report = load_report(out)
+    assert report["library"].endswith("libnvcuda-sim.so.580")
+    assert summary_calls(report).get("cuLaunchKernel") == workload_json(wl_out)["calls"]["cuLaunchKernel"]
+
+
+def test_a_process_that_exits_while_the_tracer_sets_up_is_a_clear_error(spawned):
+    proc = start_held(launch_bound("--steps", "10"))
+    spawned.append(proc)
+    tracer = subprocess.Popen(attach("-q", "-p", str(proc.pid), "-d", "5"),
+                              env={**simcuda.env(), "GPUTRACE_STOP_AT": "tracer:setup"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    spawned.append(tracer)
+    info = os.waitid(os.P_PID, tracer.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)  # stopped itself there
+    assert info.si_code == os.CLD_STOPPED, tracer.communicate()
+    proc.kill()
+    proc.wait()
+    os.kill(tracer.pid, signal.SIGCONT)
+    out, err = finish(tracer)
+    # Caught while the session is made, or when its first window attaches: either way a clean error.
+    lines = err.splitlines()
+    assert "Traceback" not in err and len(lines) == 2 and lines[1].startswith("hint: "), err
+    assert tracer.returncode in (3, 6) and "exited" in lines[0], err

@@ -94,6 +94,6 @@ def audit(snap: ProcessSnapshot, preset: Preset) -> Audit:
         wait_s_per_s=snap.wait_s_per_s,
         added_cpu_s_per_s=added,
         slowdown_upper=added,
-        slowdown_lower=max(0.0, added - snap.wait_s_per_s),
+        slowdown_lower=None if snap.wait_s_per_s is None else max(0.0, added - snap.wait_s_per_s),
         tracer_overhead=snap.tracer_overhead,
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from gputrace.errors import BpfUnavailable, NoLibcuda, NoSuchProcess
+from gputrace.procs import alive, stop_point
 
 from .bpfprog import Program
 from .calibrate import Calibration, calibrate
@@ -83,10 +84,20 @@ class Session:
         self.options = options
         functions = select_functions(read_functions(library), options.patterns)
         prog, cal = program or open_program(options.attach_mode, warn)
-        self.probes = Probes(library, functions, prog, cal, pid=pid)
-        prev = {func: st for (tgid, func), st in prog.read_stats().items() if tgid == pid}
-        self.tracee = Tracee(pid, self.probes, budget=options.budget, interval_s=options.interval_s,
-                             exact=options.exact, prev=prev)
+        stop_point("tracer:setup")
+        try:
+            self.probes = Probes(library, functions, prog, cal, pid=pid)
+            prev = {func: st for (tgid, func), st in prog.read_stats().items() if tgid == pid}
+            self.tracee = Tracee(pid, self.probes, budget=options.budget, interval_s=options.interval_s,
+                                 exact=options.exact, prev=prev)
+        except Exception as exc:
+            if alive(pid):
+                raise
+            if getattr(self, "probes", None) is not None:
+                self.probes.close()
+            raise NoSuchProcess(f"process {pid} exited while the tracer was being set up",
+                                "nothing was measured; a job that lasts under a second is best traced from its "
+                                "start: gputrace attach -- COMMAND") from exc
         self.probes.on_seen = self._on_seen
         self.probes.on_window_end = self._window_end
         self._window_rows: list = []

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from gputrace.errors import GputraceError, NoLibcuda, NoSuchProcess, PermissionDenied, UsageError
-from gputrace.procs import require_process
+from gputrace.procs import alive, require_process
 
 SONAME = "libcuda.so.1"
 _LIBCUDA = re.compile(r"libcuda\.so(\.\d+)*")  # not libcudart, libcudnn, libcuda_foo
@@ -46,7 +46,7 @@ def is_libcuda(path: str) -> bool:
 def libcuda_of(pid: int) -> LibcudaFile:
     require_process(pid)
     try:
-        found = _libcuda_in(pid)
+        found = _libcuda_in(pid, by_soname=True)
     except (FileNotFoundError, ProcessLookupError):
         raise NoSuchProcess(f"process {pid} exited", "check the pid with `ps -p PID`; the job may have exited") from None
     except PermissionError:
@@ -55,6 +55,8 @@ def libcuda_of(pid: int) -> LibcudaFile:
             "run as root, or as the process's user with ptrace allowed (kernel.yama.ptrace_scope)",
         ) from None
     if found is None:
+        if not alive(pid):
+            raise NoSuchProcess(f"process {pid} has exited", "check the pid with `ps -p PID`; the job may have ended")
         raise NoLibcuda(f"process {pid} has no libcuda loaded", _NOT_LOADED_HINT)
     return found
 
@@ -152,15 +154,68 @@ def _maps(pid: int) -> str:
         return f.read()
 
 
-def _libcuda_in(pid: int, text: str | None = None) -> LibcudaFile | None:
+@functools.lru_cache(maxsize=1024)
+def _soname(path: str, dev: int, inode: int) -> str | None:
+    """DT_SONAME of the shared object at `path` (cached by file identity), None if it has none."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with open(path, "rb") as f:
+            for sec in ELFFile(f).iter_sections():
+                if isinstance(sec, DynamicSection):
+                    for tag in sec.iter_tags("DT_SONAME"):
+                        return tag.soname
+    except (OSError, ELFError, ValueError):
+        return None
+    return None
+
+
+def _by_soname(pid: int, text: str) -> bool:
+    """Whether an executable mapping of the process is a libcuda under another file name (a driver
+    installed as libnvcuda-580.so and reached through a libcuda.so.1 symbolic link: maps name the
+    file, not the link), by its ELF soname."""
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or "x" not in fields[1] or ".so" not in fields[5] or not fields[5].startswith("/"):
+            continue
+        path = _host_path(pid, fields[0], fields[5])
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if _soname(path, st.st_dev, st.st_ino) == SONAME:
+            return True
+    return False
+
+
+def _libcuda_in(pid: int, text: str | None = None, *, by_soname: bool = False) -> LibcudaFile | None:
+    """The libcuda process `pid` maps; by name, and with `by_soname` also any file whose ELF soname
+    is libcuda.so.1 (slower: for one process named by the user, not for host-wide scans)."""
     if text is None:
         text = _maps(pid)
+    soname_match = False
     if "libcuda.so" not in text:  # cheap skip for the many processes without it
-        return None
+        if not by_soname or not _by_soname(pid, text):
+            return None
+        soname_match = True
     chosen: tuple[str, str] | None = None  # (start-end, mapped_as)
     for line in text.splitlines():
         fields = line.split(maxsplit=5)
-        if len(fields) < 6 or not is_libcuda(fields[5].removesuffix(_DELETED)):
+        if len(fields) < 6:
+            continue
+        name = fields[5].removesuffix(_DELETED)
+        if soname_match:
+            if ".so" not in name or not name.startswith("/"):
+                continue
+            try:
+                st = os.stat(_host_path(pid, fields[0], fields[5]))
+            except OSError:
+                continue
+            if _soname(_host_path(pid, fields[0], fields[5]), st.st_dev, st.st_ino) != SONAME:
+                continue
+        elif not is_libcuda(name):
             continue
         # Prefer the executable mapping: that is the code the uprobes patch.
         if chosen is None or "x" in fields[1]:

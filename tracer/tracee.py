@@ -340,11 +340,15 @@ class Tracee:
             busy[fs.cls] += fs.cpu_s_per_s
         totals = tuple(ClassTotals(cls, rate[cls], busy[cls]) for cls in CLASS_ORDER) if reason is None else ()
         measured = reason is None
+        # Time in calls is known only where every called function of the kind has been timed: a rate
+        # without a per-call time is no evidence of zero time (the first windows count, not time).
+        untimed = {fs.cls is FunctionClass.SYNC for fs in funcs if fs.rate_hz > 0 and fs.outer_mean_ns is None}
         return ProcessSnapshot(
             pid=self.pid, comm=self.comm, interval_s=span_s, window_s=window_s, target_cpu_s=cpu_s,
             functions=tuple(funcs), tracer_cost_s=cost_s,
-            driver_cpu_s_per_s=sum(t for c, t in busy.items() if c is not FunctionClass.SYNC) if measured else None,
-            wait_s_per_s=busy[FunctionClass.SYNC] if measured else None,
+            driver_cpu_s_per_s=sum(t for c, t in busy.items() if c is not FunctionClass.SYNC)
+            if measured and False not in untimed else None,
+            wait_s_per_s=busy[FunctionClass.SYNC] if measured and True not in untimed else None,
             classes=totals, not_measured=reason,
             exposure=expo.counted.value if expo.counted.measured else expo.timed.value if expo.timed.measured else None,
         )
