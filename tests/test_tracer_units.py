@@ -553,3 +553,35 @@ def test_a_live_view_keeps_memory_bounded():
             t.account(1.0, log, [{0: rows}], {0: rows}, snapshot=False)
         assert len(t.observations) == bound and len(t._recent) == RECENT
         assert t.recent().calls_hz == pytest.approx(10_000, rel=0.1)
+
+
+def _one_function_tracee(pid: int):
+    import types
+
+    from gputrace.tracer.symbols import Function
+    from gputrace.tracer.tracee import Tracee
+
+    cost = ProbeCost(entry_ns=500.0, entry_return_ns=900.0, bias_ns=300.0)
+    fn = Function("cuLaunchKernel", 0x1000, 0x1000, 16, SUB)
+    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, kinds={0: "emulated"},
+                                   calibration=Calibration(cost, cost, 5.0, 1, 1))
+    return Tracee(pid, probes, budget=0.01, interval_s=1.0, exact=False)
+
+
+@pytest.mark.parametrize("window_s, expect_measured", [(0.0001, False), (0.05, True)])
+def test_no_call_in_a_tiny_window_is_not_measured_rather_than_zero(window_s, expect_measured):
+    """A process that exits 0.1 ms after the probes are on shows no call; 0 calls/s would be a guess
+    (the H200 showed it for a 2-second job attached as it ended). A longer window with none is 0."""
+    import os
+
+    from gputrace.tracer.bpfprog import ZERO
+    from gputrace.tracer.probes import IntervalLog, WindowSpan
+
+    t = _one_function_tracee(os.getpid())
+    t.begin()
+    log = IntervalLog([WindowSpan(window_s, frozenset({0}), frozenset())], {0: 1.0})
+    snap = t.account(1.0, log, [{0: ZERO}], {0: ZERO}, snapshot=True)
+    if expect_measured:
+        assert snap.not_measured is None and snap.calls_hz == 0
+    else:
+        assert snap.not_measured is not None and "too short to tell" in snap.not_measured

@@ -16,6 +16,8 @@ import os
 import time
 from typing import Mapping, Sequence
 
+from gputrace.procs import alive
+
 from . import estimator as est
 from .bpfprog import ZERO, RawStats
 from .budget import WRITE_S, Policy
@@ -113,6 +115,7 @@ def p50_p99_ns(hist, total: int) -> tuple[float | None, float | None]:
 # what it was on the H200 in a launch-bound PyTorch loop (bench/results/tracer-costs-h200.md).
 EXPOSURE_ASSUMED = 2.0
 RECENT = 5  # intervals a live row pools
+MIN_ZERO_WINDOW_S = 0.01  # less probing than this with no call seen: not measured, not 0 calls/s
 
 
 def row_deltas(now: Mapping[int, RawStats], then: Mapping[int, RawStats], ids) -> dict[int, RawStats]:
@@ -301,6 +304,15 @@ class Tracee:
         return None if now is None else now if then is None else now - then
 
     def _not_measured(self, obs: Sequence[est.Observation], carry: Mapping, view: str) -> str | None:
+        # No call seen in a few ms of windows and nothing on the watch link says next to nothing: a
+        # job of 100k calls/s can show none in 0.1 ms (a process that exited just after the probes
+        # were attached). Not measured, rather than 0 calls/s.
+        probed_s = sum(w.counted_s for o in obs for w in o.windows)
+        watched_s = sum(o.span_s - max(o.unwatched_s.values(), default=0.0) for o in obs)
+        seen = any(w.calls for o in obs for w in o.windows) or any(o.watched_calls for o in obs)
+        if not seen and not carry and probed_s < MIN_ZERO_WINDOW_S and watched_s < MIN_ZERO_WINDOW_S:
+            return (f"no call seen in {probed_s * 1e3:.1f} ms of probing, too short to tell"
+                    + (" (the process exited)" if not alive(self.pid) else ""))
         for o in obs:
             if o.windows or not o.unwatched_s:  # a window, or every function on the watch link (exact: counted)
                 return None
