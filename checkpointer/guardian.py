@@ -39,8 +39,10 @@ class Guardian:
     def __init__(self, pid: int, what: str) -> None:
         self.pid = pid
         r, w = os.pipe2(os.O_CLOEXEC)
+        # cwd "/": `python -c` puts the working directory first on sys.path, and a directory holding a
+        # `gputrace` of someone else's would be imported instead (as root, in the worst case).
         self.proc = subprocess.Popen([sys.executable, "-c", ENTRY, str(pid), what], stdin=r, stdout=subprocess.DEVNULL,
-                                     start_new_session=True, close_fds=True)
+                                     start_new_session=True, close_fds=True, cwd="/")
         os.close(r)
         self._w: int | None = w
 

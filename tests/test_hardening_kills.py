@@ -71,9 +71,11 @@ def check_given_back(pid: int, *, shimmed: bool = True) -> None:
         assert st["paused"] is False and st["suspended"] is False, st
 
 
-def run_stopped_at(point: str, argv: list[str]) -> subprocess.Popen:
-    """Starts gputrace ARGV with GPUTRACE_STOP_AT=point and waits until it has stopped itself there."""
-    p = subprocess.Popen([sys.executable, "-m", "gputrace", *argv], env={**os.environ, "GPUTRACE_STOP_AT": point},
+def run_stopped_at(point: str, argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
+    """Starts gputrace ARGV with GPUTRACE_STOP_AT=point and waits until it has stopped itself there
+    (through the installed `gputrace` script when `cwd` is given: `-m` would import from cwd)."""
+    cmd = [str(Path(sys.executable).parent / "gputrace")] if cwd else [sys.executable, "-m", "gputrace"]
+    p = subprocess.Popen([*cmd, *argv], env={**os.environ, "GPUTRACE_STOP_AT": point}, cwd=cwd,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # waitid(WSTOPPED) is the event: the child stopping itself.
     info = os.waitid(os.P_PID, p.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
@@ -124,6 +126,27 @@ def test_a_driver_checkpoint_killed_between_its_steps_is_given_back(procs, shim_
     g.kill()
     g.wait()
     settle(p.pid)
+    check_given_back(p.pid)
+    assert job_sum(p) == ready["sum"]
+
+
+def test_the_guardian_imports_nothing_from_the_working_directory(procs, shim_dir, tmp_path):
+    """Run from a directory holding a `gputrace` package of someone else's (on the H200, the checkout
+    itself: the guardian found no gputrace.checkpointer there and the job stayed checkpointed in the
+    driver), the guardian still gives the job back, and imports none of it."""
+    if not (Path(sys.executable).parent / "gputrace").exists():
+        pytest.skip("no installed gputrace script beside this Python")
+    p, ready = vmm_job(procs)
+    fake = tmp_path / "cwd" / "gputrace"
+    fake.mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    g = run_stopped_at("driver:checkpointed", ["checkpoint", "--backend", "driver", "-p", str(p.pid)],
+                       cwd=tmp_path / "cwd")
+    g.kill()
+    g.wait()
+    settle(p.pid)
+    assert not marker.exists()
     check_given_back(p.pid)
     assert job_sum(p) == ready["sum"]
 
