@@ -275,6 +275,23 @@ def test_sampled_rates_within_budget(tmp_path):
     assert report["attach"]["windows"] >= 2  # attached and detached more than once
 
 
+def test_a_single_threads_time_in_calls_never_exceeds_its_wall_time():
+    """One thread launching and synchronizing (one synchronize a step, a few a window): driver CPU
+    plus wait, rate x mean per call, read 1.2-1.6 s per second in some intervals. No interval may
+    say one thread spent more than a second a second in driver calls."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "report.json"
+        report, wl = run_attach(["-q", "--json", "-o", str(out), "--",
+                                 *launch_bound("--seconds", "6", "--kernel-ns", "200000")], out)
+    measured = [(p["driver_cpu_s_per_s"], p["wait_s_per_s"]) for iv in report["intervals"] for p in iv["processes"]
+                if p["driver_cpu_s_per_s"] is not None and p["wait_s_per_s"] is not None]
+    assert len(measured) >= 3, report["intervals"]
+    assert all(cpu + wait <= 1.0 + 1e-9 for cpu, wait in measured), measured
+    assert max(cpu + wait for cpu, wait in measured) > 0.3  # it does spend most of its time in them
+
+
 # --- 4. a traced process that exits ------------------------------------------------------------------------------
 
 def test_tracer_ends_when_the_process_exits(spawned):

@@ -147,6 +147,11 @@ class Program:
         """Between windows: only the marker's link is attached; its hits count as `outside`."""
         self._set_config(OUTSIDE)
 
+    def thread_ids(self) -> set[int]:
+        """Thread ids in the `threads` map: every live thread that has made a timed call (entries go
+        when the thread exits). Key by key (bcc's iteration): read only when a caller needs it."""
+        return {k.value for k in self.bpf[b"threads"].keys()}
+
     def read_stats(self) -> dict[tuple[int, int], RawStats]:
         """Every row of the `stats` map, by (tgid, function)."""
         return {(tgid, f): st for tgid, rows in self.read_by_tgid().items() for f, st in rows.items()}

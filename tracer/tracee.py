@@ -303,6 +303,18 @@ class Tracee:
         now, then = self._prev.get(f), self._first.get(f)
         return None if now is None else now if then is None else now - then
 
+    def _calling_threads(self) -> int | None:
+        """How many of the process's live threads have made a timed driver call (None: not known)."""
+        prog = getattr(self.probes, "program", None)
+        if prog is None or not hasattr(prog, "thread_ids"):
+            return None
+        try:
+            tasks = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
+            n = len(tasks & prog.thread_ids())
+        except (OSError, ValueError):
+            return None
+        return n or None
+
     def _not_measured(self, obs: Sequence[est.Observation], carry: Mapping, view: str) -> str | None:
         # No call seen in a few ms of windows and nothing on the watch link says next to nothing: a
         # job of 100k calls/s can show none in 0.1 ms (a process that exited just after the probes
@@ -350,6 +362,15 @@ class Tracee:
         for fs in funcs:
             rate[fs.cls] += fs.rate_hz
             busy[fs.cls] += fs.cpu_s_per_s
+        # Time in calls is rate x mean per call, and a function seen a few times an interval (one
+        # synchronize a step) makes it noisy: a single thread could read more than 1 s of it a
+        # second. No more threads can be inside calls than have made calls: where the sum exceeds
+        # that bound, it is brought down to it, each class in proportion.
+        in_calls = sum(busy.values())
+        if in_calls > 1.0:
+            threads = self._calling_threads()
+            if threads is not None and in_calls > threads:
+                busy = {c: t * threads / in_calls for c, t in busy.items()}
         totals = tuple(ClassTotals(cls, rate[cls], busy[cls]) for cls in CLASS_ORDER) if reason is None else ()
         measured = reason is None
         # Time in calls is known only where every called function of the kind has been timed: a rate
