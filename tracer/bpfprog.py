@@ -107,6 +107,7 @@ class Program:
         self._errors = self.bpf[b"errors"]
         self._config = self.bpf[b"config"]
         self._seen = self.bpf[b"seen"]
+        self._threads = None  # the `threads` table, looked up on first use
         # seen_hits() is polled 50 times a second per file: one bpf() lookup into kept buffers,
         # not bcc's table access (about 10x the cost).
         self._seen_key, self._seen_val = ctypes.c_int(0), ctypes.c_uint64(0)
@@ -150,7 +151,9 @@ class Program:
     def thread_ids(self) -> set[int]:
         """Thread ids in the `threads` map: every live thread that has made a timed call (entries go
         when the thread exits). Key by key (bcc's iteration): read only when a caller needs it."""
-        return {k.value for k in self.bpf[b"threads"].keys()}
+        if self._threads is None:
+            self._threads = self.bpf[b"threads"]
+        return {k.value for k in self._threads.keys()}
 
     def read_stats(self) -> dict[tuple[int, int], RawStats]:
         """Every row of the `stats` map, by (tgid, function)."""
