@@ -32,12 +32,15 @@ def env() -> dict[str, str]:
     return e
 
 
-def start_job(spawned, phases: list[str], log: Path) -> subprocess.Popen:
-    """A phases job, running (past its first driver calls) when this returns."""
+def start_job(spawned, phases: list[str], log: Path, held: bool = False) -> subprocess.Popen:
+    """A phases job, running (past its first driver calls) when this returns; `held`: its phases
+    start only once a line is written to its stdin."""
     r, w = os.pipe()
     argv = simcuda.workload("phases") + sum((["--phase", p] for p in phases), []) + ["--log", str(log),
                                                                                    "--ready-fd", str(w)]
-    p = subprocess.Popen(argv, env=env(), pass_fds=(w,), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv += ["--wait-stdin"] if held else []
+    p = subprocess.Popen(argv, env=env(), pass_fds=(w,), stdin=subprocess.PIPE if held else None,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     os.close(w)
     spawned.append(p)
     with os.fdopen(r) as ready:
@@ -98,9 +101,9 @@ def attach_json(pid: int, seconds: float, out: Path, *extra: str) -> dict:
 @pytest.fixture
 def finishing_job(spawned, tmp_path):
     """A phases job that ends by itself, so it writes its log: returns (process, log path)."""
-    def make(phases: list[str]) -> tuple[subprocess.Popen, Path]:
+    def make(phases: list[str], held: bool = False) -> tuple[subprocess.Popen, Path]:
         log = tmp_path / f"log-{len(spawned)}.json"
-        return start_job(spawned, phases, log), log
+        return start_job(spawned, phases, log, held), log
     return make
 
 
@@ -116,11 +119,24 @@ def test_a_3s_attach_to_a_running_job_reads_every_busy_function_within_its_inter
 
 
 def test_a_hot_function_first_called_mid_run_is_counted_within_2_s(finishing_job, tmp_path):
-    """cuMemGetInfo_v2 is first called some 3 s into a 6-s attach, at ~50k calls/s: on the watch link from the
+    """cuMemGetInfo_v2 is first called some 3 s into a 7-s attach, at ~50k calls/s: on the watch link from the
     first window on, it is counted from its first call, and its rate over the session is its calls
-    over the session."""
-    job, log = finishing_job(["6:getdev=20,launch=2,spin=20000", "8:getdev=20,launch=2,meminfo=10,spin=20000"])
-    report = attach_json(job.pid, 6, tmp_path / "r.json", "--interval", "0.5")
+    over the session. The job's phases start once the tracer's first interval is out (its set-up
+    takes from 1 to over 5 s on CI machines: timed from the job's start, the switch could fall
+    before the probes were on)."""
+    job, log = finishing_job(["3:getdev=20,launch=2,spin=20000", "8:getdev=20,launch=2,meminfo=10,spin=20000"],
+                             held=True)
+    out = tmp_path / "r.json"
+    tracer = subprocess.Popen(CLI + ["attach", "-p", str(job.pid), "-d", "7", "--interval", "0.5", "--json", "-o",
+                                     str(out)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in tracer.stderr:  # the first live interval line: the probes are on
+        if line.startswith("["):
+            break
+    job.stdin.write("go\n")
+    job.stdin.flush()
+    _, err = tracer.communicate(timeout=120)
+    assert tracer.returncode == 0, err
+    report = orjson.loads(out.read_bytes())
     assert job.wait(timeout=60) == 0
     truth = Truth(log)
     a, b = session_span(report)
