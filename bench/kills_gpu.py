@@ -15,40 +15,18 @@ import argparse
 import json
 import os
 import random
-import select
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from gputrace.checkpointer import guardian
 
 HERE = Path(__file__).resolve().parent
 
 
 def gputrace(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(["gputrace", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def guardians(pid: int) -> list[int]:
-    want = f"# gputrace-guardian\0{pid}\0".encode()
-    out = []
-    for e in os.listdir("/proc"):
-        if e.isdigit():
-            try:
-                if want in Path(f"/proc/{e}/cmdline").read_bytes():
-                    out.append(int(e))
-            except OSError:
-                pass
-    return out
-
-
-def settle(pid: int) -> None:
-    for g in guardians(pid):
-        try:
-            fd = os.pidfd_open(g)
-        except OSError:
-            continue
-        select.select([fd], [], [], 300)
-        os.close(fd)
 
 
 def main() -> int:
@@ -137,7 +115,7 @@ def main() -> int:
                     killed = True
             err = errf.read_text()
             progress["what"] += ", settle"
-            settle(pid)
+            guardian.settle(pid, 300)
             from gputrace.checkpointer import driver as _drv
 
             try:

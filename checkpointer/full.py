@@ -48,7 +48,7 @@ import orjson
 import xxhash
 
 from gputrace.errors import CheckpointError, CorruptCheckpoint, NoSuchProcess
-from gputrace.procs import require_running, stop_point
+from gputrace.procs import require_running, stat_fields, stop_point
 
 from . import criu as criu_mod
 from . import driver, uprobes
@@ -360,13 +360,8 @@ def _reap_leftover(pid: int, timeout_s: float = 5.0) -> None:
 
 
 def _is_stopped(pid: int) -> bool:
-    try:
-        for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if ln.startswith("State:"):
-                return ln.split()[1] in ("T", "t")
-    except OSError:
-        pass
-    return False
+    f = stat_fields(pid)
+    return f is not None and f[0] in (b"T", b"t")
 
 
 def read_manifest(path: Path) -> dict:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -28,9 +27,12 @@ import time
 
 import orjson
 
+from gputrace.procs import stat_fields, wait_exit
+
 CRIU_GRACE_S = 300.0
 #: How the guardian is started (not `-m`: this module is imported by its package already).
-ENTRY = "import sys; from gputrace.checkpointer.guardian import main; sys.exit(main(sys.argv[1:]))  # gputrace-guardian"  # how long a CRIU left working on the job may take before it is killed
+TAG = "# gputrace-guardian"
+ENTRY = f"import sys; from gputrace.checkpointer.guardian import main; sys.exit(main(sys.argv[1:]))  {TAG}"  # how long a CRIU left working on the job may take before it is killed
 
 
 class Guardian:
@@ -68,20 +70,27 @@ class Guardian:
         self.done()
 
 
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return True
-    try:
-        return bool(select.select([fd], [], [], timeout_s)[0])
-    finally:
-        os.close(fd)
+def running(pid: int) -> list[int]:
+    """The pids of guardians watching over process `pid` now."""
+    want = f"{TAG}\0{pid}\0".encode()
+    out = []
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                with open(f"/proc/{e}/cmdline", "rb") as f:
+                    if want in f.read():
+                        out.append(int(e))
+            except OSError:
+                pass
+    return out
+
+
+def settle(pid: int, timeout_s: float = 600.0) -> bool:
+    """Waits for every guardian of process `pid` to finish; False if one is still at it after timeout_s."""
+    return all(wait_exit(g, timeout_s) for g in running(pid))
 
 
 def _state(pid: int) -> str | None:
-    from gputrace.procs import stat_fields
-
     f = stat_fields(pid)
     return f[0].decode() if f else None
 
@@ -90,12 +99,12 @@ def give_back(pid: int, state: dict, say) -> list[str]:
     """Undoes what `state` says may be left, from the job's actual state; what it did, in words."""
     did: list[str] = []
     criu = state.get("criu")
-    if isinstance(criu, int) and not _wait_gone(criu, 0):
+    if isinstance(criu, int) and not wait_exit(criu, 0):
         say(f"waiting for CRIU (pid {criu}) to finish with process {pid}")
-        if not _wait_gone(criu, CRIU_GRACE_S):
+        if not wait_exit(criu, CRIU_GRACE_S):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(criu, signal.SIGKILL)
-            _wait_gone(criu, 10)
+            wait_exit(criu, 10)
             did.append(f"killed CRIU (pid {criu}) after {CRIU_GRACE_S:.0f} s")
     if _state(pid) is None:
         return did + [f"process {pid} is gone"]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gputrace.errors import (CheckpointBusy, CheckpointError, CheckpointMismatch, CorruptCheckpoint, ShimUnavailable,
                              TargetLost, Untrusted)
-from gputrace.procs import boot_id, require_running, start_time
+from gputrace.procs import alive, boot_id, require_running, start_time
 from gputrace.shim import client
 
 from . import image, store
@@ -87,21 +87,6 @@ class RestoreReport:
         return {**asdict(self), "verify_gbps": self.verify_gbps, "copy_gbps": self.copy_gbps}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our own child, not yet reaped) is gone for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _open_lock(conn: client.Connection, pid: int) -> int:
     """The per-process lock file beside the shim's socket, opened relative to the socket directory's
     checked descriptor, never through a symbolic link, and only if it is a plain file of the job's
@@ -148,7 +133,7 @@ class _Session:
         try:
             return self.conn.request(command, fd=fd, timeout_s=timeout_s)
         except ShimUnavailable as exc:
-            if not _alive(self.pid):
+            if not alive(self.pid):
                 raise TargetLost(f"process {self.pid} exited during the {self.what}",
                                  f"nothing was {'kept' if self.what == 'checkpoint' else 'restored'}") from None
             raise TargetLost(f"{exc.msg} during the {self.what}", exc.hint) from None

@@ -66,6 +66,21 @@ def alive(pid: int) -> bool:
     return f is not None and f[0] not in (b"Z", b"X")
 
 
+def wait_exit(pid: int, timeout_s: float) -> bool:
+    """Waits up to timeout_s for process `pid` (not necessarily our child) to exit; True once it has
+    (or was gone already). A pidfd becomes readable when the process exits."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)
+
+
 def stop_point(name: str) -> None:
     """Where the tests stop gputrace mid-operation: with GPUTRACE_STOP_AT=NAME (comma-separated) in its
     environment, this process stops itself (SIGSTOP) at point NAME, for the test to act there (kill

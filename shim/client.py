@@ -78,11 +78,6 @@ def has_shim(pid: int) -> bool | None:
     return SONAME.encode() in data
 
 
-def socket_candidates(pid: int) -> list[Path]:
-    """The sockets the target's shim may serve, in the order the shim chooses its directory."""
-    return [d / sock_name(pid) for d in _dirs(pid)]
-
-
 def sock_name(pid: int) -> str:
     return f"shim-{pid}.sock"
 

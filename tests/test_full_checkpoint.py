@@ -143,12 +143,12 @@ class Job:
     """train, started the way CRIU needs: its own session, stdio on files."""
 
     def __init__(self, root: Path, device: Device, kernel_ns: int = 20_000_000, pass_fds=(), shimmed: bool = False,
-                 vmm: bool = True) -> None:
+                 vmm: bool = True, steps: int = STEPS) -> None:
         self.out = root / "job.out"
         env = device.env(sim_env())
         if shimmed:  # as `gputrace run --checkpointable --suspendable` starts it
             env = {**shim.preload_env(env), "GPUTRACE_SHIM_VMM": "1"}
-        argv = simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", str(kernel_ns), "--vmm", str(int(vmm))]
+        argv = simcuda.workload("train") + ["--steps", str(steps), "--kernel-ns", str(kernel_ns), "--vmm", str(int(vmm))]
         with open(self.out, "w") as f:
             self.p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f,
                                       stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
-import signal
 import subprocess
 import sys
 import time
@@ -19,47 +17,21 @@ from pathlib import Path
 import pytest
 
 from gputrace import shim, simcuda
-from gputrace.checkpointer import checkpoint, driver
+from gputrace.checkpointer import checkpoint, driver, guardian
 from gputrace.procs import stat_fields
 from gputrace.shim import client
 from gputrace.simcuda.device import Device
 
 from shimtest import procs, shim_dir  # noqa: F401  (fixtures)
-from test_full_checkpoint import _criu_reason, sim_env, wait_for_text
+from test_full_checkpoint import Job, _criu_reason, sim_env, wait_for_text
 
 SEED = int(os.environ.get("GPUTRACE_TEST_SEED", "18"))
 needs_criu = pytest.mark.skipif(_criu_reason() is not None, reason=str(_criu_reason()))
 
 
-def _guardians(pid: int) -> list[int]:
-    out = []
-    want = f"# gputrace-guardian\0{pid}\0".encode()
-    for e in os.listdir("/proc"):
-        if e.isdigit():
-            try:
-                with open(f"/proc/{e}/cmdline", "rb") as f:
-                    if want in f.read():
-                        out.append(int(e))
-            except OSError:
-                pass
-    return out
-
-
-def _await_exit(pid: int, timeout_s: float = 300) -> None:
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        assert select.select([fd], [], [], timeout_s)[0], f"process {pid} did not end"
-    finally:
-        os.close(fd)
-
-
 def settle(job_pid: int) -> None:
     """Waits for any guardian of the job to finish giving it back (an event: its exit)."""
-    for g in _guardians(job_pid):
-        _await_exit(g)
+    assert guardian.settle(job_pid, 300), f"a guardian of {job_pid} is still at work"
 
 
 def check_given_back(pid: int, *, shimmed: bool = True) -> None:
@@ -156,25 +128,6 @@ def test_the_guardian_imports_nothing_from_the_working_directory(procs, shim_dir
 STEPS = 400
 
 
-class TrainJob:
-    """simcuda's train in device mode under the shim (VMM), started as CRIU needs it."""
-
-    def __init__(self, root: Path, device: Device, steps: int = STEPS, kernel_ns: int = 5_000_000) -> None:
-        self.out = root / f"job-{time.monotonic_ns()}.out"
-        env = {**shim.preload_env(device.env(sim_env())), "GPUTRACE_SHIM_VMM": "1"}
-        with open(self.out, "w") as f:
-            self.p = subprocess.Popen(simcuda.workload("train") + ["--steps", str(steps), "--kernel-ns", str(kernel_ns),
-                                                                  "--vmm", "0"],
-                                      env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-        self.pid = self.p.pid
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(timeout=60)
-
-
 def reference(root: Path, steps: int) -> str:
     with Device(root / "refdev") as d:
         r = subprocess.run(simcuda.workload("train") + ["--steps", str(steps), "--kernel-ns", "0", "--vmm", "0"],
@@ -185,10 +138,12 @@ def reference(root: Path, steps: int) -> str:
 
 @pytest.fixture
 def train(tmp_path):
+    """tests/test_full_checkpoint.py's train job in device mode, under the shim with its allocations
+    served through the VMM API (what suspend needs) and none of its own (--vmm 0)."""
     made = []
     with Device(tmp_path / "dev") as d:
-        def make(**kw) -> TrainJob:
-            j = TrainJob(tmp_path, d, **kw)
+        def make(steps: int, kernel_ns: int = 5_000_000) -> Job:
+            j = Job(tmp_path, d, kernel_ns=kernel_ns, shimmed=True, vmm=False, steps=steps)
             made.append(j)
             return j
 
