@@ -25,7 +25,7 @@ Two windows an interval (`per_interval`), each at a random offset in its half (s
 whose rate changes inside an interval is sampled on both sides, and the windows' spread is measured
 even in a short attach), where the budget pays for two of at least `min_window_s`; one otherwise;
 one every k intervals where even one costs more than an interval's budget. Host-wide, one window
-every third interval (`every`), as long as both intervals' budget pays for. Windows grow at most `max_growth`
+every second interval (`every`), as long as both intervals' budget pays for. Windows grow at most `max_growth`
 from one interval to the next (a job that turns busy must not pay a long window at its new rate
 before its rates are seen). Hot functions (above `hot_hz`, not synchronizing) are counted without
 timing except in every `retime_every`-th window.
