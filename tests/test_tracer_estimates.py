@@ -224,11 +224,14 @@ def test_stated_intervals_cover_the_exact_counts_over_randomized_runs(tmp_path, 
 def test_top_once_never_shows_a_busy_process_as_idle(finishing_job, tmp_path):
     """`top --once` lists a process only once a window has measured it (or as pending, with the reason):
     a process that makes calls is never a row of 0 calls/s."""
-    job, _ = finishing_job(["20:getdev=20,launch=2,spin=20000"])
+    # Long enough to outlast both runs however slow the machine (killed below): a job that had ended
+    # by itself would be rightly absent, and the check would pass or fail for the wrong reason.
+    job, _ = finishing_job(["300:getdev=20,launch=2,spin=20000"])
     for d in ("1", "3"):
         r = subprocess.run(CLI + ["top", "--once", "--json", "-d", d], env=env(), capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 0, r.stderr
+        assert job.poll() is None, "the job ended while top measured it"
         doc = orjson.loads(r.stdout)
         rows = {p["pid"]: p for p in doc["processes"]}
         if job.pid in rows:
