@@ -66,6 +66,8 @@ def test_emulate_slows_exactly_the_calls_of_the_chosen_classes(procs, shim_dir):
         st = c.status()
         off = c.request("emulate off")["emulate"]
     assert st["emulate"]["on"] and not off["on"] and off["calls_slowed"] == slowed
+    # Each spin lasts at least its set cost, and the shim says how long they took in all.
+    assert off["spent_ns"] >= 1500 * slowed
     p.stdin.write("\n")
     p.stdin.flush()
     out, _ = p.communicate(timeout=60)

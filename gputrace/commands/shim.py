@@ -113,12 +113,20 @@ def emulate_command(args: argparse.Namespace) -> str:
     return "emulate " + " ".join(words)
 
 
+def _spent(e: dict) -> str:
+    """The spins' real mean length: a clock read's granularity, preemption or a hypervisor make
+    it longer than the set cost, and a check of the audit needs the real one."""
+    n, spent = e["calls_slowed"], e.get("spent_ns")
+    return f", {spent / n:.0f} ns each on average" if n and spent is not None else ""
+
+
 def render_emulate(e: dict) -> str:
     if not e["on"]:
-        return f"emulated layer off; {e['calls_slowed']} calls slowed while it was last on"
+        return f"emulated layer off; {e['calls_slowed']} calls slowed while it was last on{_spent(e)}"
     fns = e["functions"]
     return (f"emulated layer on: {e['cost_ns']} ns added to each call of {len(fns)} function(s) "
-            f"({', '.join(fns[:8])}{', ...' if len(fns) > 8 else ''}); {e['calls_slowed']} calls slowed so far")
+            f"({', '.join(fns[:8])}{', ...' if len(fns) > 8 else ''}); {e['calls_slowed']} calls slowed so far"
+            f"{_spent(e)}")
 
 
 def fmt_bytes(n: int) -> str:
