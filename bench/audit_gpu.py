@@ -201,6 +201,7 @@ def emulation_pairs(job: Job, costs: list[float], seconds: float, cycles: int = 
         classes = "submission" if sel == "submission" else "submission,synchronization,state,query"
         slows, slowed, functions, u_rates, e_rates, e_steps = [], 0, [], [], [], 0
         spent_ns, e_seconds = 0, 0.0
+        cpu = {"u_s": 0.0, "u_steps": 0, "e_s": 0.0, "e_steps": 0}  # the job's CPU time a step, on and off
         with Connection(job.pid) as c:
             prev = job.run(part)
             for _ in range(cycles):
@@ -215,6 +216,10 @@ def emulation_pairs(job: Job, costs: list[float], seconds: float, cycles: int = 
                 spent_ns += off["emulate"].get("spent_ns") or 0
                 e_seconds += e["seconds"]
                 e_steps += e["steps"]
+                cpu["e_s"] += e["cpu_s"]
+                cpu["e_steps"] += e["steps"]
+                cpu["u_s"] += nxt["cpu_s"]
+                cpu["u_steps"] += nxt["steps"]
                 ref = (prev["steps_per_s"] + nxt["steps_per_s"]) / 2
                 slows.append(ref / e["steps_per_s"] - 1)  # time-based: the audit's "added seconds per second"
                 u_rates.append(ref)
@@ -225,11 +230,17 @@ def emulation_pairs(job: Job, costs: list[float], seconds: float, cycles: int = 
                      "untraced_steps_per_s": statistics.mean(u_rates), "emulated_steps_per_s": statistics.mean(e_rates),
                      "slowdowns": slows, "slowdown": ci["median"], "slowdown_ci": [ci["lo"], ci["hi"]],
                      "slowed_per_step": slowed / e_steps if e_steps else None,
-                     "spent_ns": spent_ns, "emulated_s": e_seconds,
-                     "spent_per_call_ns": spent_ns / slowed if slowed else None})
+                     "spent_ns": spent_ns, "emulated_s": e_seconds, "emulated_steps": e_steps,
+                     "spent_per_call_ns": spent_ns / slowed if slowed else None,
+                     # CPU seconds a step: whether what the layer adds beyond its spins is CPU work
+                     # (the steps' own code made slower) or time the job waits.
+                     "cpu_s_per_step_untraced": cpu["u_s"] / cpu["u_steps"] if cpu["u_steps"] else None,
+                     "cpu_s_per_step_emulated": cpu["e_s"] / cpu["e_steps"] if cpu["e_steps"] else None})
         print(f"  emulate {cost:g} ns {sel}: slowdown {100 * ci['median']:.2f}% "
               f"(95% CI {100 * ci['lo']:.2f}..{100 * ci['hi']:.2f}; {slowed} calls slowed, "
-              f"{rows[-1]['spent_per_call_ns'] or 0:.0f} ns each)", flush=True)
+              f"{rows[-1]['spent_per_call_ns'] or 0:.0f} ns each; CPU a step "
+              f"{1e6 * (rows[-1]['cpu_s_per_step_untraced'] or 0):.0f} -> {1e6 * (rows[-1]['cpu_s_per_step_emulated'] or 0):.0f} us, "
+              f"wall {1e6 / rows[-1]['untraced_steps_per_s']:.0f} -> {1e6 / rows[-1]['emulated_steps_per_s']:.0f} us)", flush=True)
     return rows
 
 
