@@ -292,15 +292,24 @@ def analyze(doc: dict) -> dict:
     out["rates_missing"] = sorted({r["function"] for r in rate_rows if r["estimate_hz"] is None})
     out["rates_covered_share"] = sum(r["covered"] for r in rate_rows) / len(rate_rows) if rate_rows else None
     # The audit's model over the functions the emulated layer slowed, from the first 5 s attach.
+    # The emulated phases' `slowdown_ci` is their median's 95% interval.
     first = by_len.get(5.0, by_len.get(5, pairs))[0]
     rates = {n: v[0] for n, v in first["rates"].items()}
     wait = first["wait_s_per_s"] or 0.0
+    from gputrace.tracer.audit import INDIRECT_MAX
+
     emu = []
     for e in doc["emulation"]:
         wrapped = set(e["functions"])
         intercepted = sum(r for n, r in rates.items() if n in wrapped)
+        # The job's speed drifts between the attach and the emulated phases (gpt2: 59-64 steps/s
+        # while attached, 70-90 in the emulated phases' neighbours on the H200): the attach's rates
+        # taken as calls a step and put at the emulated phases' untraced speed, so the check is of
+        # the audit and not of the drift. Runs without the attach's own steps keep the rates as read.
+        if first.get("session_steps_per_s"):
+            intercepted *= e["untraced_steps_per_s"] / first["session_steps_per_s"]
         added = intercepted * e["cost_ns"] * 1e-9
-        lower, upper = max(0.0, added - wait), added
+        lower, upper = max(0.0, added - wait), added * INDIRECT_MAX
         # The same from the job's own count of slowed calls per step (the truth of the rate).
         true_added = (e["slowed_per_step"] or 0) * e["untraced_steps_per_s"] * e["cost_ns"] * 1e-9
         # The layer's real cost: what its spins took (the shim times them), as the slowdown it
@@ -311,16 +320,21 @@ def analyze(doc: dict) -> dict:
             sp = e["spent_ns"] * 1e-9
             spin_only = sp / (e["emulated_s"] - sp) if e["emulated_s"] > sp else None
         at_real = None if per_call is None else intercepted * per_call * 1e-9
+        ci = e.get("slowdown_ci") or [None, None]
         emu.append({"cost_ns": e["cost_ns"], "selection": e["selection"], "measured": e["slowdown"],
                     "measured_ci": e.get("slowdown_ci"),
                     "predicted_lower": lower, "predicted_upper": upper, "intercepted_hz": intercepted,
                     "wait_s_per_s": wait, "added_from_slowed_calls": true_added,
+                    "indirect_max": INDIRECT_MAX, "added": added,
                     "inside_within_1pt": lower - 0.01 <= e["slowdown"] <= upper + 0.01,
+                    # The measured median's 95% interval meets the bounds (phases drift by a few
+                    # points: a zero-cost layer's median read up to 6% on the H200).
+                    "interval_meets_bounds": None if ci[0] is None else ci[0] <= upper + 0.01 and ci[1] >= lower - 0.01,
                     "spent_per_call_ns": per_call, "slowdown_from_spins": spin_only,
                     "predicted_lower_at_spent": None if at_real is None else max(0.0, at_real - wait),
-                    "predicted_upper_at_spent": at_real,
+                    "predicted_upper_at_spent": None if at_real is None else at_real * INDIRECT_MAX,
                     "inside_within_1pt_at_spent": None if at_real is None else
-                    max(0.0, at_real - wait) - 0.01 <= e["slowdown"] <= at_real + 0.01})
+                    max(0.0, at_real - wait) - 0.01 <= e["slowdown"] <= at_real * INDIRECT_MAX + 0.01})
     out["emulation"] = emu
     return out
 
@@ -372,8 +386,10 @@ def main() -> int:
         tr = "; ".join(f"{L}s {100 * v['slowdown']['median']:+.2f}% (local {100 * v['slowdown_local']['median']:+.2f}%, "
                        f"accounted {100 * (v['accounted']['median'] or 0):.2f}%)" for L, v in s["tracer"].items())
         ok = sum(e["inside_within_1pt"] for e in s["emulation"])
+        meets = sum(bool(e.get("interval_meets_bounds")) for e in s["emulation"])
         print(f"{name}: tracer {tr}; rates max |err| {100 * (s['rates_max_abs_rel_error'] or 0):.1f}% "
-              f"missing {s['rates_missing']}; emulation inside bounds {ok}/{len(s['emulation'])}")
+              f"missing {s['rates_missing']}; emulation inside bounds {ok}/{len(s['emulation'])} "
+              f"(its interval meeting them {meets})")
     return 0
 
 

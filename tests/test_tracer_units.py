@@ -17,7 +17,7 @@ from gputrace import report as rep
 from gputrace.commands.attach import parse_budget
 from gputrace.errors import UsageError
 from gputrace.tracer import bpfprog
-from gputrace.tracer.audit import PRESETS, audit, make_preset
+from gputrace.tracer.audit import INDIRECT_MAX, PRESETS, audit, make_preset
 from gputrace.tracer.budget import WRITE_S, Policy
 from gputrace.tracer.calibrate import Calibration, ProbeCost, probe_kind
 from gputrace.tracer.classify import CLASS_ORDER, FunctionClass
@@ -248,9 +248,11 @@ def test_audit_bounds(preset, wait):
     rate = sum(r for c, r in RATES.values() if c in preset.classes)
     assert a.intercepted_hz == pytest.approx(rate)
     assert a.calls_hz == pytest.approx(sum(r for _, r in RATES.values()))  # every call, intercepted or not
-    upper = rate * preset.cost_ns * 1e-9
-    assert a.slowdown_upper == pytest.approx(upper) and a.added_cpu_s_per_s == pytest.approx(upper)
-    assert a.slowdown_lower == pytest.approx(max(0.0, upper - wait))
+    added = rate * preset.cost_ns * 1e-9
+    assert a.added_cpu_s_per_s == pytest.approx(added)
+    # Exposed, the layer also slows the caller's own code (INDIRECT_MAX); hidden, only its own time can hide.
+    assert a.slowdown_upper == pytest.approx(added * INDIRECT_MAX) and a.indirect_max == INDIRECT_MAX > 1
+    assert a.slowdown_lower == pytest.approx(max(0.0, added - wait))
     assert 0.0 <= a.slowdown_lower <= a.slowdown_upper
     assert a.wait_s_per_s == wait and a.cost_ns == preset.cost_ns
     assert set(a.classes) == {c.value for c in preset.classes}
