@@ -4,9 +4,9 @@ A layer that adds `c` ns to each call of the classes it intercepts adds A = sum(
 per second to the threads that issue those calls. It can hide in the time those threads wait for
 the GPU anyway, so the slowdown is at least max(0, A - wait). It is at most A x INDIRECT_MAX: a
 layer's code, run on the caller's thread before each call, also makes the caller's own code slower
-(measured with the shim's emulated layer on the H200: the job's CPU time a step rose 1.08-1.23x
-what the layer's spins took, in every condition resolved well enough to tell, and the job's time
-with it; bench/results/audit-h200.md). Both bounds are reported with every input behind them.
+(measured with the shim's emulated layer on the H200: wherever its spins took a tenth of a step or
+more, the job's time a step rose 1.08-1.23x what they took, and its CPU time a step with it;
+bench/results/audit-h200.md). Both bounds are reported with every input behind them.
 """
 
 from __future__ import annotations
