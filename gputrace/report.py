@@ -199,6 +199,23 @@ class JsonRenderer:
         out.flush()
 
 
+@renderer("jsonl")
+class JsonLinesRenderer:
+    """A compact line per interval as it ends (every process's snapshot), then the report without
+    its intervals: for `jq`, log shippers and scripts that follow a long attach."""
+
+    def interval(self, iv: Interval, out: IO[str]) -> None:
+        d = {"schema": SCHEMA, "kind": "gputrace.attach.interval", **dataclasses.asdict(iv),
+             "processes": [_snapshot_dict(p) for p in iv.processes]}
+        out.write(orjson.dumps(d, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+        out.flush()
+
+    def final(self, r: Report, out: IO[str]) -> None:
+        out.write(orjson.dumps(report_dict(r, with_intervals=False),
+                               option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+        out.flush()
+
+
 def get(name: str) -> Renderer:
     return RENDERERS[name]()
 
