@@ -22,6 +22,7 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {}
+TAKES_COMMAND = ("attach", "run")  # commands that run a program given after `--`
 
 
 def command(name: str, help: str, epilog: str = "") -> Callable:
@@ -98,11 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gputrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.subparsers_by_name = {}  # for errors that show the command's own usage
     for cmd in COMMANDS.values():
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help, epilog=cmd.epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         cmd.configure(p)
         p.set_defaults(_run=cmd.run)
+        parser.subparsers_by_name[cmd.name] = p
     return parser
 
 
@@ -113,7 +116,19 @@ def main(argv: list[str] | None = None) -> int:
         i = argv.index("--")
         argv, trailing = argv[:i], argv[i + 1 :]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        cmd = getattr(args, "command", None)
+        if cmd in TAKES_COMMAND and not extra[0].startswith("-"):
+            # `gputrace run --checkpointable python train.py`: the command belongs after `--`.
+            shown = " ".join(a for a in argv[1:] if a not in extra)
+            print(f"error: `{' '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}` is not an option of "
+                  f"`gputrace {cmd}`", file=sys.stderr)
+            print(f"hint: give the command to {'run' if cmd == 'run' else 'trace'} after `--`: "
+                  f"gputrace {cmd} {shown + ' ' if shown else ''}-- {' '.join(extra)}", file=sys.stderr)
+            return 2
+        sub = getattr(parser, "subparsers_by_name", {}).get(cmd)
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)} (see `gputrace {cmd or ''} --help`)".replace("  ", " "))
     args.command_argv = trailing
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -463,3 +463,26 @@ def test_a_partial_directory_that_is_not_ours_is_neither_used_nor_deleted(target
 def test_bad_numbers_and_empty_patterns_are_refused_by_the_parser(args, text):
     r = gputrace(*args, timeout=30)
     assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["run", "--checkpointable", "sleep", "1"], "hint: give the command to run after `--`: "
+                                                "gputrace run --checkpointable -- sleep 1"),
+    (["attach", "--exact", "python3", "train.py"], "hint: give the command to trace after `--`: "
+                                                   "gputrace attach --exact -- python3 train.py"),
+])
+def test_a_command_given_without_its_double_dash_gets_the_line_to_type(args, hint):
+    r = gputrace(*args, timeout=30)
+    assert r.returncode == 2 and hint in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_an_unknown_option_shows_the_commands_own_usage():
+    r = gputrace("attach", "--bogus", timeout=30)
+    assert r.returncode == 2 and "gputrace attach: error: unrecognized arguments: --bogus" in r.stderr
+    assert "[--jsonl]" in r.stderr  # attach's usage, not the top level's
+
+
+def test_run_needs_no_flag_to_preload_the_shim(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gputrace", "run", "--", "sh", "-c", "echo $LD_PRELOAD"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "gputrace" in r.stdout and r.stdout.strip().endswith(".so"), (r.stdout, r.stderr)

@@ -24,7 +24,7 @@ $GPUTRACE_SHIM_DIR, else $XDG_RUNTIME_DIR/gputrace, else /tmp/gputrace-UID (a 07
 
 def configure_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpointable", action="store_true",
-                   help="preload the checkpointing shim (required: it is what `run` is for)")
+                   help="preload the checkpointing shim (what `run` does; the flag may be left out)")
     p.add_argument("--shim-dir", help="directory for the control socket (sets GPUTRACE_SHIM_DIR)")
     p.add_argument("--suspendable", action="store_true",
                    help="serve cuMemAlloc through the VMM API so `gputrace suspend` can free it (sets "
@@ -34,8 +34,6 @@ def configure_run(p: argparse.ArgumentParser) -> None:
 @command("run", "start a command with the checkpointing shim preloaded", RUN_EPILOG)(configure_run)
 def run(args: argparse.Namespace) -> int:
     argv = args.command_argv
-    if not args.checkpointable:
-        raise UsageError("`gputrace run` needs --checkpointable", "gputrace run --checkpointable -- python train.py")
     if not argv:
         raise UsageError("no command to run", "give it after `--`: gputrace run --checkpointable -- python train.py")
     path = shutil.which(argv[0]) if "/" not in argv[0] else argv[0]
