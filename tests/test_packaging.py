@@ -22,6 +22,12 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(dist), str(REPO)], check=True, cwd=tmp_path)
     (wheel,) = dist.glob("gputrace-*.whl")
+    import zipfile
+
+    # The licence pyproject.toml names travels with the wheel, as its text.
+    with zipfile.ZipFile(wheel) as z:
+        lic = [n for n in z.namelist() if n.endswith("LICENSE") and ".dist-info/" in n]
+        assert lic and "Apache License" in z.read(lic[0]).decode() and "Version 2.0" in z.read(lic[0]).decode()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
