@@ -183,54 +183,6 @@ def test_a_function_not_called_for_idle_windows_goes_back_to_the_watch_link():
     assert p.probe_set() == frozenset({0}) and p.watch_set() == frozenset({1}) and 1 not in p.rates
 
 
-def grouped(**kw) -> Policy:
-    """Past its scout: function 0 alone takes 40% of a window's time, 1 and 2 take 10% and 4%, 3 takes 1%."""
-    classes = {0: QUERY, 1: QUERY, 2: SUB, 3: SYNC}
-    rates = {0: 400_000, 1: 100_000, 2: 40_000, 3: 10_000}  # at CHEAP's 1 us a counted hit
-    return scouted(classes, {f: CHEAP for f in classes}, {f: int(r * 0.005) for f, r in rates.items()}, **kw)
-
-
-def test_functions_whose_probes_together_cost_too_much_are_probed_in_groups_by_turns():
-    p = grouped(budget=0.05)
-    groups = p.groups()
-    assert [sorted(g) for g in groups] == [[0], [1, 2, 3]]  # the costliest alone; the rest within 15%
-    assert all(sum(p.share(f) for f in g) <= p.group_share * (1 + 1e-9) for g in groups if len(g) > 1)
-    probes = [p.plan().probe for _ in range(4)]
-    assert probes[:2] == probes[2:] and set().union(*probes[:2]) == p.seen  # every one, once a round
-    assert sorted(map(sorted, probes[:2])) == sorted(map(sorted, groups))
-
-
-def test_a_groups_windows_cost_what_the_budget_allows_and_cheaper_groups_count_longer():
-    p = grouped(budget=0.05)
-    lengths = {}
-    for _ in range(2):
-        plan = p.plan()
-        assert window_cost(p, plan) <= 0.05 * 1.0 * (1 + 1e-9)
-        lengths[plan.probe] = plan.windows[0][1]
-    assert lengths[frozenset({1, 2, 3})] > 1.5 * lengths[frozenset({0})]  # 15% against 40% of a window's time
-
-
-def test_with_a_cheap_job_every_seen_function_is_probed_in_every_window():
-    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 100, 1: 20})  # 20k/s and 4k/s: 2.4% together
-    assert len(p.groups()) == 1
-    assert all(p.plan().probe == frozenset({0, 1}) for _ in range(4))
-
-
-def test_a_function_seen_mid_round_is_probed_in_the_next_window_and_other_groups_are_not_idle():
-    p = grouped(budget=0.05, idle_windows=2)
-    first = p.plan().probe
-    p.classes[7] = SUB
-    p.costs[7] = CHEAP
-    p.see(7, 50.0)  # first called now, on the watch link
-    nxt = p.plan()
-    assert 7 in nxt.probe
-    # Two rounds in which only the probed group's functions are seen called: none of the others retires.
-    for _ in range(6):
-        plan = p.plan()
-        p.observe(2, {f: p.rates[f] for f in plan.probe}, {f: 10 for f in plan.probe}, plan.probe)
-    assert p.retire_idle() == frozenset() and first <= p.seen
-
-
 # --- budget.AlignedPolicy (host-wide windows) -----------------------------------------------------------------------
 
 def aligned(members: dict[int, float], scout_s: float = 0.005):

@@ -82,8 +82,6 @@ class Policy:
         max_skip: int = 30,
         per_interval: int = 2,
         every: int = 1,
-        group_share: float = 0.15,
-        max_groups: int = 4,
         rng: random.Random | None = None,
     ) -> None:
         self.classes = dict(classes)
@@ -113,18 +111,6 @@ class Policy:
         # writes its breakpoints into every process on the file (tracer/host.py).
         self.per_interval = max(1, per_interval)
         self.every = max(1, every)
-        # Probe groups: where probing every seen function at once would take more than
-        # `group_share` of a window's time (calibrated), the functions are split into groups of
-        # at most that share (up to `max_groups`), and each interval's windows probe one group in
-        # turn. A window then slows the job by that share at most, so its rates rest little on
-        # the exposure (how much of the probe time the job really lost, known to some tens of
-        # percent); and since a group's probes cost less, its windows are longer for the same
-        # budget, so each function gets about the same counting time as without groups.
-        self.group_share = group_share
-        self.max_groups = max(1, max_groups)
-        self._groups: list[set[int]] = []
-        self._turn = 0                          # windowed intervals planned since the groups were made
-        self._last_by_group: dict[int, float] = {}
 
     # --- what the windows probe ---------------------------------------------------------------
     def _timed(self) -> frozenset[int]:
@@ -139,53 +125,9 @@ class Policy:
                          if self.rates.get(f, 0.0) < self.hot_hz or self.classes[f] is FunctionClass.SYNC)
 
     def probe_set(self) -> frozenset[int]:
-        """What this interval's windows probe: every seen function, or the group whose turn it is."""
         if self.exact or self.windows == 0:
             return frozenset(self.classes)
-        group = self._group()
-        return frozenset(self.seen) if group is None else frozenset(self._groups[group])
-
-    def share(self, f: int) -> float:
-        """The share of a window's time the probes of `f` take (counted, calibrated)."""
-        return self.rates.get(f, 0.0) * self.costs[f].entry_ns * 1e-9
-
-    def groups(self) -> list[set[int]]:
-        """The seen functions in groups of at most `group_share` each, the costliest first (one
-        costlier than that alone is a group of its own); one group where all fit in one."""
-        seen = sorted(self.seen, key=lambda f: (-self.share(f), f))
-        if sum(self.share(f) for f in seen) <= self.group_share:
-            return [set(seen)] if seen else []
-        groups: list[list] = []  # [share, members]
-        for f in seen:
-            fit = [g for g in groups if g[0] + self.share(f) <= self.group_share * (1 + 1e-9)]
-            if fit:
-                g = min(fit, key=lambda g: g[0])
-            elif len(groups) < self.max_groups:
-                g = [0.0, set()]
-                groups.append(g)
-            else:
-                g = min(groups, key=lambda g: g[0])
-            g[0] += self.share(f)
-            g[1].add(f)
-        return [g[1] for g in groups]
-
-    def _group(self) -> int | None:
-        """The index of the group whose turn it is (groups made again at the start of each round,
-        and a function seen since joining the group probed now), None when there is one group."""
-        if not self._groups or self._turn % len(self._groups) == 0:
-            self._groups = self.groups()
-            self._turn = 0
-        if len(self._groups) <= 1:
-            return None
-        placed = set().union(*self._groups)
-        g = self._turn % len(self._groups)
-        self._groups[g] |= self.seen - placed
-        for grp in self._groups:
-            grp &= self.seen
-        if not self._groups[g]:  # its functions went back to the watch link: group again
-            self._groups, self._turn = self.groups(), 0
-            return self._group() if len(self._groups) > 1 else None
-        return g
+        return frozenset(self.seen)
 
     def watch_set(self) -> frozenset[int]:
         """Functions to keep on the watch link: every one no window probes."""
@@ -249,7 +191,6 @@ class Policy:
             return NO_WINDOW
         if (self.intervals - 1) % self.every:
             return NO_WINDOW
-        group = self._group() if len(self._groups) > 1 else None
         marker = self.choose_marker(probe, timed)
         n = self.per_interval if self.interval_s >= 0.2 else 1
         w = self.affordable_s(probe, timed, marker, n, self.every)
@@ -264,26 +205,19 @@ class Policy:
                 k += self.every
             self.skip = k - self.every
             w = max(self.min_window_s, self.affordable_s(probe, timed, marker, 1, k))
-        last = self._last_by_group.get(group, self.last_window_s) if group is not None else self.last_window_s
-        if last and self.max_growth:
-            w = min(w, self.max_growth * last)
+        if self.last_window_s and self.max_growth:
+            w = min(w, self.max_growth * self.last_window_s)
         half = self.interval_s / n
         w = min(w, half / (3 if marker is not None else 2))  # room for the reference before it
         self.last_window_s = w
-        if group is not None:
-            self._last_by_group[group] = w
-        self._turn += 1
         lead = w if marker is not None else 0.0
         windows = tuple((k * half + lead + self.rng.uniform(0.0, half - lead - w), w) for k in range(n))
         return Plan(True, windows, timed, probe, marker)
 
     # --- what was measured --------------------------------------------------------------------
-    def observe(self, windows: int, rates: Mapping[int, float], called: Mapping[int, int],
-                probed: frozenset[int] | None = None) -> None:
+    def observe(self, windows: int, rates: Mapping[int, float], called: Mapping[int, int]) -> None:
         """After an interval with `windows` windows: the functions' estimated untraced rates and
-        their calls counted in the windows (`called`; probed functions absent were not called);
-        `probed`: the functions the windows probed (default: every seen one). A seen function
-        that was not probed (another group's turn) is not idle for it."""
+        their calls counted in the windows (`called`; probed functions absent were not called)."""
         if windows <= 0:
             return
         first = self.windows == 0
@@ -295,7 +229,7 @@ class Policy:
         for f in list(self.seen):
             if called.get(f, 0):
                 self.idle[f] = 0
-            elif probed is None or f in probed:
+            else:
                 self.idle[f] = self.idle.get(f, 0) + windows
         for f, n in called.items():
             if n and f not in self.seen:

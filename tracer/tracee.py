@@ -279,8 +279,7 @@ class Tracee:
                 for f in w.probed:
                     rates.setdefault(f, []).append(w.calls.get(f, 0) / eff)
             self.policy.observe(len(windows), {f: sum(r) / len(r) for f, r in rates.items()},
-                                {f: n for w in windows for f, n in w.calls.items()},
-                                frozenset().union(*(w.probed for w in windows)))
+                                {f: n for w in windows for f, n in w.calls.items()})
             known = [e.value + e.err for e in (expo.counted, expo.timed) if e.measured]
             self.policy.observe_exposure(min(est.EXPOSURE_MAX, max(known)) if known else None)
             self.policy.observe_extra(unplanned)
