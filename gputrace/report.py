@@ -12,6 +12,7 @@ import orjson
 
 from .tracer.audit import Audit
 from .tracer.calibrate import Calibration
+from .tracer.classify import waits
 from .tracer.model import Interval, ProcessSnapshot
 
 SCHEMA = 2  # 2: budget and tracer_overhead are shares of the job's time; not_measured, exposure, windows
@@ -127,8 +128,15 @@ class TextRenderer:
             out.flush()
             return
         w(f"  driver calls       {fmt_rate(s.calls_hz)}/s\n")
-        w(f"  driver CPU time    {fmt_s_per_s(s.driver_cpu_s_per_s)} in non-synchronizing calls\n")
-        w(f"  wait time          {fmt_s_per_s(s.wait_s_per_s)} blocked in synchronization calls\n\n")
+        w(f"  driver CPU time    {fmt_s_per_s(s.driver_cpu_s_per_s)} in calls that do not wait for the GPU\n")
+        w(f"  wait time          {fmt_s_per_s(s.wait_s_per_s)} in calls that wait for it (synchronization, "
+          f"synchronous copies)\n")
+        if (s.driver_cpu_s_per_s or 0) > 1.0 or (s.wait_s_per_s or 0) > 1.0:
+            w("                     (above 100%: summed over the threads that make driver calls)\n")
+        if s.wait_s_per_s is None and s.driver_cpu_s_per_s is not None and not any(
+                waits(f.name) for f in s.functions):
+            w("                     (no call that waits was traced: --functions left them out)\n")
+        w("\n")
         w(f"  {'class':<16}{'calls/s':>12}{'time/s':>14}\n")
         for t in s.classes:
             w(f"  {t.cls.value:<16}{fmt_rate(t.rate_hz):>12}{fmt_ns(t.time_s_per_s * 1e9):>14}\n")

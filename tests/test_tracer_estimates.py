@@ -165,6 +165,36 @@ def test_exact_estimates_equal_observed(finishing_job, tmp_path):
             assert f["calls_estimated"] == pytest.approx(f["calls_observed"]), f
 
 
+@pytest.mark.parametrize("mode", ["--exact", "--budget=1%"])
+def test_a_job_that_waits_in_a_synchronous_copy_has_that_time_as_wait(finishing_job, tmp_path, mode):
+    """Its only wait is a cuMemcpyDtoH_v2 behind a 2-ms kernel: slack a layer's cost hides in. Counted
+    as driver CPU time, the audit's lower bound would be its upper one."""
+    job, _ = finishing_job(["30:getdev=20,launch=2,spin=20000,gpu=2000000,copywait=1"])
+    report = attach_json(job.pid, 3, tmp_path / "r.json", mode)
+    job.kill()
+    s = report["summary"]
+    assert {f["name"] for f in s["functions"]} >= {"cuMemcpyDtoH_v2", "cuLaunchKernel"}
+    assert "cuStreamSynchronize" not in {f["name"] for f in s["functions"]}
+    assert s["wait_s_per_s"] is not None and s["wait_s_per_s"] > 0.5, s["wait_s_per_s"]
+    assert s["driver_cpu_s_per_s"] < s["wait_s_per_s"] / 4, (s["driver_cpu_s_per_s"], s["wait_s_per_s"])
+    proxy = next(a for a in report["audits"] if a["preset"] == "proxy")
+    assert proxy["slowdown_lower"] < proxy["added_cpu_s_per_s"]  # some of it hides in the copy's wait
+
+
+def test_functions_that_leave_out_every_wait_make_it_not_measured(finishing_job, tmp_path):
+    job, _ = finishing_job(["30:getdev=20,sync=1,spin=20000"])
+    out = tmp_path / "r.json"
+    r = subprocess.run(CLI + ["attach", "-p", str(job.pid), "-d", "2", "--json", "-o", str(out),
+                              "--functions", "cuCtxGet*"], env=env(), capture_output=True, text=True, timeout=120)
+    job.kill()
+    assert r.returncode == 0, r.stderr
+    assert "--functions leaves out every call that waits for the GPU" in r.stderr
+    report = orjson.loads(out.read_bytes())
+    assert report["summary"]["calls_hz"] > 1000
+    assert report["summary"]["wait_s_per_s"] is None  # not measured, not 0
+    assert all(a["slowdown_lower"] is None for a in report["audits"])
+
+
 def random_phases(rng: random.Random, seconds: float) -> list[str]:
     names = ["getdev", "state", "current", "attr", "capturing", "meminfo", "launch", "event"]
     phases, left = [], seconds

@@ -365,3 +365,17 @@ def test_resolve_fails_cleanly(tmp_path: Path) -> None:
     assert "LD_LIBRARY_PATH" in err.value.hint
     with pytest.raises(UsageError):
         resolve_for_command([], {})
+
+
+@pytest.mark.parametrize("name, waits_", [
+    ("cuStreamSynchronize", True), ("cuCtxSynchronize", True), ("cuEventSynchronize", True),
+    ("cuMemcpyDtoH_v2", True), ("cuMemcpyDtoH_v2_ptds", True), ("cuMemcpy", True), ("cuMemcpy3DPeer", True),
+    ("cuMemcpyHtoDAsync_v2", False), ("cuMemcpyDtoHAsync_v2_ptsz", False), ("cuMemcpyBatchAsync", False),
+    ("cuMemsetD32_v2", False), ("cuLaunchKernel", False), ("cuStreamQuery", False), ("cuEventQuery", False),
+])
+def test_calls_that_wait_for_the_gpu(name, waits_):
+    """Synchronization calls and synchronous copies: their time is the slack a layer's cost can hide in."""
+    from gputrace.tracer.classify import waits
+
+    assert waits(name) is waits_
+

@@ -82,9 +82,13 @@ class Policy:
         max_skip: int = 30,
         per_interval: int = 2,
         every: int = 1,
+        waiting: frozenset[int] = frozenset(),
         rng: random.Random | None = None,
     ) -> None:
         self.classes = dict(classes)
+        # Functions whose time is wait (classify.waits: synchronization, synchronous copies): timed
+        # in every window, however hot, since the wait is what their time tells.
+        self.waiting = frozenset(waiting) | {f for f, c in self.classes.items() if c is FunctionClass.SYNC}
         self.costs = dict(costs)
         self.budget = budget
         self.interval_s = interval_s
@@ -115,14 +119,13 @@ class Policy:
     # --- what the windows probe ---------------------------------------------------------------
     def _timed(self) -> frozenset[int]:
         """Every function in the interval after the scout and every `retime_every`-th after it;
-        in the others, all but the hot ones that do not synchronize. The scout times only the
-        synchronizing functions: counted probes cost the least, and its counts are what it is for."""
+        in the others, all but the hot ones that do not wait. The scout times only the waiting
+        functions: counted probes cost the least, and its counts are what it is for."""
         if self.exact or (self.windows > 0 and self.intervals % self.retime_every == 2 % self.retime_every):
             return frozenset(self.classes)
         if self.windows == 0:
-            return frozenset(f for f in self.classes if self.classes[f] is FunctionClass.SYNC)
-        return frozenset(f for f in self.classes
-                         if self.rates.get(f, 0.0) < self.hot_hz or self.classes[f] is FunctionClass.SYNC)
+            return frozenset(f for f in self.classes if f in self.waiting)
+        return frozenset(f for f in self.classes if self.rates.get(f, 0.0) < self.hot_hz or f in self.waiting)
 
     def probe_set(self) -> frozenset[int]:
         if self.exact or self.windows == 0:

@@ -23,8 +23,10 @@ read-only, so counting an unknown function as state errs toward a higher predict
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 
 class FunctionClass(str, enum.Enum):
@@ -62,9 +64,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         _SUB,
         r"cuMem(cpy|set)\w*",
-        "copies and memsets. The synchronous ones enqueue on the legacy or per-thread stream and then wait; "
-        "they count as submission, so their whole time is driver CPU time, not slack: the copy itself cannot "
-        "hide a layer's cost that is added before it is enqueued. This errs toward a higher predicted cost.",
+        "copies and memsets. The synchronous copies (no Async in the name) enqueue on the legacy or "
+        "per-thread stream and then wait for the work before them: they are submissions, and their time "
+        "is counted as wait (`waits`), not driver CPU time",
     ),
     Rule(
         _SUB,
@@ -164,3 +166,26 @@ def rule_for(name: str) -> Rule | None:
 def classify(name: str) -> FunctionClass:
     rule = rule_for(name)
     return rule.cls if rule else DEFAULT_CLASS
+
+
+_BLOCKING = re.compile(r"cuMemcpy\w*")
+
+
+@functools.lru_cache(maxsize=4096)
+def waits(name: str) -> bool:
+    """Whether time in `name` is time the calling thread waits for the GPU: the synchronization
+    calls, and the synchronous copies, which wait for the work queued before them (a loop whose
+    only wait is a cuMemcpyDtoH has its slack there). A layer's cost added before such a call hides
+    in that wait; counting it as driver CPU time would put the audit's lower bound above what the
+    layer can cost. (Synchronous memsets do not wait: the driver documents them as asynchronous
+    to the host, except into pinned host or managed memory.)"""
+    if classify(name) is FunctionClass.SYNC:
+        return True
+    base = base_name(name)
+    return bool(_BLOCKING.fullmatch(base)) and "Async" not in base
+
+
+def waiting_ids(functions: Mapping[int, Any]) -> frozenset[int]:
+    """The ids of those of `functions` (id -> an object with a `name`) whose calls wait (`waits`)."""
+    return frozenset(i for i, f in functions.items() if waits(f.name))
+

@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 from .bpfprog import Program, RawStats
 from .budget import AlignedPolicy
 from .calibrate import Calibration
+from .classify import waiting_ids
 from .model import ProcessSnapshot
 from .probes import Probes
 from .session import Options, select_functions
@@ -47,7 +48,7 @@ class HostSession:
         # intervals' budget pays for.
         self.policy = AlignedPolicy(self.probes.classes, self.probes.costs, budget=options.budget,
                                     interval_s=options.interval_s, per_interval=1,
-                                    every=1 if options.exact else 2)
+                                    every=1 if options.exact else 2, waiting=waiting_ids(self.probes.ids))
         self.probes.on_seen = self._on_seen
         # Every 100 ms rather than 20: each look wakes this thread, and top's own CPU is what it costs.
         self.probes.poll_s = 0.1

@@ -21,7 +21,7 @@ from gputrace.procs import alive
 from . import estimator as est
 from .bpfprog import ZERO, RawStats
 from .budget import WRITE_S, Policy
-from .classify import CLASS_ORDER, FunctionClass
+from .classify import CLASS_ORDER, FunctionClass, waiting_ids, waits
 from .model import ClassTotals, FunctionStats, ProcessSnapshot
 from .probes import IntervalLog, Probes
 
@@ -140,8 +140,10 @@ class Tracee:
         self.pid = pid
         self.probes = probes
         self.ids, self.costs, self.calibration = probes.ids, probes.costs, probes.calibration
+        self.traces_waits = bool(waiting_ids(self.ids))
         self.budget, self.exact = budget, exact
-        self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s)
+        self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s,
+                             waiting=waiting_ids(probes.ids))
         self.comm = process_comm(pid)
         # The maps may already hold counts of this pid (a reused program, a process hit before it
         # was found): start from them.
@@ -359,9 +361,12 @@ class Tracee:
             funcs.sort(key=lambda s: (-s.rate_hz, s.name))
         rate = dict.fromkeys(CLASS_ORDER, 0.0)
         busy = dict.fromkeys(CLASS_ORDER, 0.0)
+        waiting = 0.0  # time in calls that wait for the GPU (classify.waits), of `busy`'s total
         for fs in funcs:
             rate[fs.cls] += fs.rate_hz
             busy[fs.cls] += fs.cpu_s_per_s
+            if waits(fs.name):
+                waiting += fs.cpu_s_per_s
         # Time in calls is rate x mean per call, and a function seen a few times an interval (one
         # synchronize a step) makes it noisy: a single thread could read more than 1 s of it a
         # second. No more threads can be inside calls than have made calls: where the sum exceeds
@@ -371,17 +376,22 @@ class Tracee:
             threads = self._calling_threads()
             if threads is not None and in_calls > threads:
                 busy = {c: t * threads / in_calls for c, t in busy.items()}
+                waiting *= threads / in_calls
         totals = tuple(ClassTotals(cls, rate[cls], busy[cls]) for cls in CLASS_ORDER) if reason is None else ()
         measured = reason is None
         # Time in calls is known only where every called function of the kind has been timed: a rate
         # without a per-call time is no evidence of zero time (the first windows count, not time).
+        # A synchronous copy's time is wait where it was timed; one never timed (a single copy at
+        # the end, counted on the watch link) leaves the driver CPU time unknown, as before copies
+        # counted as wait, and the wait as measured: the synchronization calls are always timed.
         untimed = {fs.cls is FunctionClass.SYNC for fs in funcs if fs.rate_hz > 0 and fs.outer_mean_ns is None}
+        # With --functions leaving out every call that waits, the wait is not measured: not zero.
+        wait_known = measured and True not in untimed and self.traces_waits
         return ProcessSnapshot(
             pid=self.pid, comm=self.comm, interval_s=span_s, window_s=window_s, target_cpu_s=cpu_s,
             functions=tuple(funcs), tracer_cost_s=cost_s,
-            driver_cpu_s_per_s=sum(t for c, t in busy.items() if c is not FunctionClass.SYNC)
-            if measured and False not in untimed else None,
-            wait_s_per_s=busy[FunctionClass.SYNC] if measured and True not in untimed else None,
+            driver_cpu_s_per_s=sum(busy.values()) - waiting if measured and False not in untimed else None,
+            wait_s_per_s=waiting if wait_known else None,
             classes=totals, not_measured=reason,
             exposure=expo.counted.value if expo.counted.measured else expo.timed.value if expo.timed.measured else None,
         )

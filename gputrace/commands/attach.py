@@ -13,6 +13,7 @@ from ..cli import PID, add_json, command, nonempty, number
 from ..errors import GputraceError, UsageError
 from ..procs import require_process, require_root
 from .. import report as rep
+from ..tracer.classify import waits
 
 EXAMPLES = """examples:
   gputrace attach -p 1234                      until Ctrl-C, slowing the job at most 1% (the default budget)
@@ -192,6 +193,9 @@ def trace(args: argparse.Namespace) -> int:
         say(f"probing {len(session.functions)} functions of {library} in pid {pid} ({session.program.mode} links; "
             f"a hit costs {rep.fmt_ns(cal.emulated.entry_ns)}-{rep.fmt_ns(cal.stepped.entry_ns)}, "
             f"a timed call {rep.fmt_ns(cal.emulated.entry_return_ns)}-{rep.fmt_ns(cal.stepped.entry_return_ns)})")
+        if patterns and not any(waits(f.name) for f in session.functions):
+            say("--functions leaves out every call that waits for the GPU (synchronization, synchronous "
+                "copies): the wait time is not measured, nor the audit's lower bound")
         if child:
             session.prime()
             child.release()

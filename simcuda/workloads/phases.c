@@ -1,11 +1,12 @@
 /* phases: a job whose driver calls change as it runs, and which says exactly when it made which.
  *
  *   phases --phase SPEC [--phase SPEC ...] [--log FILE] [--log-ms MS] [--wait-stdin] [--ready-fd FD]
- *   SPEC = SECONDS:NAME=COUNT[,NAME=COUNT...][,spin=NS][,gpu=NS]
+ *   SPEC = SECONDS:NAME=COUNT[,NAME=COUNT...][,spin=NS][,gpu=NS][,copywait=1]
  *
  * Each phase runs for SECONDS, in steps; a step makes COUNT calls of each NAME (interleaved), then
  * busy-waits spin=NS on the CPU (which sets the rate), then, with gpu=NS, launches a kernel of NS and
- * waits for it in cuStreamSynchronize (a job that waits for its GPU: its calls come in bursts).
+ * waits for it in cuStreamSynchronize (a job that waits for its GPU: its calls come in bursts), or
+ * with copywait=1 in a synchronous cuMemcpyDtoH_v2 of 4 bytes (a job whose only wait is a copy).
  * NAMEs: getdev cuCtxGetDevice_v2, state cuDevicePrimaryCtxGetState, current cuCtxGetCurrent,
  * attr cuDeviceGetAttribute, capturing cuStreamIsCapturing, meminfo cuMemGetInfo_v2,
  * launch cuLaunchKernel (a kernel of 0 ns), event cuEventRecord, sync cuStreamSynchronize.
@@ -34,7 +35,7 @@ static const struct {
 
 static struct phase {
     double seconds;
-    long long spin_ns, gpu_ns;
+    long long spin_ns, gpu_ns, copywait;
     int n;
     int api[MAX_ENTRIES];
     long count[MAX_ENTRIES];
@@ -68,6 +69,10 @@ static void parse_phase(const char *spec)
         }
         if (!strcmp(tok, "gpu")) {
             p->gpu_ns = v;
+            continue;
+        }
+        if (!strcmp(tok, "copywait")) {
+            p->copywait = v;
             continue;
         }
         int k = 0;
@@ -185,6 +190,9 @@ int main(int argc, char **argv)
     CU(cuModuleGetFunction, &nop, mod, "nop");
     CU(cuModuleGetFunction, &wait, mod, "wait");
     CU(cuEventCreate, &ev, 0);
+    CUdeviceptr word;
+    CU(cuMemAlloc_v2, &word, 4);
+    uint32_t host_word;
     long steps = 0;
     double start = wl_now();
     log_now(start);
@@ -224,7 +232,10 @@ int main(int argc, char **argv)
             spin(p->spin_ns);
             if (p->gpu_ns) {
                 CU(cuLaunchKernel, wait, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
-                CU(cuStreamSynchronize, s);
+                if (p->copywait)
+                    CU(cuMemcpyDtoH_v2, &host_word, word, 4); /* waits for the kernel before it */
+                else
+                    CU(cuStreamSynchronize, s);
             }
             steps++;
             log_now(wl_now());
@@ -233,6 +244,7 @@ int main(int argc, char **argv)
     CU(cuStreamSynchronize, s);
     logbuf.next = 0;
     log_now(wl_now());
+    CU(cuMemFree_v2, word);
     CU(cuEventDestroy_v2, ev);
     CU(cuModuleUnload, mod);
     CU(cuDevicePrimaryCtxRelease_v2, dev);
