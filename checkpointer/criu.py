@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from gputrace.errors import CheckpointError
+from gputrace.procs import stop_point
 
 MIN_VERSION = (4, 0)
 UPROBES_VERSION = (4, 2)  # --allow-uprobes: dump and restore a process holding the kernel's [uprobes] page
@@ -125,6 +126,7 @@ def _run(cmd: list[str], on_start: Callable[[int], None] | None) -> subprocess.C
     """subprocess.run(cmd), telling `on_start` CRIU's pid first (a guardian waits for it if we die)."""
     with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as p:
+        stop_point("criu:started")  # the moment a kill leaves a CRIU the guardian was not told of
         if on_start:
             on_start(p.pid)
         out, err = p.communicate()

@@ -216,6 +216,9 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         traced = _check_traces(pid, c, "; the job was given back as it was").uprobes_page is not None
         layout = _layout(pid)
         stopped = True  # from here on CRIU may have stopped the job, even if the dump fails
+        # Told before CRIU starts: killed between its start and the note of its pid, gputrace would
+        # leave the guardian not knowing that a CRIU it never heard of stops the job.
+        guard.note(stopped=True)
         try:
             dump_ns = criu_mod.dump(c, pid, images, leave_stopped=True,
                                     on_start=lambda criu_pid: guard.note(criu=criu_pid, stopped=True))

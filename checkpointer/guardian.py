@@ -95,10 +95,27 @@ def _state(pid: int) -> str | None:
     return f[0].decode() if f else None
 
 
+def _tracer(pid: int) -> int | None:
+    """The pid of the process ptracing `pid` (CRIU seizes the tasks it dumps), None if none."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"TracerPid:"):
+                    t = int(line.split()[1])
+                    return t or None
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def give_back(pid: int, state: dict, say) -> list[str]:
     """Undoes what `state` says may be left, from the job's actual state; what it did, in words."""
     did: list[str] = []
     criu = state.get("criu")
+    if not isinstance(criu, int) and state.get("stopped"):
+        # gputrace died after saying CRIU would start and before saying its pid: if one is at work
+        # on the job, it is the job's tracer.
+        criu = _tracer(pid)
     if isinstance(criu, int) and not wait_exit(criu, 0):
         say(f"waiting for CRIU (pid {criu}) to finish with process {pid}")
         if not wait_exit(criu, CRIU_GRACE_S):

@@ -157,7 +157,7 @@ def foreign_tracer(stderr: str) -> bool:
 
 
 @needs_criu
-@pytest.mark.parametrize("point", ["full:suspended", "full:locked", "full:checkpointed", "full:dumped"])
+@pytest.mark.parametrize("point", ["full:suspended", "full:locked", "full:checkpointed", "criu:started", "full:dumped"])
 def test_checkpoint_full_killed_at_each_step_leaves_the_job_running(train, tmp_path, point):
     steps = 120
     j = train(steps=steps)
