@@ -140,10 +140,10 @@ class Tracee:
         self.pid = pid
         self.probes = probes
         self.ids, self.costs, self.calibration = probes.ids, probes.costs, probes.calibration
-        self.traces_waits = bool(waiting_ids(self.ids))
+        waiting = waiting_ids(self.ids)
+        self.traces_waits = bool(waiting)  # else (--functions) the wait is not measured
         self.budget, self.exact = budget, exact
-        self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s,
-                             waiting=waiting_ids(probes.ids))
+        self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s, waiting=waiting)
         self.comm = process_comm(pid)
         # The maps may already hold counts of this pid (a reused program, a process hit before it
         # was found): start from them.
@@ -381,9 +381,9 @@ class Tracee:
         measured = reason is None
         # Time in calls is known only where every called function of the kind has been timed: a rate
         # without a per-call time is no evidence of zero time (the first windows count, not time).
-        # A synchronous copy's time is wait where it was timed; one never timed (a single copy at
-        # the end, counted on the watch link) leaves the driver CPU time unknown, as before copies
-        # counted as wait, and the wait as measured: the synchronization calls are always timed.
+        # A synchronous copy's time is wait where it was timed. One never timed (a single copy at
+        # the end, counted on the watch link) leaves the driver CPU time unknown and the wait as the
+        # synchronization calls' (always timed): what such a copy waited is not in it.
         untimed = {fs.cls is FunctionClass.SYNC for fs in funcs if fs.rate_hz > 0 and fs.outer_mean_ns is None}
         # With --functions leaving out every call that waits, the wait is not measured: not zero.
         wait_known = measured and True not in untimed and self.traces_waits
