@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
 import random
 import subprocess
@@ -163,6 +164,13 @@ def test_exact_estimates_equal_observed(finishing_job, tmp_path):
     for iv in report["intervals"]:
         for f in iv["processes"][0]["functions"]:
             assert f["calls_estimated"] == pytest.approx(f["calls_observed"]), f
+    # Percentiles bias-corrected like the mean: a log2 bucket's upper edge less the probes' bias.
+    biases = {report["calibration"][k]["bias_ns"] for k in ("emulated", "stepped")}
+    timed = [f for f in report["summary"]["functions"] if f["timed_calls"]]
+    assert timed
+    for f in timed:
+        for p in (f["p50_ns"], f["p99_ns"]):
+            assert p == 0.0 or any(math.log2(p + b).is_integer() for b in biases), (f["name"], p, biases)
 
 
 @pytest.mark.parametrize("mode", ["--exact", "--budget=1%"])

@@ -353,6 +353,10 @@ class Tracee:
                         # Counted but not timed here: per-call time from the session so far.
                         mean_ns, outer_mean_ns = self._means(f, total)
                 p50, p99 = p50_p99_ns(d.hist, sum(d.hist))  # sum(hist), not d.timed: bumped apart
+                # Bias-corrected like the mean: the histogram holds times with the probes' own bias in
+                # them, so a bucket's upper edge less the bias bounds the call's own time.
+                bias = self.costs[f].bias_ns
+                p50, p99 = (None if p is None else max(0.0, p - bias) for p in (p50, p99))
                 funcs.append(FunctionStats(
                     name=fn.name, cls=fn.cls, calls_observed=e.calls_observed, calls_estimated=e.calls_estimated,
                     rate_hz=e.rate_hz, rate_err_hz=e.err_hz if math.isfinite(e.err_hz) else None,
