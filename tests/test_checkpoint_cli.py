@@ -36,6 +36,10 @@ def test_checkpoint_and_restore_from_the_cli(procs, shim_dir, tmp_path):
     r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"))
     assert r.returncode == 0, r.stderr
     assert f"restored pid {p.pid}" in r.stdout and "freeze" in r.stdout and "verify" in r.stdout
+    # Where the user acts: only device memory went back.
+    assert "device memory only: the process's host state" in r.stderr and "restore --full" in r.stderr
+    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"), "--json")
+    assert r.returncode == 0 and orjson.loads(r.stdout)["host_state_restored"] is False, r.stderr
     assert cmd(p, "sum")["sum"] == ready["sum"]
     text = gputrace("checkpoint", "-p", str(p.pid), "-o", str(tmp_path / "ck2"))
     assert text.returncode == 0 and "freeze" in text.stdout and "GB/s" in text.stdout

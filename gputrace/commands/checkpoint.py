@@ -27,7 +27,9 @@ RESTORE_EPILOG = """examples:
 
 Rolls the job's device memory back to the checkpoint.  The checkpoint's checksums, and that the job
 holds the same allocations (addresses and sizes), are checked before the job is touched; on any
-mismatch nothing changes.
+mismatch nothing changes.  Only device memory goes back: the process's host memory (a step counter,
+the optimizer's host-side state, open files) goes on from where it is.  For both, checkpoint and
+restore the whole process: `checkpoint --full` and `restore --full`.
 """ + full.FULL_EXAMPLES
 
 
@@ -185,13 +187,15 @@ def restore_cmd(args: argparse.Namespace) -> int:
     finally:
         prog.end()
     if args.json:
-        _dump_json({"schema": 1, **r.to_dict()})
+        _dump_json({"schema": 1, **r.to_dict(), "host_state_restored": False})
         return 0
     print(f"restored pid {r.pid} from {r.path}")
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
     print(f"  verify   {_ms(r.verify_ns)} at {_gbps(r.bytes, r.verify_ns)} (job running)")
     _print_freeze(r)
     print(f"  total    {_ms(r.total_ns)}")
+    print("  note     device memory only: the process's host state (step counters, host tensors) was not "
+          "rolled back; `checkpoint --full` / `restore --full` take both", file=sys.stderr)
     return 0
 
 
