@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -34,10 +36,40 @@ def test_cli_run_status_and_ps(procs, shim_dir):
     ps = gputrace("ps", "--json")
     rows = {r["pid"]: r for r in orjson.loads(ps.stdout)["processes"]}
     assert rows[p.pid]["state"] == "serving" and rows[p.pid]["device_bytes"] == st["totals"]["device_bytes"]
+    assert rows[p.pid]["suspended"] is False and rows[p.pid]["detail"] is None
     assert str(p.pid) in gputrace("ps").stdout
     p.stdin.write("\n" * 4)
     p.stdin.flush()
     assert p.wait(timeout=60) == 0
+
+
+def test_ps_lists_a_shim_that_does_not_answer_as_unreachable_beside_one_that_does(procs, shim_dir):
+    jobs = []
+    for _ in range(2):
+        j = subprocess.Popen([sys.executable, "-m", "gputrace", "run", "--", *simcuda.workload("alloc_free"),
+                              "--steps", "1", "--hold"], env=simcuda.env(), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(j)
+        assert json.loads(j.stdout.readline())["hold"] == 1
+        jobs.append(j)
+    os.kill(jobs[0].pid, signal.SIGSTOP)  # its shim's thread stops with it
+    try:
+        r = gputrace("ps", "--json")
+        assert r.returncode == 0, r.stderr
+        doc = orjson.loads(r.stdout)
+        rows = {row["pid"]: row for row in doc["processes"]}
+        assert doc["schema"] == 2
+        stuck, fine = rows[jobs[0].pid], rows[jobs[1].pid]
+        assert stuck["state"] == "unreachable" and stuck["detail"] and stuck["device_bytes"] is None
+        assert fine["state"] == "serving" and fine["suspended"] is False and fine["device_bytes"] > 0
+        text = gputrace("ps").stdout
+        assert stuck["detail"] in text and "serving" in text
+    finally:
+        os.kill(jobs[0].pid, signal.SIGCONT)
+    for j in jobs:
+        j.stdin.write("\n" * 4)
+        j.stdin.flush()
+        assert j.wait(timeout=60) == 0
 
 
 def test_cli_errors(procs, capsys):

@@ -208,12 +208,16 @@ def shim_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+PS_TIMEOUT_S = 2.0  # how long `ps` waits for a shim's answer
+
 PS_EPILOG = """examples:
   gputrace ps            processes running with the shim (those whose memory maps this user can read)
   gputrace ps --json
 
-STATE: serving (its control socket answers), not serving yet (no CUDA call so far), or the reason it
-does not answer.
+STATE: serving (its control socket answers; "serving, suspended" when its device memory is off the
+GPU), not serving yet (no CUDA call so far), or the reason it does not answer.  Every process is
+asked at once, for at most 2 s: one whose shim does not answer does not hold up the others.
+In --json, `state` is one of serving, not_serving_yet, unreachable; `detail` says why it is unreachable.
 """
 
 
@@ -225,22 +229,27 @@ def configure_ps(p: argparse.ArgumentParser) -> None:
 def ps(args: argparse.Namespace) -> int:
     from ..shim.client import Connection, shimmed_processes
 
-    rows = []
-    for proc in shimmed_processes():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def row_of(proc) -> dict:
         row = {"pid": proc.pid, "comm": proc.comm, "uid": proc.uid,
-               "socket": str(proc.socket) if proc.socket else None, "state": "not serving yet",
-               "paused": None, "device_bytes": None, "allocations": None}
+               "socket": str(proc.socket) if proc.socket else None, "state": "not_serving_yet", "detail": None,
+               "paused": None, "suspended": None, "device_bytes": None, "allocations": None}
         if proc.socket:
             try:
-                with Connection(proc.pid, timeout_s=5) as c:
+                with Connection(proc.pid, timeout_s=PS_TIMEOUT_S) as c:
                     st = c.status()
-                row.update(state="serving", paused=st["paused"], device_bytes=st["totals"]["device_bytes"],
-                           allocations=st["totals"]["allocations"])
+                row.update(state="serving", paused=st["paused"], suspended=bool(st.get("suspended")),
+                           device_bytes=st["totals"]["device_bytes"], allocations=st["totals"]["allocations"])
             except GputraceError as exc:
-                row["state"] = exc.msg
-        rows.append(row)
+                row.update(state="unreachable", detail=exc.msg)
+        return row
+
+    procs = list(shimmed_processes())
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(procs)))) as pool:
+        rows = list(pool.map(row_of, procs))
     if args.json:
-        _dump_json({"schema": 1, "processes": rows})
+        _dump_json({"schema": 2, "processes": rows})
         return 0
     if not rows:
         print("no process with the gputrace shim found (start one with: gputrace run --checkpointable -- CMD)")
@@ -250,5 +259,7 @@ def ps(args: argparse.Namespace) -> int:
         gate = "" if r["paused"] is None else ("closed" if r["paused"] else "open")
         mem = "" if r["device_bytes"] is None else fmt_bytes(r["device_bytes"])
         allocs = "" if r["allocations"] is None else str(r["allocations"])
-        print(f"{r['pid']:>7}  {r['comm']:<16} {gate:<6} {mem:>11} {allocs:>6}  {r['state']}")
+        state = {"serving": "serving, suspended" if r["suspended"] else "serving",
+                 "not_serving_yet": "not serving yet"}.get(r["state"], r["detail"] or r["state"])
+        print(f"{r['pid']:>7}  {r['comm']:<16} {gate:<6} {mem:>11} {allocs:>6}  {state}")
     return 0
