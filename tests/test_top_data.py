@@ -42,6 +42,26 @@ def test_replay_yields_the_recorded_frames(tmp_path):
     assert list(ReplaySource(str(path), speed=0).frames()) == frames(4)
 
 
+def test_replay_once_sums_a_recording_up_with_each_process_as_last_recorded(tmp_path):
+    from topdata import PROCS, frame
+
+    path = tmp_path / "s.jsonl"
+    # The notebook (2222) leaves after the first frame; the others stay for three.
+    write_record(str(path), [frame(0), frame(1, PROCS[:3]), frame(2, PROCS[:3])])
+    p = subprocess.run(CLI + ["top", "--replay", str(path), "--once", "--json"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    doc = orjson.loads(p.stdout)
+    rows = {r["pid"]: r for r in doc["processes"]}
+    assert set(rows) == {4242, 1111, 3333, 2222}
+    expect = {4242: frame(2), 1111: frame(2), 3333: frame(2), 2222: frame(0)}
+    for pid, fr in expect.items():
+        want = next(r for r in fr.processes if r.pid == pid)
+        assert rows[pid]["snapshot"]["calls_hz"] == pytest.approx(want.snapshot.calls_hz), pid
+    assert any("3 frames over 2 s" in n for n in doc["notes"]), doc["notes"]
+    text = subprocess.run(CLI + ["top", "--replay", str(path), "--once"], capture_output=True, text=True)
+    assert text.returncode == 0 and "notebook" in text.stdout and "train_big" in text.stdout, text.stderr
+
+
 def test_replay_close_ends_the_iteration(tmp_path):
     path = tmp_path / "s.jsonl"
     write_record(str(path), frames(3))
@@ -133,7 +153,7 @@ def test_adapter_fits_the_real_checkpointer():
 
 @pytest.mark.parametrize("args, msg", [
     (["top", "--json"], "--json goes with --once"),
-    (["top", "--once", "--replay", "x"], "--once reads the live host"),
+    (["top", "--once", "--replay", "no-such-recording"], "cannot read no-such-recording"),
     (["top", "--preset", "nope"], "unknown preset"),
 ])
 def test_top_usage_errors(args, msg):

@@ -16,6 +16,7 @@ TOP_EPILOG = """examples:
   sudo gputrace top --once --json           one snapshot of the same data, averaged over -d seconds
   sudo gputrace record -o run.jsonl -d 60   save a session
   gputrace top --replay run.jsonl           show a saved session (no root needed)
+  gputrace top --replay run.jsonl --once    the session summed up: each process as last recorded (--json too)
 
 Each process is slowed at most --budget (a share of its time), as `gputrace attach` does. The predicted
 overhead is what an interception layer of the chosen preset would add (lower: hidden in the time
@@ -108,6 +109,38 @@ def once(args: argparse.Namespace) -> int:
     return 0
 
 
+def replay_once(args: argparse.Namespace) -> int:
+    """A recording summed up offline: each process as last recorded (its row from the last frame it
+    is in), in one frame printed as `--once` prints the live host."""
+    import dataclasses
+
+    from ..tui.model import host_dict
+    from ..tui.source import read_record
+    from ..tui.text import render_host
+
+    _, frames = read_record(args.replay)
+    if not frames:
+        raise UsageError(f"{args.replay} holds no frame", "record one with `gputrace record -o FILE -d 30`")
+    last: dict = {}
+    for f in frames:
+        for r in f.processes:
+            last[r.pid] = r
+    shown = set(last)
+    pending = tuple(sorted({p for f in frames for p in f.pending} - shown))
+    end = frames[-1]
+    note = f"replayed from {args.replay}: {len(frames)} frames over {end.t - frames[0].t:.0f} s; each process as last recorded"
+    summary = dataclasses.replace(end, processes=tuple(last[p] for p in sorted(last)), pending=pending,
+                                  notes=(note, *end.notes))
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(host_dict(summary), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
+    else:
+        sys.stdout.write(render_host(summary, args.preset))
+    sys.stdout.flush()
+    return 0
+
+
 @command("top", "live dashboard of every CUDA process: cost of interception, checkpoint at a key", TOP_EPILOG)(configure_top)
 def top(args: argparse.Namespace) -> int:
     from ..tracer.audit import PRESETS
@@ -115,8 +148,7 @@ def top(args: argparse.Namespace) -> int:
     if args.preset not in PRESETS:
         raise UsageError(f"unknown preset {args.preset!r}", f"choose one of {', '.join(PRESETS)}")
     if args.replay and args.once:
-        raise UsageError("--once reads the live host; a recording is shown with --replay alone",
-                         "gputrace top --replay FILE")
+        return replay_once(args)
     if args.json and not args.once:
         raise UsageError("--json goes with --once", "gputrace top --once --json")
     if args.once:
