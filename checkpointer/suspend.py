@@ -111,13 +111,25 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
         if image_file is not None:
             image_file.unlink(missing_ok=True)
         if r.get("error") == "unsupported":
-            raise CheckpointError(f"process {pid} cannot be suspended: {r.get('detail', '')}",
-                                  "start it with: gputrace run --checkpointable --suspendable -- CMD "
-                                  "(only cuMemAlloc memory is served through the VMM API)")
+            detail = r.get("detail", "")
+            raise CheckpointError(f"process {pid} cannot be suspended: {detail}", _unsupported_hint(pid, detail))
         raise _shim_failure(r, pid, "suspend")
     return SuspendReport(pid, r["allocations"], r["bytes"], r["reserved_bytes"], r["drain_ns"], r["copy_ns"],
                          r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False), path, write_ns,
                          r.get("setup_ns", 0), r.get("freeze_ns", 0))
+
+
+def _unsupported_hint(pid: int, detail: str) -> str:
+    """What to do about memory the shim cannot release, by the kind the shim names (shim/dump.c)."""
+    driver = f"`gputrace suspend --backend driver -p {pid}` suspends it through NVIDIA's driver instead"
+    if "program's VMM" in detail:
+        return ("the program maps device memory through the VMM API itself (as PyTorch with expandable_segments "
+                f"and JAX do), which the shim does not release; {driver}, or `gputrace checkpoint -p {pid}` "
+                "saves its GPU memory without freeing it")
+    if "the device allocation" in detail:
+        return ("start it with: gputrace run --checkpointable --suspendable -- CMD "
+                "(only then is its cuMemAlloc memory served through the VMM API)")
+    return f"only cuMemAlloc memory is served through the VMM API, and this job holds other kinds; {driver}"
 
 
 def _to_disk(s: _Session, pid: int, status: dict, r: dict, memfd: int, out: Path,

@@ -92,17 +92,35 @@ def test_suspend_frees_device_memory_and_resume_brings_it_back_at_the_same_addre
 def test_memory_not_served_through_vmm_cannot_be_suspended(procs, shim_dir):
     p = start(procs, vmm=False)
     ready = json.loads(p.stdout.readline())
-    with pytest.raises(CheckpointError, match="cannot be suspended: the device allocation at .* is not served"):
+    with pytest.raises(CheckpointError, match="cannot be suspended: the device allocation at .* is not served") as e:
         suspend(p.pid)
+    assert "run --checkpointable --suspendable" in e.value.hint
     assert client.status(p.pid)["paused"] is False and ask(p, "sum")["sum"] == ready["sum"]
     with pytest.raises(CheckpointError, match="is not suspended"):
         resume(p.pid)
     # With the VMM path on, a pitched allocation still cannot be released: refused, nothing changed.
     q = start(procs)
     ready = json.loads(q.stdout.readline())
-    with pytest.raises(CheckpointError, match="pitched allocation"):
+    with pytest.raises(CheckpointError, match="pitched allocation") as e:
         suspend(q.pid)
+    assert "--backend driver" in e.value.hint and "--suspendable --" not in e.value.hint  # it has that already
     assert client.status(q.pid)["paused"] is False and ask(q, "sum")["sum"] == ready["sum"]
+
+
+def test_a_program_that_maps_its_own_vmm_memory_is_refused_with_the_way_that_works(procs, shim_dir):
+    """As PyTorch with expandable_segments and JAX do: simcuda's train job maps one VMM allocation of its
+    own. The shim cannot release it; the hint says so and names the driver backend, not --suspendable
+    (which the job has already)."""
+    env = shim.preload_env(simcuda.env())
+    env["GPUTRACE_SHIM_VMM"] = "1"
+    p = subprocess.Popen(simcuda.workload("train") + ["--steps", "100000", "--kernel-ns", "1000000"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    procs.append(p)
+    assert p.stdout.readline().startswith("step ")  # past its set-up: the mapping is made, the shim serves
+    with pytest.raises(CheckpointError, match="the program's VMM allocation at .* is not served") as e:
+        suspend(p.pid)
+    assert "expandable_segments" in e.value.hint and f"suspend --backend driver -p {p.pid}" in e.value.hint
+    assert client.status(p.pid)["paused"] is False and p.poll() is None  # refused, nothing changed
 
 
 def test_a_suspension_is_undone_with_its_connection_unless_kept(procs, shim_dir):
