@@ -444,6 +444,11 @@ class _Doctor:
             return Check("", WARN, exc.msg, exc.hint + "; only `gputrace checkpoint --full` needs it")
         ok, line = criu.check(c)
         if not ok:
+            if os.geteuid() != 0:
+                # Not the kernel: `criu check` needs root (or CAP_CHECKPOINT_RESTORE) to look.
+                return Check("", WARN, f"criu {c.version_str} at {c.path}: `criu check` fails as uid {os.geteuid()}: {line}",
+                             "criu needs root to check this kernel: run `sudo gputrace doctor`; "
+                             "`gputrace checkpoint --full` runs as root")
             return Check("", WARN, f"criu {c.version_str} at {c.path}: `criu check` fails: {line}",
                          "this kernel lacks what CRIU needs; `gputrace checkpoint --full` will fail here")
         if not c.allows_uprobes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 from .errors import NoSuchProcess, PermissionDenied, UsageError
 
@@ -95,9 +96,13 @@ def require_root(what: str) -> None:
         return
     if has_bpf_caps():
         return
+    # The interpreter running gputrace (a virtualenv's python is a link to it), not whichever
+    # python3 is first on PATH: the capabilities must be on the binary that runs.
+    interpreter = os.path.realpath(sys.executable)
     raise PermissionDenied(
         f"{what} needs root or the CAP_BPF and CAP_PERFMON capabilities",
-        "run it with sudo, or grant the capabilities: sudo setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep $(readlink -f $(which python3))",
+        f"run it with sudo, or grant the capabilities to the interpreter that runs gputrace (every Python program run with it "
+        f"gets them): sudo setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep {interpreter}",
     )
 
 

@@ -164,7 +164,13 @@ def test_not_root():
     p = checks["privileges"]
     assert p["status"] == FAIL and "uid 65534" in p["detail"]
     assert "setcap" in p["hint"] and "sudo" in p["hint"]
+    # The capabilities go on the interpreter that runs gputrace, not on whatever python3 PATH finds.
+    assert p["hint"].endswith(os.path.realpath(sys.executable)), p["hint"]
     assert checks["bpf-syscall"]["status"] == FAIL
+    criu = checks.get("criu")
+    if criu is not None and "criu check` fails" in criu["detail"]:
+        # As an unprivileged user criu cannot look at the kernel: the hint says so, not that the kernel lacks it.
+        assert "needs root to check" in criu["hint"] and "kernel lacks" not in criu["hint"], criu
     assert checks["uprobes"]["status"] == FAIL and checks["uprobes"]["detail"].startswith("skipped")
     assert rc == 1
     rc, out, err = run_doctor(prefix=drop, env={"HOME": "/tmp"}, json=False)
