@@ -110,6 +110,23 @@ async def test_detail_screen_functions_histogram_and_audit(recording):
         assert isinstance(app.screen, MainScreen)
 
 
+async def test_the_confirmation_says_where_the_checkpoint_goes(recording, tmp_path):
+    from gputrace.tui.actions import CheckpointerAdapter
+
+    class Placed(FakeCheckpointer):
+        destination = CheckpointerAdapter(root=tmp_path).destination
+
+    app = app_for(recording, Placed())
+    async with app.run_test(size=(160, 30)) as pilot:
+        await started(pilot)
+        await pilot.press("c")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert app.screen.question.endswith(f"Into {tmp_path}/4242-TIME"), app.screen.question
+        await pilot.press("n", "w")
+        assert app.screen.question.endswith(f"Into {tmp_path}/full-4242-TIME"), app.screen.question
+        await pilot.press("n")
+
+
 async def test_checkpoint_asks_shows_progress_then_the_freeze_time(recording):
     gate = threading.Event()
     fake = FakeCheckpointer(gate=gate)

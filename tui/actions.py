@@ -215,6 +215,14 @@ class CheckpointerAdapter:
             raise GputraceError(f"cannot create {self.root}: {exc.strerror}",
                                 "set GPUTRACE_CKPT_DIR or --checkpoint-dir to a writable directory") from None
 
+    def destination(self, action: str, pid: int) -> str | None:
+        """Where `action` on `pid` writes, for the confirmation to show (None: it writes nothing)."""
+        if action == "checkpoint":
+            return f"{self.root}/{pid}-TIME"
+        if action == "checkpoint_full":
+            return f"{self.root}/full-{pid}-TIME"
+        return None
+
     def checkpoint(self, pid: int, progress: Progress) -> ActionResult:
         out = self.root / f"{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
         self._mkroot()

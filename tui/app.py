@@ -136,7 +136,11 @@ class TopApp(App):
             if yes:
                 self.start_action(action, row.pid)
 
-        self.push_screen(ConfirmScreen(QUESTIONS[action].format(**fmt)), answered)
+        question = QUESTIONS[action].format(**fmt)
+        dest = getattr(self.checkpointer, "destination", lambda action, pid: None)(action, row.pid)
+        if dest:
+            question += f" Into {dest}"
+        self.push_screen(ConfirmScreen(question), answered)
 
     @work(thread=True, group="actions")
     def _pick_checkpoint(self, row: ProcessRow, fmt: dict) -> None:

@@ -81,12 +81,14 @@ HELP = """\
             c  checkpoint     r  restore (pick a checkpoint)     s  suspend     u  resume
             each asks first, shows progress below the table, then the freeze time
             w  checkpoint the whole job (GPU and CPU state, CRIU), left running; any process,
-               shimmed or not, that no uprobe has hit (so not one this top has traced)
+               shimmed or not (top takes its own probes off the job while CRIU copies it)
 [b]other[/b]       ?  this help      q  quit      escape  back
 
 OVERHEAD is lower–upper: the predicted slowdown if the layer's added CPU time hides in the time the
-job waits for the GPU (lower), or shows in full (upper). DRIVER CPU and WAIT are shares of one
-second spent in non-synchronizing and in synchronizing driver calls.
+job waits for the GPU (lower), or shows in full (upper, with what a layer's code costs the caller's
+own). DRIVER CPU and WAIT are shares of one second spent in driver calls that do not wait and in
+those that wait for the GPU (synchronization, synchronous copies); summed over threads, so a job
+whose threads make calls at once can show more than 100%.
 """
 
 
