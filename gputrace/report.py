@@ -77,6 +77,14 @@ def fmt_ns(ns: float | None) -> str:
     return f"{ns:.0f} ns"
 
 
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
 def fmt_pct(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f}%"
 

@@ -8,7 +8,9 @@ import time
 
 from ..cli import add_json, add_pid, command, number
 from . import full
-from .shim import _dump_json, fmt_bytes
+from ..progress import Progress
+from ..report import fmt_bytes
+from .shim import _dump_json
 
 CHECKPOINT_EPILOG = """examples:
   gputrace checkpoint -p 1234                   into ./gputrace-ckpt-1234-TIME
@@ -87,32 +89,6 @@ def configure_restore(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
-class _Progress:
-    """A progress line on stderr, for a terminal only, at most ten updates a second."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.last = 0.0
-        self.shown = False
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        if not self.enabled or phase == "freeze":
-            return
-        now = time.monotonic()
-        if done < total and now - self.last < 0.1:
-            return
-        self.last = now
-        pct = 100.0 * done / total if total else 100.0
-        sys.stderr.write(f"\r{phase}: {fmt_bytes(done)} of {fmt_bytes(total)} ({pct:.0f}%)  ")
-        sys.stderr.flush()
-        self.shown = True
-
-    def end(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
-            self.shown = False
-
-
 def _gbps(nbytes: int, ns: int) -> str:
     return f"{nbytes / ns:.2f} GB/s" if ns else "-"
 
@@ -146,7 +122,7 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
             _driver_report(r)
         return 0
 
-    prog = _Progress(not args.json and sys.stderr.isatty())
+    prog = Progress(not args.json and sys.stderr.isatty())
     try:
         r = checkpoint(args.pid, args.output, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
                        direct=args.direct, progress=prog)
@@ -180,7 +156,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
 
         raise UsageError("restore needs -p PID (or --full for a whole-process checkpoint; --gpu-map goes with it)",
                          "gputrace restore -p PID DIR, or gputrace restore --full DIR")
-    prog = _Progress(not args.json and sys.stderr.isatty())
+    prog = Progress(not args.json and sys.stderr.isatty())
     try:
         r = restore(args.pid, args.dir, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
                     direct=args.direct, progress=prog, other_process=args.into_other_process)
@@ -240,7 +216,7 @@ def suspend_cmd(args: argparse.Namespace) -> int:
             _driver_report(r)
         return 0
 
-    prog = _Progress(not args.json and sys.stderr.isatty())
+    prog = Progress(not args.json and sys.stderr.isatty())
     try:
         r = suspend(args.pid, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms, direct=args.direct,
                     out=args.output, progress=prog)

@@ -8,7 +8,8 @@ import sys
 
 from ..cli import add_json, add_pid, command, number
 from ..errors import UsageError
-from .shim import _dump_json, fmt_bytes
+from ..report import fmt_bytes
+from .shim import _dump_json
 
 FULL_EXAMPLES = """
 whole job (--full): GPU state by the driver's checkpoint API (after the shim's fast copy, for jobs started
@@ -43,12 +44,12 @@ def parse_gpu_map(items: list[str] | None) -> list[tuple[str, str]]:
 
 def checkpoint(args: argparse.Namespace) -> int:
     from ..checkpointer.full import checkpoint_full
-    from .checkpoint import _Progress
+    from ..progress import Progress
 
     if args.backend != "shim":
         raise UsageError("--full chooses its own GPU path (the shim where it can, the driver always)",
                          "drop --backend")
-    prog = _Progress(not args.json and sys.stderr.isatty())
+    prog = Progress(not args.json and sys.stderr.isatty())
     try:
         r = checkpoint_full(args.pid, args.output, leave_running=args.leave_running, timeout_ms=args.timeout_ms,
                             progress=prog)

@@ -9,6 +9,7 @@ import sys
 
 from ..cli import add_json, add_pid, command, nonempty, number
 from ..errors import GputraceError, UsageError
+from ..report import fmt_bytes
 
 RUN_EPILOG = """examples:
   gputrace run --checkpointable -- python train.py --epochs 3
@@ -125,14 +126,6 @@ def render_emulate(e: dict) -> str:
     return (f"emulated layer on: {e['cost_ns']} ns added to each call of {len(fns)} function(s) "
             f"({', '.join(fns[:8])}{', ...' if len(fns) > 8 else ''}); {e['calls_slowed']} calls slowed so far"
             f"{_spent(e)}")
-
-
-def fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def render_status(st: dict, comm: str) -> str:
