@@ -100,7 +100,9 @@ class TextRenderer:
 
     def interval(self, iv: Interval, out: IO[str]) -> None:
         for p in iv.processes:
-            share = iv.window_s / iv.interval_s if iv.interval_s else 0.0
+            # A share of the interval: at most all of it (the window's span is stamped a little
+            # apart from the interval's, and read 100.1% under --exact).
+            share = min(1.0, iv.window_s / iv.interval_s) if iv.interval_s else 0.0
             if p.not_measured is not None:
                 out.write(f"[{iv.t_start:7.1f}s] pid {p.pid} {p.comm}: not measured ({p.not_measured})\n")
                 continue
@@ -118,7 +120,7 @@ class TextRenderer:
         w(f"gputrace audit of pid {r.pid} ({r.comm}){cmd}\n")
         w(f"  libcuda            {r.library}\n")
         mode = "every call (exact)" if r.options["exact"] else f"sampled windows, budget {fmt_pct(r.options['budget'], 1)} of its time"
-        w(f"  traced             {s.interval_s:.1f} s; probes attached {fmt_pct(s.window_s / s.interval_s if s.interval_s else 0, 1)} of it ({mode})\n")
+        w(f"  traced             {s.interval_s:.1f} s; probes attached {fmt_pct(min(1.0, s.window_s / s.interval_s) if s.interval_s else 0, 1)} of it ({mode})\n")
         for kind in ("emulated", "stepped"):
             c = r.calibration.of(kind)
             w(f"  probe cost         {fmt_ns(c.entry_ns)} a counted call, {fmt_ns(c.entry_return_ns)} a timed call, "

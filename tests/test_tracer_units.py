@@ -427,6 +427,16 @@ def test_text_report_exact_and_clean():
     assert "tracer notes" not in text
 
 
+def test_a_share_of_the_interval_is_never_shown_above_all_of_it():
+    r = make_report(exact=True)
+    s = dataclasses.replace(r.summary, window_s=r.summary.interval_s * 1.001)  # stamped a little apart
+    assert "probes attached 100.0% of it" in render(dataclasses.replace(r, summary=s))
+    iv = dataclasses.replace(r.intervals[1], window_s=r.intervals[1].interval_s * 1.001)
+    out = io.StringIO()
+    rep.get("text").interval(iv, out)
+    assert "probed 100.0% of the interval" in out.getvalue()
+
+
 def test_text_report_shows_the_top_functions_only():
     r = make_report(extra_functions=30)
     text = render(r)
