@@ -58,6 +58,37 @@ async def test_rows_sorted_by_predicted_overhead_by_default(recording):
         assert "replay ended" in str(main.query_one("#header").render())
 
 
+async def test_the_overhead_cell_is_coloured_by_how_much_the_layer_would_cost(recording):
+    from gputrace.tui.text import overhead_level
+
+    app = app_for(recording)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        table = main.query_one(ProcessTable)
+        rows = {r.pid: r for r in app.frame.processes}
+        levels = dict(zip(table.pids, table.levels))
+        assert levels == {pid: overhead_level(r, "shim") for pid, r in rows.items()}
+        assert set(levels.values()) == {"low"}  # a 15 ns shim costs these jobs under 1%
+        await pilot.press("p")  # the proxy preset: 2 us a call
+        levels = dict(zip(table.pids, table.levels))
+        assert levels[4242] == "high" and levels[3333] == "low", levels
+        # The colour is in the cell's segment, not the row's.
+        strip = table.render_line(1 + table.pids.index(4242))
+        high = table.get_component_rich_style("process-table--high").color
+        (cell,) = [seg for seg in strip if seg.style is not None and seg.style.color == high]
+        assert "–" in cell.text and cell.text.strip().endswith("%") and "train_big" not in cell.text
+
+
+def test_overhead_levels_by_the_upper_bound():
+    from types import SimpleNamespace
+
+    from gputrace.tui.text import overhead_level
+
+    row = lambda upper: SimpleNamespace(audit=lambda preset: SimpleNamespace(slowdown_upper=upper))  # noqa: E731
+    assert [overhead_level(row(u), "x") for u in (None, 0.0, 0.0099, 0.01, 0.049, 0.05, 3.0)] == \
+        [None, "low", "low", "mid", "mid", "high", "high"]
+
+
 async def test_sorting_keys_and_header_click(recording):
     app = app_for(recording)
     async with app.run_test(size=(160, 30)) as pilot:

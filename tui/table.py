@@ -19,7 +19,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from .model import ProcessRow
-from .text import COLUMNS
+from .text import COLUMNS, overhead_level
 
 LEFT = frozenset({"comm", "ckpt", "trend"})
 # Columns in the order they are dropped as the terminal narrows (last dropped first).
@@ -44,7 +44,7 @@ class ProcessTable(ScrollView, can_focus=True):
     first line is the header (it stays put when the rows scroll); clicking a title sorts by it."""
 
     COMPONENT_CLASSES = {"process-table--header", "process-table--cursor", "process-table--even-row",
-                         "process-table--shim"}
+                         "process-table--shim", "process-table--low", "process-table--mid", "process-table--high"}
     DEFAULT_CSS = """
     ProcessTable {
         height: 1fr;
@@ -58,6 +58,9 @@ class ProcessTable(ScrollView, can_focus=True):
             text-style: $block-cursor-blurred-text-style;
         }
         & > .process-table--shim { color: $success; }
+        & > .process-table--low { color: $success; }
+        & > .process-table--mid { color: $warning; }
+        & > .process-table--high { color: $error; text-style: bold; }
         &:focus > .process-table--cursor {
             background: $block-cursor-background;
             color: $block-cursor-foreground;
@@ -96,6 +99,7 @@ class ProcessTable(ScrollView, can_focus=True):
         self.pids: list[int] = []
         self.texts: list[tuple[str, ...]] = []
         self.shimmed: list[bool] = []
+        self.levels: list[str | None] = []  # each row's overhead level (text.overhead_level)
         self.cursor = 0
         # Until the user moves the cursor it stays on the top row (the costliest process, as
         # sorted); once moved, it follows the process it was put on through re-sorting.
@@ -139,9 +143,11 @@ class ProcessTable(ScrollView, can_focus=True):
         self._cells = {r.pid: self._cells[r.pid] for r in rows}
         pids = [r.pid for r in rows]
         shimmed = [r.shimmed for r in rows]
+        levels = [overhead_level(r, preset) for r in rows]
         dirty = [i for i in range(max(len(texts), len(self.texts)))
-                 if i >= len(texts) or i >= len(self.texts) or texts[i] != self.texts[i] or shimmed[i] != self.shimmed[i]]
-        self.pids, self.texts, self.shimmed = pids, texts, shimmed
+                 if i >= len(texts) or i >= len(self.texts) or texts[i] != self.texts[i] or shimmed[i] != self.shimmed[i]
+                 or levels[i] != self.levels[i]]
+        self.pids, self.texts, self.shimmed, self.levels = pids, texts, shimmed, levels
         if self._fit([texts[i] for i in dirty if i < len(texts)]):
             self._lines.clear()
             dirty = list(range(-1, len(texts)))
@@ -185,41 +191,49 @@ class ProcessTable(ScrollView, can_focus=True):
     # --- rendering ----------------------------------------------------------------------------
     def render_lines(self, crop: Region) -> list[Strip]:
         styles = tuple(self.get_component_rich_style(c) for c in (
-            "process-table--header", "process-table--cursor", "process-table--even-row", "process-table--shim"))
+            "process-table--header", "process-table--cursor", "process-table--even-row", "process-table--shim",
+            "process-table--low", "process-table--mid", "process-table--high"))
         styles += (self.rich_style,)
         if styles != self._styles:  # the theme, or focus (the cursor's colour) changed
             self._styles = styles
             self._lines.clear()
         return super().render_lines(crop)
 
-    def _build(self, cells: tuple[str, ...], style: Style, shimmed: bool, width: int) -> Strip:
-        """One line, padded to `width`: one segment, or three around a shimmed row's SHIM cell
-        (fewer segments are less for every later stage of Textual's rendering to go through)."""
+    def _build(self, cells: tuple[str, ...], style: Style, shimmed: bool, width: int,
+               level: str | None = None) -> Strip:
+        """One line, padded to `width`: one segment, and one more around each coloured cell (a
+        shimmed row's SHIM, the OVERHEAD by its level): fewer segments are less for every later
+        stage of Textual's rendering to go through."""
         parts = []
-        shim = -1
+        coloured: dict[int, Style] = {}
         for k, text in zip(self.shown, cells):
             w = self._width(k)
             pad = w - cell_len(text)
             text = set_cell_size(text, w) if pad < 0 else (text + " " * pad if k in LEFT else " " * pad + text)
             if k == "shim" and shimmed:
-                shim = len(parts)
+                coloured[len(parts)] = self._styles[3]
+            elif k == "overhead" and level is not None:
+                coloured[len(parts)] = self._styles[4 + ("low", "mid", "high").index(level)]
             parts.append(f" {text} ")
         length = sum(self._width(k) + 2 for k in self.shown)
         if length < width:
             parts.append(" " * (width - length))
             length = width
         self.strips_built += 1
-        if shim < 0:
+        if not coloured:
             return Strip([Segment("".join(parts), style)], length)
-        shim_style = style + Style(color=self._styles[3].color)  # the row's background, the shim's colour
-        segs = [Segment("".join(parts[:shim]), style), Segment(parts[shim], shim_style),
-                Segment("".join(parts[shim + 1:]), style)]
+        segs, start = [], 0
+        for i in sorted(coloured):
+            c = coloured[i]  # the row's background, the cell's colour (and weight)
+            segs += [Segment("".join(parts[start:i]), style), Segment(parts[i], style + Style(color=c.color, bold=c.bold))]
+            start = i + 1
+        segs.append(Segment("".join(parts[start:]), style))
         return Strip([s for s in segs if s.text], length)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         scroll_x, top = self.scroll_offset
-        header, cursor, even, _, base = self._styles
+        header, cursor, even, base = self._styles[0], self._styles[1], self._styles[2], self._styles[-1]
         if y == 0:
             key: tuple = ("header", self.titles, scroll_x, width)
             style = base + header
@@ -230,9 +244,9 @@ class ProcessTable(ScrollView, can_focus=True):
                 return Strip.blank(width, base)
             kind = "cursor" if index == self.cursor else ("even" if index % 2 else "odd")
             style = base + (cursor if kind == "cursor" else even if kind == "even" else Style())
-            cells, shim = self.texts[index], self.shimmed[index]
-            key = (cells, shim, kind, scroll_x, width)
-            build = lambda: self._build(cells, style, shim, scroll_x + width)  # noqa: E731
+            cells, shim, level = self.texts[index], self.shimmed[index], self.levels[index]
+            key = (cells, shim, level, kind, scroll_x, width)
+            build = lambda: self._build(cells, style, shim, scroll_x + width, level)  # noqa: E731
         cached = self._lines.get(index)
         if cached is not None and cached[0] == key:
             return cached[1]

@@ -68,6 +68,18 @@ def fmt_share(x: float | None) -> str:
     return f"{v:.{max(2, 1 - math.floor(math.log10(v)))}f}%"  # two significant digits, never an exponent
 
 
+# Thresholds of the predicted upper bound that colour the OVERHEAD cell: under 1% (green), under 5%
+# (yellow), above (red); unknown, uncoloured.
+OVERHEAD_LEVELS = ((0.01, "low"), (0.05, "mid"))
+
+
+def overhead_level(r: ProcessRow, preset: str) -> str | None:
+    upper = r.audit(preset).slowdown_upper
+    if upper is None:
+        return None
+    return next((name for limit, name in OVERHEAD_LEVELS if upper < limit), "high")
+
+
 def overhead_cell(r: ProcessRow, preset: str, now: float | None = None) -> str:
     a = r.audit(preset)
     return f"{fmt_share(a.slowdown_lower)}–{fmt_share(a.slowdown_upper)}"
