@@ -222,3 +222,10 @@ def test_live_source_hands_the_same_row_until_its_process_has_something_new():
     ft.hist = (1.0, 2.0, 3.0)  # a new point: a new measurement came
     second = src._row(snap.pid, ft, lib)
     assert second is not first and second.calls_history == (1.0, 2.0, 3.0) and second.snapshot is snap
+
+
+def test_shares_read_at_a_glance():
+    from gputrace.tui.text import fmt_share
+
+    assert [fmt_share(x) for x in (None, 0.0, 1.9e-8, 9.9e-6, 1.5e-5, 8e-5, 0.0075, 0.042, 0.25)] == \
+        ["-", "0%", "<0.001%", "<0.001%", "0.0015%", "0.0080%", "0.75%", "4.20%", "25.0%"]

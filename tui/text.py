@@ -61,6 +61,8 @@ def fmt_share(x: float | None) -> str:
     v = 100 * x
     if v == 0:
         return "0%"
+    if v < 0.001:
+        return "<0.001%"  # no layer's cost a user acts on; 0.0000019% is only harder to read
     if v >= 10:
         return f"{v:.1f}%"
     if v >= 1:
