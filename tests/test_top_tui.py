@@ -382,3 +382,25 @@ async def test_the_header_draws_its_text_as_a_static_would_at_every_width(record
                 ours = [s.render(console) for s in header._lines(0, width)]
                 static = Visual.to_strips(header, visualize(header, text), width, None, header.visual_style)
                 assert ours == [s.render(console) for s in static], (text.plain, width)
+
+
+async def test_the_command_palette_has_gputraces_actions_and_a_screenshot_that_says_where(recording, tmp_path,
+                                                                                        monkeypatch):
+    # Last in this file: a screenshot renders the screen's strips through a truecolor console, and
+    # Textual keeps a strip's rendering, which the header test above compares with a Static's.
+    monkeypatch.chdir(tmp_path)
+    app = app_for(recording)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await started(pilot)
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
+        assert {"Checkpoint", "Restore", "Suspend", "Resume", "Whole-job checkpoint", "Next preset", "Help",
+                "Screenshot", "Quit"} <= set(commands)
+        commands["Checkpoint"].callback()
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen) and "Checkpoint pid 4242" in app.screen.question
+        await pilot.press("n")
+        notified = []
+        monkeypatch.setattr(app, "notify", lambda msg, **kw: notified.append(msg))
+        commands["Screenshot"].callback()
+        (shot,) = tmp_path.glob("*.svg")
+        assert notified == [f"screenshot saved to {shot}"] and "train_big" in shot.read_text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from textual import work
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 
 from gputrace.errors import GputraceError
@@ -27,6 +27,14 @@ QUESTIONS = {
     "checkpoint_full": "Checkpoint the whole job, pid {pid} ({comm}): GPU and CPU state (CRIU), to restore here or "
                        "on another machine? It is frozen until the dump is written, then runs on.",
 }
+# gputrace's actions in the command palette, with what each does.
+PALETTE_ACTIONS = (
+    ("checkpoint", "Checkpoint the selected process's GPU memory (the shim's fast path)"),
+    ("restore", "Roll the selected process back to one of its checkpoints"),
+    ("suspend", "Move the selected process's device memory off the GPU"),
+    ("resume", "Bring a suspended process's device memory back"),
+    ("checkpoint_full", "Checkpoint the whole job, GPU and CPU state (CRIU), left running"),
+)
 # Actions that need the shim in the job; the rest go through the driver's checkpoint API and CRIU.
 NEEDS_SHIM = frozenset({"checkpoint", "restore", "suspend", "resume"})
 
@@ -106,6 +114,34 @@ class TopApp(App):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
+
+    # --- the command palette -------------------------------------------------------------------
+    def get_system_commands(self, screen):
+        """Textual's commands (its Screenshot replaced by one that says where it saved), then
+        gputrace's: the actions on the selected process, the preset, the help."""
+        for c in super().get_system_commands(screen):
+            if c.title != "Screenshot":
+                yield c
+        yield SystemCommand("Screenshot", "Save an SVG of the screen (the path is shown)", self.action_screenshot_file)
+        if hasattr(screen, "action_act"):
+            for action, what in PALETTE_ACTIONS:
+                yield SystemCommand(label(action).capitalize(), what, lambda a=action: screen.action_act(a))
+        yield SystemCommand("Next preset", "Predict the overhead for the next interception preset", self.next_preset)
+        yield SystemCommand("Help", "Keys and what the columns mean", self.action_help)
+
+    def action_screenshot_file(self) -> None:
+        """An SVG of the screen in the working directory (or the temporary one, if that cannot be
+        written), and a notification of where."""
+        import os
+        import tempfile
+
+        where = os.getcwd() if os.access(os.getcwd(), os.W_OK) else tempfile.gettempdir()
+        try:
+            path = self.save_screenshot(path=where)
+        except OSError as exc:
+            self.notify(f"could not save a screenshot in {where}: {exc.strerror}", severity="error")
+            return
+        self.notify(f"screenshot saved to {path}", title="screenshot", timeout=8)
 
     # --- actions -----------------------------------------------------------------------------
     def _status(self, text: str) -> None:
