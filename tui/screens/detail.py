@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import collections
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Footer, Sparkline, Static
 
 from gputrace.report import fmt_ns, fmt_pct, fmt_rate
 from gputrace.tracer.model import FunctionStats
 
 from ..model import HostSnapshot, ProcessRow
 from ..text import fmt_checkpoint, fmt_share
+
+HISTORY = 120  # refreshes a detail screen plots
 
 
 def histogram(f: FunctionStats, width: int = 30) -> Text:
@@ -42,7 +46,7 @@ def audit_text(row: ProcessRow, preset: str, now: float | None = None) -> Text:
     t.append(f"  shimmed: {'yes' if row.shimmed else 'no'}  last checkpoint: {fmt_checkpoint(row.last_checkpoint, now)}\n")
     t.append(f"libcuda {row.library or '?'}\n", style="dim")
     t.append(f"driver calls {fmt_rate(s.calls_hz)}/s; driver CPU {fmt_pct(s.driver_cpu_s_per_s, 1)}; "
-             f"wait {fmt_pct(s.wait_s_per_s, 1)}; probes attached {fmt_pct(s.window_s / s.interval_s if s.interval_s else 0, 0)} "
+             f"wait {fmt_pct(s.wait_s_per_s, 1)}; probes attached {fmt_pct(min(1.0, s.window_s / s.interval_s) if s.interval_s else 0, 0)} "
              f"of {s.interval_s:.1f} s; tracer {fmt_pct(s.tracer_overhead)} of its time\n")
     t.append(f"preset {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")
     t.append(f"{fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second; ")
@@ -58,6 +62,8 @@ class DetailScreen(Screen):
                 Binding("w", "act('checkpoint_full')", "whole job")]
     DEFAULT_CSS = """
     DetailScreen #audit { height: auto; padding: 0 1; background: $boost; }
+    DetailScreen #history { height: auto; padding: 0 1; }
+    DetailScreen #history Sparkline { height: 2; margin-bottom: 1; }
     DetailScreen Horizontal { height: 1fr; }
     DetailScreen #functions { width: 2fr; }
     DetailScreen #hist-box { width: 1fr; min-width: 30; }
@@ -68,9 +74,18 @@ class DetailScreen(Screen):
         self.pid = pid
         self.row: ProcessRow | None = None
         self.names: list[str] = []
+        # The job's history while this screen is open, on top of the calls/s its row brought with
+        # it: rows, so that the overhead follows the preset shown.
+        self.seen: collections.deque[ProcessRow] = collections.deque(maxlen=HISTORY)
+        self.before: tuple[float, ...] = ()  # calls/s of the refreshes before the screen opened
 
     def compose(self) -> ComposeResult:
         yield Static(id="audit")
+        with Vertical(id="history"):
+            yield Static(id="calls-label")
+            yield Sparkline([], id="calls-plot")
+            yield Static(id="overhead-label")
+            yield Sparkline([], id="overhead-plot")
         with Horizontal():
             yield DataTable(id="functions", cursor_type="row", zebra_stripes=True)
             with VerticalScroll(id="hist-box"):
@@ -93,6 +108,11 @@ class DetailScreen(Screen):
                                   style="yellow"))
             return
         self.row = self.app.with_overrides(row)
+        if not self.seen:
+            self.before = row.calls_history[:-1]  # its last point is this row's own
+        if not self.seen or self.seen[-1] is not row:
+            self.seen.append(row)
+        self._show_history()
         audit.update(audit_text(self.row, self.app.preset, frame.t))
         t = self.query_one("#functions", DataTable)
         keep = self.selected_name()
@@ -104,6 +124,21 @@ class DetailScreen(Screen):
         if keep in self.names:
             t.move_cursor(row=self.names.index(keep))
         self._show_hist()
+
+    def _show_history(self) -> None:
+        calls = [*self.before, *(r.snapshot.calls_hz for r in self.seen)][-HISTORY:]
+        preset = self.app.preset
+        upper = [r.audit(preset).slowdown_upper for r in self.seen]
+        upper = [u for u in upper if u is not None]
+        self.query_one("#calls-plot", Sparkline).data = calls
+        self.query_one("#overhead-plot", Sparkline).data = upper
+        self.query_one("#calls-label", Static).update(Text.assemble(
+            ("calls/s", "bold"), f"  last {len(calls)} refreshes: {fmt_rate(min(calls))} .. {fmt_rate(max(calls))}"
+            if calls else "  not measured yet"))
+        self.query_one("#overhead-label", Static).update(Text.assemble(
+            ("predicted overhead, upper", "bold"),
+            f"  ({preset} preset) since this screen opened: {fmt_share(min(upper))} .. {fmt_share(max(upper))}"
+            if upper else f"  ({preset} preset) not measured yet"))
 
     def selected_name(self) -> str | None:
         t = self.query_one("#functions", DataTable)
@@ -123,6 +158,7 @@ class DetailScreen(Screen):
 
     def action_preset(self) -> None:
         self.app.next_preset()
+        self._show_history()
 
     def action_act(self, action: str) -> None:
         if self.row is not None:
