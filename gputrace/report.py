@@ -77,11 +77,15 @@ def fmt_ns(ns: float | None) -> str:
     return f"{ns:.0f} ns"
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+def fmt_bytes(n: float | None) -> str:
+    """Bytes in binary units (the CLI's reports, progress, the TUI), "-" where not known."""
+    if n is None:
+        return "-"
+    x = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if x < 1024 or unit == "TiB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
     return str(n)
 
 

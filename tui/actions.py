@@ -20,6 +20,7 @@ from typing import Callable, Protocol
 
 from gputrace.checkpointer import uprobes
 from gputrace.errors import GputraceError, NotYetAvailable
+from gputrace.report import fmt_bytes
 
 from .model import Checkpoint
 
@@ -251,7 +252,7 @@ class CheckpointerAdapter:
             raise GputraceError(f"whole-job checkpoint failed: {type(exc).__name__}: {exc}",
                                 "see `gputrace checkpoint --full --help`") from exc
         return ActionResult("checkpoint_full", pid,
-                            f"{fmt_size(r.image_bytes)} to {r.path} in {time.monotonic() - t0:.2f} s; the job runs on "
+                            f"{fmt_bytes(r.image_bytes)} to {r.path} in {time.monotonic() - t0:.2f} s; the job runs on "
                             f"(back with `gputrace restore --full {r.path}`)", r.freeze_ns / 1e9)
 
     def restore(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
@@ -298,7 +299,7 @@ def _reporter(progress: Progress) -> Callable:
     def report(*a) -> None:
         if len(a) == 3:  # the checkpointer's (phase, done, total)
             phase, done, total = a
-            progress(done / total if total else 0.0, f"{phase} {fmt_size(done)} of {fmt_size(total)}")
+            progress(done / total if total else 0.0, f"{phase} {fmt_bytes(done)} of {fmt_bytes(total)}")
         elif len(a) == 2:
             progress(float(a[0]), str(a[1]))
 
@@ -313,12 +314,6 @@ def _takes(fn, name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def fmt_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _get(obj, name, default=None):
@@ -344,7 +339,7 @@ def _as_result(action: str, pid: int, out, elapsed_s: float) -> ActionResult:
     msg = _get(out, "message") if out is not None else None
     if msg is None:
         where = _get(out, "path")
-        msg = f"{fmt_size(nbytes) if nbytes is not None else '?'}" + (f" {'to' if action == 'checkpoint' else 'from'} {where}" if where else "") \
+        msg = f"{fmt_bytes(nbytes) if nbytes is not None else '?'}" + (f" {'to' if action == 'checkpoint' else 'from'} {where}" if where else "") \
             + f" in {elapsed_s:.2f} s"
     ck = None
     if action == "checkpoint" and out is not None and (_get(out, "id") or _get(out, "path")):

@@ -5,22 +5,11 @@ from __future__ import annotations
 import math
 import time
 
-from gputrace.report import fmt_ns, fmt_pct, fmt_rate
+from gputrace.report import fmt_bytes, fmt_ns, fmt_pct, fmt_rate
 
 from .model import Checkpoint, HostSnapshot, ProcessRow
 
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    x = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if x < 1024 or unit == "TiB":
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1024
-    return str(n)
 
 
 def fmt_ago(t: float, now: float | None = None) -> str:

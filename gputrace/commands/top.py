@@ -76,9 +76,6 @@ def _live(args: argparse.Namespace, cumulative: bool = False):
 
 def once(args: argparse.Namespace) -> int:
     """Waits -d seconds (and until every process found has been measured), then prints one frame."""
-    from ..tui.model import host_dict
-    from ..tui.text import render_host
-
     if args.duration <= 0:
         raise UsageError("--duration must be positive", "e.g. --once -d 3")
     src = _live(args, cumulative=True)
@@ -99,12 +96,20 @@ def once(args: argparse.Namespace) -> int:
                 break
     finally:
         src.close()
+    return _print_frame(last, args)
+
+
+def _print_frame(frame, args: argparse.Namespace) -> int:
+    """One frame on stdout, as JSON with --json, else as text."""
+    from ..tui.model import host_dict
+    from ..tui.text import render_host
+
     if args.json:
         import orjson
 
-        sys.stdout.buffer.write(orjson.dumps(host_dict(last), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
+        sys.stdout.buffer.write(orjson.dumps(host_dict(frame), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
     else:
-        sys.stdout.write(render_host(last, args.preset))
+        sys.stdout.write(render_host(frame, args.preset))
     sys.stdout.flush()
     return 0
 
@@ -114,9 +119,7 @@ def replay_once(args: argparse.Namespace) -> int:
     is in), in one frame printed as `--once` prints the live host."""
     import dataclasses
 
-    from ..tui.model import host_dict
     from ..tui.source import read_record
-    from ..tui.text import render_host
 
     _, frames = read_record(args.replay)
     if not frames:
@@ -131,14 +134,7 @@ def replay_once(args: argparse.Namespace) -> int:
     note = f"replayed from {args.replay}: {len(frames)} frames over {end.t - frames[0].t:.0f} s; each process as last recorded"
     summary = dataclasses.replace(end, processes=tuple(last[p] for p in sorted(last)), pending=pending,
                                   notes=(note, *end.notes))
-    if args.json:
-        import orjson
-
-        sys.stdout.buffer.write(orjson.dumps(host_dict(summary), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
-    else:
-        sys.stdout.write(render_host(summary, args.preset))
-    sys.stdout.flush()
-    return 0
+    return _print_frame(summary, args)
 
 
 @command("top", "live dashboard of every CUDA process: cost of interception, checkpoint at a key", TOP_EPILOG)(configure_top)
