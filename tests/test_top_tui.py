@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from textual.widgets import Sparkline
 
 from gputrace.errors import GputraceError
 from gputrace.tui.actions import FakeCheckpointer, NoCheckpointer
@@ -79,27 +80,6 @@ async def test_the_overhead_cell_is_coloured_by_how_much_the_layer_would_cost(re
         assert "–" in cell.text and cell.text.strip().endswith("%") and "train_big" not in cell.text
 
 
-async def test_the_detail_screen_plots_the_jobs_calls_and_overhead(recording):
-    from textual.widgets import Sparkline
-
-    app = app_for(recording)
-    async with app.run_test(size=(160, 40)) as pilot:
-        await started(pilot)
-        await pilot.press("enter")
-        detail = app.screen
-        assert isinstance(detail, DetailScreen) and detail.pid == 4242
-        row = next(r for r in app.frame.processes if r.pid == 4242)
-        calls = detail.query_one("#calls-plot", Sparkline).data
-        assert list(calls) == list(row.calls_history[:-1]) + [row.snapshot.calls_hz]  # what came before, then now
-        upper = detail.query_one("#overhead-plot", Sparkline).data
-        assert list(upper) == [row.audit("shim").slowdown_upper]
-        label = str(detail.query_one("#overhead-label").render())
-        assert "(shim preset)" in label
-        await pilot.press("p")
-        assert list(detail.query_one("#overhead-plot", Sparkline).data) == [row.audit("proxy").slowdown_upper]
-        assert "(proxy preset)" in str(detail.query_one("#overhead-label").render())
-
-
 def test_overhead_levels_by_the_upper_bound():
     from types import SimpleNamespace
 
@@ -153,11 +133,19 @@ async def test_detail_screen_functions_histogram_and_audit(recording):
         assert detail.names[0] == "cuCtxGetDevice_v2"
         audit = str(detail.query_one("#audit").render())
         assert "pid 4242 (train_big)" in audit and "predicted slowdown" in audit and "preset shim" in audit
+        # The plots: the calls/s its row brought, then now; the overhead for the preset shown.
+        row = next(r for r in app.frame.processes if r.pid == 4242)
+        calls = detail.query_one("#calls-plot", Sparkline).data
+        assert list(calls) == list(row.calls_history[:-1]) + [row.snapshot.calls_hz]
+        assert list(detail.query_one("#overhead-plot", Sparkline).data) == [row.audit("shim").slowdown_upper]
+        assert "(shim preset)" in str(detail.query_one("#overhead-label").render())
         await pilot.press("down")
         assert detail.selected_name() == "cuLaunchKernel"
         assert "cuLaunchKernel\ntime per call" in str(detail.query_one("#hist").render())
         await pilot.press("p")
         assert "preset proxy" in str(detail.query_one("#audit").render())
+        assert list(detail.query_one("#overhead-plot", Sparkline).data) == [row.audit("proxy").slowdown_upper]
+        assert "(proxy preset)" in str(detail.query_one("#overhead-label").render())
         await pilot.press("escape")
         assert isinstance(app.screen, MainScreen)
 
