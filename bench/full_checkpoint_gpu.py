@@ -232,7 +232,7 @@ def traced_first(job, p: subprocess.Popen, log: Path, timeout_s: float) -> dict:
     (with the kernel's [uprobes] page) goes on to its pause and is checkpointed like the others."""
     from gputrace.checkpointer import uprobes
     from gputrace.checkpointer.full import checkpoint_full
-    from gputrace.errors import CheckpointError
+    from gputrace.base.errors import CheckpointError
 
     wait_for_text(log, job.spinning, p, timeout_s)
     tracer = subprocess.Popen([sys.executable, "-m", "gputrace", "attach", "-p", str(p.pid), "--exact",
@@ -289,7 +289,7 @@ def top_first(job, p: subprocess.Popen, log: Path, timeout_s: float):
     while it spins; returns the source, still tracing, and what it saw. The checkpoint is then taken the way
     top's `w` takes it: inside LiveSource.hold_tracing, once calls under a return probe have returned."""
     from gputrace.tracer.session import Options
-    from gputrace.tui.live import LiveSource
+    from gputrace.hostview.live import LiveSource
 
     wait_for_text(log, job.spinning, p, timeout_s)
     src = LiveSource(Options(interval_s=0.5), refresh_s=0.5)

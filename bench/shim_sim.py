@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout
 
 from gputrace import shim, simcuda  # noqa: E402
-from gputrace.native import build  # noqa: E402
+from gputrace.base.native import build  # noqa: E402
 
 # launch_bound's calls per step that the shim gates (everything else passes through untouched).
 GATED_PER_STEP = {"cuLaunchKernel": 21, "cuLaunchKernelEx": 14, "cuMemcpyDtoDAsync_v2": 1}

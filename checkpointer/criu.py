@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from gputrace.errors import CheckpointError
-from gputrace.procs import stop_point
+from gputrace.base.errors import CheckpointError
+from gputrace.base.procs import stop_point
 
 MIN_VERSION = (4, 0)
 UPROBES_VERSION = (4, 2)  # --allow-uprobes: dump and restore a process holding the kernel's [uprobes] page

@@ -18,8 +18,8 @@ import functools
 import time
 from dataclasses import asdict, dataclass
 
-from gputrace.errors import CheckpointError
-from gputrace.procs import require_running, stop_point
+from gputrace.base.errors import CheckpointError
+from gputrace.base.procs import require_running, stop_point
 from gputrace.tracer.targets import libcuda_of
 
 API = ("cuCheckpointProcessGetState", "cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",

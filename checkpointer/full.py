@@ -47,8 +47,8 @@ from pathlib import Path
 import orjson
 import xxhash
 
-from gputrace.errors import CheckpointError, CorruptCheckpoint, NoSuchProcess
-from gputrace.procs import require_running, stat_fields, stop_point
+from gputrace.base.errors import CheckpointError, CorruptCheckpoint, NoSuchProcess
+from gputrace.base.procs import require_running, stat_fields, stop_point
 
 from . import criu as criu_mod
 from . import driver, uprobes

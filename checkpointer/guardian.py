@@ -27,7 +27,7 @@ import time
 
 import orjson
 
-from gputrace.procs import stat_fields, wait_exit
+from gputrace.base.procs import stat_fields, wait_exit
 
 CRIU_GRACE_S = 300.0
 #: How the guardian is started (not `-m`: this module is imported by its package already).

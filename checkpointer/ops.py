@@ -23,9 +23,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gputrace.errors import (CheckpointBusy, CheckpointError, CheckpointMismatch, CorruptCheckpoint, ShimUnavailable,
+from gputrace.base.errors import (CheckpointBusy, CheckpointError, CheckpointMismatch, CorruptCheckpoint, ShimUnavailable,
                              TargetLost, Untrusted)
-from gputrace.procs import alive, boot_id, require_running, start_time
+from gputrace.base.procs import alive, boot_id, require_running, start_time
 from gputrace.shim import client
 
 from . import image, store

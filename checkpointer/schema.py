@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
-from gputrace.errors import CorruptCheckpoint
+from gputrace.base.errors import CorruptCheckpoint
 
 U64 = (1 << 64) - 1
 MAX_MANIFEST = 256 << 20  # about 2 million allocations' entries; what gputrace writes is far smaller

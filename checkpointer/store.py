@@ -28,7 +28,7 @@ from typing import Callable
 import orjson
 import xxhash
 
-from gputrace.errors import CheckpointError, CorruptCheckpoint, DiskFull
+from gputrace.base.errors import CheckpointError, CorruptCheckpoint, DiskFull
 
 from . import schema
 

@@ -20,8 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gputrace.errors import CheckpointError
-from gputrace.procs import stop_point
+from gputrace.base.errors import CheckpointError
+from gputrace.base.procs import stop_point
 
 from . import store
 from .ops import DEFAULT_CHUNK, DEFAULT_LANES, _copy_timeout, _Session, _shim_failure, manifest_of

@@ -7,7 +7,7 @@ an unexpected exception becomes a FAIL carrying its text. A check that needs an 
 Environment (mainly so tests can degrade one thing without breaking the host):
   GPUTRACE_KERNEL_HEADERS  kernel headers directory to check instead of /lib/modules/$(uname -r)/build
   GPUTRACE_TRACEFS         tracefs mount point to check instead of /sys/kernel/tracing, /sys/kernel/debug/tracing
-  GPUTRACE_BCC_PATH        where bcc is looked for (see gputrace.bccload)
+  GPUTRACE_BCC_PATH        where bcc is looked for (see gputrace.base.bccload)
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from .errors import GputraceError, NoLibcuda, PermissionDenied
-from .procs import CAP_SYS_ADMIN, effective_caps, has_bpf_caps, require_root
+from .base.errors import GputraceError, NoLibcuda, PermissionDenied
+from .base.procs import CAP_SYS_ADMIN, effective_caps, has_bpf_caps, require_root
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 SCHEMA = 1
@@ -307,7 +307,7 @@ class _Doctor:
         return Check("", FAIL, f"{path or '(empty path)'} {what}", hint)
 
     def bcc_import(self) -> Check:
-        from .bccload import import_bcc
+        from .base.bccload import import_bcc
 
         with _captured_output():
             self.bcc = import_bcc()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .report import fmt_bytes
+from .base.units import fmt_bytes
 
 BAR = 24  # characters
 

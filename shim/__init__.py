@@ -5,7 +5,7 @@ program, any Python 3.10-3.13 build, with ``LD_BIND_NOW=1``, and into processes 
 CUDA.  A cffi API-mode extension would leave libpython symbols undefined (fatal under
 ``LD_BIND_NOW=1`` in a non-Python process) and an embedding-mode one would drag its own libpython
 into a Python process of another version; so the object is compiled as a plain shared library by
-:func:`gputrace.native.build` (the project's cached compiler driver, which also builds simcuda), and
+:func:`gputrace.base.native.build` (the project's cached compiler driver, which also builds simcuda), and
 Python binds to its control functions with cffi in ABI mode (:func:`ffi` declares them from
 ``gputrace_shim.h``, :func:`open_in_process` dlopens the object).  From outside the target,
 Python talks to it over its control socket (:mod:`gputrace.shim.client`).
@@ -18,7 +18,7 @@ import os
 import re
 from pathlib import Path
 
-from gputrace.native import build
+from gputrace.base.native import build
 
 __all__ = ["SONAME", "library_path", "ffi", "open_in_process", "preload_env"]
 

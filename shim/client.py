@@ -42,8 +42,8 @@ from typing import Iterator
 
 import orjson
 
-from gputrace.errors import PermissionDenied, ShimUnavailable, Untrusted
-from gputrace.procs import require_process
+from gputrace.base.errors import PermissionDenied, ShimUnavailable, Untrusted
+from gputrace.base.procs import require_process
 
 SONAME = "libgputrace_shim.so"
 SCHEMA = 1

@@ -4,7 +4,7 @@
 memory, kernels as builtin host functions run by one worker thread per stream) and returns the
 directory to put first on LD_LIBRARY_PATH; `env()` does that for a child's environment and
 `workload(name)` gives the argv prefix of a built workload. Everything is compiled once per source
-hash through gputrace.native.build.
+hash through gputrace.base.native.build.
 
 Knobs (environment, read at cuInit): SIMCUDA_KERNEL_NS overrides every kernel's duration,
 SIMCUDA_LAUNCH_NS makes each launch busy-wait that long on the caller's CPU, SIMCUDA_MEM_BYTES sets
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from gputrace.native import build
+from gputrace.base.native import build
 
 __all__ = [
     "BUILTIN_KERNELS", "WORKLOADS", "driver_dir", "env", "library_path", "module_image", "workload",

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
-from gputrace.native import build
+from gputrace.base.native import build
 
 _HERE = Path(__file__).resolve().parent
 

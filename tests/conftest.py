@@ -14,8 +14,8 @@ def bpf_skip_reason() -> str | None:
     """Why BPF tests cannot run here, or None when they can (root and an importable bcc)."""
     if os.geteuid() != 0:
         return "needs root for BPF programs and uprobes"
-    from gputrace.bccload import import_bcc
-    from gputrace.errors import BpfUnavailable
+    from gputrace.base.bccload import import_bcc
+    from gputrace.base.errors import BpfUnavailable
 
     try:
         import_bcc()

@@ -15,7 +15,7 @@ import pytest
 
 from gputrace import simcuda
 from gputrace.checkpointer import checkpoint, read_manifest, restore
-from gputrace.errors import (CheckpointBusy, CheckpointError, CheckpointMismatch, CorruptCheckpoint, DiskFull,
+from gputrace.base.errors import (CheckpointBusy, CheckpointError, CheckpointMismatch, CorruptCheckpoint, DiskFull,
                              TargetLost)
 from gputrace.shim import client
 

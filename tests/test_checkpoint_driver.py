@@ -13,7 +13,7 @@ import pytest
 
 from gputrace import simcuda
 from gputrace.checkpointer import driver
-from gputrace.errors import CheckpointError, NoLibcuda
+from gputrace.base.errors import CheckpointError, NoLibcuda
 
 
 @pytest.fixture

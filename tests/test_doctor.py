@@ -41,7 +41,7 @@ def by_name(doc: dict) -> dict[str, dict]:
 
 def bcc_importable_here() -> bool:
     try:
-        from gputrace.bccload import import_bcc
+        from gputrace.base.bccload import import_bcc
 
         import_bcc()
         return True

@@ -522,10 +522,10 @@ def test_top_checkpoints_a_job_it_traces_whole_and_it_restores(job, device, tmp_
     so a job top has traced since it started is copied without them, runs on, and restores."""
     _needs_criu_for_uprobes()
     from gputrace.checkpointer import uprobes
-    from gputrace.errors import GputraceError
+    from gputrace.base.errors import GputraceError
     from gputrace.tracer.session import Options
-    from gputrace.tui.actions import CheckpointerAdapter
-    from gputrace.tui.live import LiveSource
+    from gputrace.hostview.checkpoints import CheckpointerAdapter
+    from gputrace.hostview.live import LiveSource
 
     j = job(kernel_ns=100_000_000)  # 15 s: long enough for top to start and trace it
     j.at_step(1)

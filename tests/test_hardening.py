@@ -23,7 +23,7 @@ import pytest
 
 from gputrace import shim, simcuda
 from gputrace.checkpointer import checkpoint, image, restore, resume, suspend
-from gputrace.errors import CheckpointError, CheckpointMismatch, CorruptCheckpoint, ShimUnavailable, Untrusted
+from gputrace.base.errors import CheckpointError, CheckpointMismatch, CorruptCheckpoint, ShimUnavailable, Untrusted
 from gputrace.shim import client
 
 from ckpttest import Target, target  # noqa: F401  (fixture)

@@ -18,7 +18,7 @@ import pytest
 
 from gputrace import shim, simcuda
 from gputrace.checkpointer import checkpoint, driver, guardian
-from gputrace.procs import stat_fields
+from gputrace.base.procs import stat_fields
 from gputrace.shim import client
 from gputrace.simcuda.device import Device
 

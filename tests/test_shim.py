@@ -141,7 +141,7 @@ int main(void)
 
 
 def test_dlsym_keeps_rtld_next_semantics(tmp_path, shim_dir):
-    from gputrace.native import build
+    from gputrace.base.native import build
 
     src = tmp_path / "next.c"
     src.write_text(RTLD_NEXT_PROG)
@@ -372,7 +372,7 @@ print(json.dumps(out))
 
 
 def test_wrappers_for_functions_simcuda_lacks_pass_arguments_through(tmp_path, shim_dir):
-    from gputrace.native import build
+    from gputrace.base.native import build
 
     inc = Path(simcuda.__file__).resolve().parent
     here = Path(__file__).resolve().parent

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gputrace import shim, simcuda
-from gputrace.native import build
+from gputrace.base.native import build
 from gputrace.shim import client
 
 from shimtest import procs, shim_dir  # noqa: F401  (fixtures)

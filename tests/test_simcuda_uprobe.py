@@ -52,8 +52,8 @@ def file_offsets(path: str, names: list[str]) -> list[int]:
 def bpf():
     if os.geteuid() != 0:
         pytest.skip("needs root for BPF and uprobes")
-    from gputrace.bccload import import_bcc
-    from gputrace.errors import BpfUnavailable
+    from gputrace.base.bccload import import_bcc
+    from gputrace.base.errors import BpfUnavailable
 
     try:
         bcc = import_bcc()

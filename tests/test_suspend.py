@@ -15,7 +15,7 @@ import pytest
 
 from gputrace import shim, simcuda
 from gputrace.checkpointer import resume, suspend
-from gputrace.errors import CheckpointError
+from gputrace.base.errors import CheckpointError
 from gputrace.shim import client
 
 from ckpttest import small_fs  # noqa: F401  (fixture)

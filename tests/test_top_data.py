@@ -12,9 +12,9 @@ import types
 import orjson
 import pytest
 
-from gputrace.tui import actions
-from gputrace.tui.model import SCHEMA, host_dict, host_from_dict
-from gputrace.tui.source import ReplaySource, read_record, write_record
+from gputrace.hostview import checkpoints as actions
+from gputrace.hostview.model import SCHEMA, host_dict, host_from_dict
+from gputrace.hostview.recording import ReplaySource, read_record, write_record
 from gputrace.tui.text import render_host, sort_rows, sparkline
 
 from topdata import frame, frames
@@ -117,16 +117,13 @@ def test_sparkline_scales_between_the_extremes():
     assert sparkline(()) == "" and sparkline((0.0, 0.0)) == "▁▁"
 
 
-def test_adapter_says_not_available_for_what_the_checkpointer_lacks(monkeypatch, tmp_path):
-    mod = types.ModuleType("fake_ckpt")
-
-    def checkpoint(pid, out, progress):  # the shape of gputrace.checkpointer.checkpoint
+def test_adapter_says_not_available_for_what_the_checkpointer_lacks(tmp_path):
+    def checkpoint(pid, out, *, progress):  # the shape of gputrace.checkpointer.checkpoint
         progress("write", 5, 10)
         return types.SimpleNamespace(path=out, bytes=10, freeze_ns=500_000_000)
 
-    mod.checkpoint = checkpoint
-    monkeypatch.setitem(sys.modules, "fake_ckpt", mod)
-    a = actions.CheckpointerAdapter("fake_ckpt", root=tmp_path)
+    ops = actions.Operations(checkpoint=checkpoint)
+    a = actions.CheckpointerAdapter(root=tmp_path, ops=ops)
     assert a.available("checkpoint") and not a.available("suspend")
     seen = []
     res = a.checkpoint(7, lambda f, m: seen.append((f, m)))
@@ -134,21 +131,25 @@ def test_adapter_says_not_available_for_what_the_checkpointer_lacks(monkeypatch,
     assert res.freeze_s == 0.5 and res.checkpoint.id.startswith(f"{tmp_path}/7-") and res.checkpoint.size_bytes == 10
     ck = tmp_path / "7-20260101T000000"
     ck.mkdir()
-    (ck / "manifest.json").write_bytes(orjson.dumps({"complete": True, "target": {"pid": 7}, "created_unix": 9.0,
-                                                     "bytes": 4096, "timings": {"freeze_ns": 2_000_000}}))
+    (ck / "manifest.json").write_bytes(orjson.dumps({
+        "schema": 1, "format": "gputrace-checkpoint", "complete": True, "target": {"pid": 7}, "created_unix": 9.0,
+        "bytes": 4096, "allocations": [], "timings": {"freeze_ns": 2_000_000},
+        "data": {"file": "data.img", "bytes": 4096, "chunk_bytes": 4096, "hash": "xxh3_64", "chunks": ["0" * 16]}}))
     (tmp_path / "7-partial").mkdir()  # no manifest: not a checkpoint
+    (tmp_path / "7-damaged").mkdir()
+    (tmp_path / "7-damaged" / "manifest.json").write_bytes(b'{"complete": true, "target": {"pid": 7}}')
     assert a.list_checkpoints(7) == [actions.Checkpoint(str(ck), 9.0, 4096, 0.002)]
-    with pytest.raises(actions.ActionUnavailable, match="not available yet"):
+    with pytest.raises(actions.ActionUnavailable, match="not available"):
         a.suspend(7, lambda f, m: None)
-    mod.resume = lambda pid, progress: 1 / 0  # a bug in the library must reach the UI as an error, not a crash
+    a.ops = actions.Operations(resume=lambda pid: 1 / 0)  # a bug in the library must reach the UI as an error
     with pytest.raises(actions.GputraceError, match="ZeroDivisionError"):
         a.resume(7, lambda f, m: None)
-    assert not actions.CheckpointerAdapter("no_such_module_here").available("checkpoint")
+    assert not actions.CheckpointerAdapter(ops=actions.Operations()).available("checkpoint")
 
 
 def test_adapter_fits_the_real_checkpointer():
     a = actions.CheckpointerAdapter()
-    assert a.available("checkpoint") and a.available("restore")
+    assert all(a.available(action) for action in actions.ACTIONS)
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -161,8 +162,7 @@ def test_top_usage_errors(args, msg):
     assert p.returncode == 2 and msg in p.stderr, p.stderr
 
 
-def test_adapter_whole_job_checkpoint_leaves_it_running_and_reports_the_freeze(monkeypatch, tmp_path):
-    mod = types.ModuleType("fake_full")
+def test_adapter_whole_job_checkpoint_leaves_it_running_and_reports_the_freeze(tmp_path):
     got = []
 
     held = []
@@ -180,9 +180,7 @@ def test_adapter_whole_job_checkpoint_leaves_it_running_and_reports_the_freeze(m
         finally:
             held.remove(pid)
 
-    mod.checkpoint_full = checkpoint_full
-    monkeypatch.setitem(sys.modules, "fake_full", mod)
-    a = actions.CheckpointerAdapter("no_such_module_here", root=tmp_path, full_module="fake_full")
+    a = actions.CheckpointerAdapter(root=tmp_path, ops=actions.Operations(checkpoint_full=checkpoint_full))
     assert a.available("checkpoint_full") and not a.available("checkpoint")
     a.hold_tracing = hold_tracing
     seen = []
@@ -195,21 +193,21 @@ def test_adapter_whole_job_checkpoint_leaves_it_running_and_reports_the_freeze(m
     assert "the job runs on" in res.message and "restore --full" in res.message
     assert a.list_checkpoints(7) == []
 
-    mod.checkpoint_full = lambda pid, out, **kw: (_ for _ in ()).throw(actions.GputraceError("CRIU is not installed", "h"))
+    a.ops = actions.Operations(checkpoint_full=lambda pid, out, **kw: (_ for _ in ()).throw(actions.GputraceError("CRIU is not installed", "h")))
     with pytest.raises(actions.GputraceError, match="CRIU is not installed"):
         a.checkpoint_full(7, lambda f, m: None)
     assert held == []
-    mod.checkpoint_full = lambda pid, out, **kw: 1 / 0
+    a.ops = actions.Operations(checkpoint_full=lambda pid, out, **kw: 1 / 0)
     with pytest.raises(actions.GputraceError, match="ZeroDivisionError"):
         a.checkpoint_full(7, lambda f, m: None)
-    assert not actions.CheckpointerAdapter(full_module="no_such_module_here").available("checkpoint_full")
+    assert not actions.CheckpointerAdapter(ops=actions.Operations()).available("checkpoint_full")
 
 
 def test_live_source_hands_the_same_row_until_its_process_has_something_new():
     """A refresh without a window brings no new figures: the row is the very same object, so the
     screen reuses its audits and cells; anything new about the process makes a new row."""
     from gputrace.tracer.targets import LibcudaFile
-    from gputrace.tui.live import LiveSource
+    from gputrace.hostview.live import LiveSource
 
     src = LiveSource(discover=lambda hints: {})
     lib = LibcudaFile("/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1", 1, 2)

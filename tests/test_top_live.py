@@ -75,7 +75,7 @@ def test_once_json_shows_both_processes_with_rates_within_their_intervals(spawne
 
 def test_a_process_started_later_appears_and_one_that_exits_leaves(spawned):
     from gputrace.tracer.session import Options
-    from gputrace.tui.live import LiveSource
+    from gputrace.hostview.live import LiveSource
 
     first = workload(60)
     spawned.append(first)
@@ -115,7 +115,7 @@ def test_a_job_whose_calls_change_after_it_is_found_is_counted_in_full(spawned):
     counts their first calls and moves them into the windows at once: the loop shows in the row of
     the next refresh or the one after (here, within 2 s), whatever the process's age."""
     from gputrace.tracer.session import Options
-    from gputrace.tui.live import LiveSource
+    from gputrace.hostview.live import LiveSource
 
     proc = subprocess.Popen(simcuda.workload("launch_bound") + ["--seconds", "60", "--warmup-stdin", *KNOBS],
                             env=simcuda.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -148,7 +148,7 @@ def test_a_job_whose_calls_change_after_it_is_found_is_counted_in_full(spawned):
 
 
 def test_record_writes_a_session_that_replays(spawned, tmp_path):
-    from gputrace.tui.source import ReplaySource
+    from gputrace.hostview.recording import ReplaySource
 
     proc = workload(120)
     spawned.append(proc)
@@ -166,7 +166,7 @@ def test_hold_takes_tops_probes_off_every_process_on_the_file_until_it_ends(spaw
     on the libcuda file, so CRIU copies none; afterwards top traces them again."""
     from gputrace.checkpointer import uprobes
     from gputrace.tracer.session import Options
-    from gputrace.tui.live import LiveSource
+    from gputrace.hostview.live import LiveSource
 
     procs = [workload(60), workload(60)]
     spawned.extend(procs)

@@ -18,10 +18,10 @@ if textual.__version__ != RECORDED_WITH:
     pytest.skip(f"snapshots were recorded with textual {RECORDED_WITH}, this is {textual.__version__}: "
                 "re-record them with --snapshot-update and review the report", allow_module_level=True)
 
-from gputrace.tui.actions import FakeCheckpointer  # noqa: E402
+from gputrace.hostview.checkpoints import FakeCheckpointer  # noqa: E402
 from gputrace.tui.app import TopApp  # noqa: E402
 from gputrace.tui.screens.main import MainScreen  # noqa: E402
-from gputrace.tui.source import ReplaySource, write_record  # noqa: E402
+from gputrace.hostview.recording import ReplaySource, write_record  # noqa: E402
 
 from topdata import frames  # noqa: E402
 

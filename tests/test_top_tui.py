@@ -9,13 +9,13 @@ import threading
 import pytest
 from textual.widgets import Sparkline
 
-from gputrace.errors import GputraceError
-from gputrace.tui.actions import FakeCheckpointer, NoCheckpointer
+from gputrace.base.errors import GputraceError
+from gputrace.hostview.checkpoints import FakeCheckpointer, NoCheckpointer
 from gputrace.tui.app import TopApp
 from gputrace.tui.screens.detail import DetailScreen
 from gputrace.tui.screens.dialogs import ConfirmScreen, HelpScreen, RestoreScreen
 from gputrace.tui.screens.main import MainScreen
-from gputrace.tui.source import ReplaySource, write_record
+from gputrace.hostview.recording import ReplaySource, write_record
 from gputrace.tui.widgets import ProcessTable
 
 from topdata import frames
@@ -151,7 +151,7 @@ async def test_detail_screen_functions_histogram_and_audit(recording):
 
 
 async def test_the_confirmation_says_where_the_checkpoint_goes(recording, tmp_path):
-    from gputrace.tui.actions import CheckpointerAdapter
+    from gputrace.hostview.checkpoints import CheckpointerAdapter
 
     class Placed(FakeCheckpointer):
         destination = CheckpointerAdapter(root=tmp_path).destination

@@ -24,7 +24,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gputrace import native, simcuda
+from gputrace import simcuda
+from gputrace.base import native
 from gputrace.tracer import bpfprog, links
 
 pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("bpf_host"), pytest.mark.timeout(180)]

@@ -16,8 +16,8 @@ from typing import Iterator
 
 import pytest
 
-from gputrace import native, procs
-from gputrace.errors import NoLibcuda, NoSuchProcess, PermissionDenied, UsageError
+from gputrace.base import native, procs
+from gputrace.base.errors import NoLibcuda, NoSuchProcess, PermissionDenied, UsageError
 from gputrace.tracer import targets
 from gputrace.tracer.classify import CLASS_ORDER, DEFAULT_CLASS, FunctionClass, base_name, classify, rule_for
 from gputrace.tracer.symbols import read_functions

@@ -14,8 +14,9 @@ import orjson
 import pytest
 
 from gputrace import report as rep
-from gputrace.commands.attach import parse_budget
-from gputrace.errors import UsageError
+from gputrace.base.units import fmt_ns, fmt_pct, fmt_rate
+from gputrace.registry import parse_budget
+from gputrace.base.errors import UsageError
 from gputrace.tracer import bpfprog
 from gputrace.tracer.audit import INDIRECT_MAX, PRESETS, audit, make_preset
 from gputrace.tracer.budget import WRITE_S, Policy
@@ -414,9 +415,9 @@ def test_text_report_key_lines():
     assert rows["cuCtxGetDevice_v2"][1:3] == ["query", "90.0k"]
     assert rows["cuModuleLoadData"][-2:] == ["-", "-"]  # never timed: no mean, no p99
     for a in r.audits:
-        assert f"  - {a.preset}: intercepts {', '.join(a.classes)} at {rep.fmt_ns(a.cost_ns)} a call" in text
-        assert (f"predicted slowdown between {rep.fmt_pct(a.slowdown_lower)} (hidden in the wait) "
-                f"and {rep.fmt_pct(a.slowdown_upper)} (fully exposed)") in text
+        assert f"  - {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call" in text
+        assert (f"predicted slowdown between {fmt_pct(a.slowdown_lower)} (hidden in the wait) "
+                f"and {fmt_pct(a.slowdown_upper)} (fully exposed)") in text
     # Unpaired returns and stale frames come with every window edge; only real trouble is noted.
     assert "  tracer notes: depth 3" in lines
 
@@ -452,7 +453,7 @@ def test_text_interval_line():
     line = out.getvalue()
     assert line.endswith("\n") and line.count("\n") == 1
     assert line.startswith("[    1.0s] pid 4242 train: ")
-    assert f"{rep.fmt_rate(r.intervals[1].processes[0].calls_hz)} calls/s" in line
+    assert f"{fmt_rate(r.intervals[1].processes[0].calls_hz)} calls/s" in line
     assert "probed 50.0% of the interval" in line and "tracer 0.16% of its time" in line
 
 

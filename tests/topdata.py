@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gputrace.tracer.classify import CLASS_ORDER, FunctionClass
 from gputrace.tracer.model import ClassTotals, FunctionStats, ProcessSnapshot
-from gputrace.tui.model import Checkpoint, Gpu, HostSnapshot, ProcessRow
+from gputrace.hostview.model import Checkpoint, Gpu, HostSnapshot, ProcessRow
 
 T0 = 1_700_000_000.0
 

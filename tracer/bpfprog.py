@@ -16,8 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
-from gputrace.bccload import import_bcc
-from gputrace.errors import BpfUnavailable
+from gputrace.base.bccload import import_bcc
+from gputrace.base.errors import BpfUnavailable
 
 from . import links
 

@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from gputrace import native
+from gputrace.base import native
 
 from .bpfprog import COOKIE_TIMED, Program
 from .symbols import read_functions

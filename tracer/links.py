@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from gputrace.errors import BpfUnavailable, NoSuchProcess, PermissionDenied
+from gputrace.base.errors import BpfUnavailable, NoSuchProcess, PermissionDenied
 
 SYS_BPF = 321  # x86-64
 SYS_PERF_EVENT_OPEN = 298

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from gputrace.errors import BpfUnavailable, NoLibcuda, NoSuchProcess
-from gputrace.procs import alive, stop_point
+from gputrace.base.errors import BpfUnavailable, NoLibcuda, NoSuchProcess
+from gputrace.base.procs import alive, stop_point
 
 from .bpfprog import Program
 from .calibrate import Calibration, calibrate

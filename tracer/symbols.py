@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from gputrace.errors import NoLibcuda, PermissionDenied
+from gputrace.base.errors import NoLibcuda, PermissionDenied
 
 from .classify import FunctionClass, classify
 

@@ -16,8 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from gputrace.errors import GputraceError, NoLibcuda, NoSuchProcess, PermissionDenied, UsageError
-from gputrace.procs import alive, require_process
+from gputrace.base.errors import GputraceError, NoLibcuda, NoSuchProcess, PermissionDenied, UsageError
+from gputrace.base.procs import alive, require_process
 
 SONAME = "libcuda.so.1"
 _LIBCUDA = re.compile(r"libcuda\.so(\.\d+)*")  # not libcudart, libcudnn, libcuda_foo

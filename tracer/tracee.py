@@ -16,7 +16,7 @@ import os
 import time
 from typing import Mapping, Sequence
 
-from gputrace.procs import alive
+from gputrace.base.procs import alive
 
 from . import estimator as est
 from .bpfprog import ZERO, RawStats

@@ -9,15 +9,15 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 
-from gputrace.errors import GputraceError
+from gputrace.base.errors import GputraceError
 from gputrace.tracer.audit import DEFAULT_PRESET, PRESETS
 
-from .actions import ActionResult, Checkpointer, label
+from gputrace.hostview.checkpoints import ActionResult, Checkpointer, label
 from .messages import ActionDone, ActionFailed, ActionProgress, FrameArrived, SourceEnded
-from .model import Checkpoint, HostSnapshot, ProcessRow
+from gputrace.hostview.model import Checkpoint, HostSnapshot, ProcessRow
 from .screens.dialogs import ConfirmScreen, HelpScreen, RestoreScreen
 from .screens.main import MainScreen
-from .source import Source
+from gputrace.hostview.recording import Source
 
 QUESTIONS = {
     "checkpoint": "Checkpoint pid {pid} ({comm})? The job is frozen while its device memory is copied out.",

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from .actions import ActionResult
-from .model import HostSnapshot
+from gputrace.hostview.checkpoints import ActionResult
+from gputrace.hostview.model import HostSnapshot
 
 
 @dataclass

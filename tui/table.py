@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from .model import ProcessRow
+from gputrace.hostview.model import ProcessRow
 from .text import COLUMNS, overhead_level
 
 LEFT = frozenset({"comm", "ckpt", "trend"})

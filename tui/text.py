@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import time
 
-from gputrace.report import fmt_bytes, fmt_ns, fmt_pct, fmt_rate
+from gputrace.base.units import fmt_bytes, fmt_ns, fmt_pct, fmt_rate
 
-from .model import Checkpoint, HostSnapshot, ProcessRow
+from gputrace.hostview.model import Checkpoint, HostSnapshot, ProcessRow
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -12,9 +12,9 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
-from gputrace.report import fmt_pct
+from gputrace.base.units import fmt_pct
 
-from .model import HostSnapshot
+from gputrace.hostview.model import HostSnapshot
 from .table import ProcessTable, columns_for  # noqa: F401  (the screens import them from here)
 from .text import COLUMNS, fmt_bytes
 

@@ -9,9 +9,9 @@ import signal
 import statistics
 import sys
 
-from ..cli import PID, add_json, command, nonempty, number
-from ..errors import GputraceError, UsageError
-from ..procs import require_process, require_root
+from ..registry import PID, add_json, command, nonempty, number, parse_budget
+from ..base.errors import GputraceError, UsageError
+from ..base.procs import require_process, require_root
 from .. import report as rep
 from ..tracer.classify import waits
 
@@ -27,17 +27,6 @@ The audit: a layer adding C ns to each call of the classes it intercepts adds A 
 seconds per second; the predicted slowdown lies between max(0, A - wait) and 1.3 x A (a layer's code
 also slows the caller's own code: up to 1.23x its own time, measured on an H200). See README.md.
 """
-
-
-def parse_budget(text: str) -> float:
-    t = text.strip()
-    try:
-        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise UsageError(f"invalid budget {text!r}", "give the most the tracer may slow the job, as a share of its time: e.g. 1% or 0.005") from None
-    if not 0 < value <= 1:
-        raise UsageError(f"budget {text} is out of range", "use a value above 0% and at most 100% (100% traces every call)")
-    return value
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
-from ..cli import add_json, add_pid, command, number
-from . import full
+from ..base.errors import UsageError
+from ..base.units import fmt_bytes
 from ..progress import Progress
-from ..report import fmt_bytes
-from .shim import _dump_json
+from ..registry import add_json, add_pid, command, dump_json, gbps, ms, number
 
 CHECKPOINT_EPILOG = """examples:
   gputrace checkpoint -p 1234                   into ./gputrace-ckpt-1234-TIME
@@ -21,7 +19,7 @@ CHECKPOINT_EPILOG = """examples:
 The job must run with the shim (gputrace run --checkpointable -- CMD).  It is frozen only while its
 device memory is copied to host memory; the data are then checksummed and written while it runs on.
 The directory appears only once complete (written as .NAME.partial-PID, synced, then renamed).
-""" + full.FULL_EXAMPLES
+"""
 
 RESTORE_EPILOG = """examples:
   gputrace restore -p 1234 /ckpt/step100
@@ -32,7 +30,7 @@ holds the same allocations (addresses and sizes), are checked before the job is 
 mismatch nothing changes.  Only device memory goes back: the process's host memory (a step counter,
 the optimizer's host-side state, open files) goes on from where it is.  For both, checkpoint and
 restore the whole process: `checkpoint --full` and `restore --full`.
-""" + full.FULL_EXAMPLES
+"""
 
 
 def _tuning(p: argparse.ArgumentParser, direct: bool = False) -> None:
@@ -61,8 +59,6 @@ def _backend(p: argparse.ArgumentParser) -> None:
 def configure_checkpoint(p: argparse.ArgumentParser) -> None:
     add_pid(p)
     p.add_argument("-o", "--output", help="new directory to write (default ./gputrace-ckpt-PID-TIME)")
-    p.add_argument("--full", action="store_true", help="the whole process: GPU state, then CPU state by CRIU")
-    p.add_argument("--leave-running", action="store_true", help="with --full: the job runs on after the dump")
     _backend(p)
     _tuning(p, direct=True)
     add_json(p)
@@ -71,17 +67,34 @@ def configure_checkpoint(p: argparse.ArgumentParser) -> None:
 def _driver_report(r) -> None:
     print(f"{r.action} of pid {r.pid} with the driver's checkpoint API ({r.driver}):")
     steps = [("lock", r.lock_ns), ("checkpoint", r.checkpoint_ns), ("restore", r.restore_ns), ("unlock", r.unlock_ns)]
-    print("  " + ", ".join(f"{name} {_ms(ns)}" for name, ns in steps if ns))
-    print(f"  freeze   {_ms(r.freeze_ns)}" + (" (device state round-tripped through host memory; nothing written "
+    print("  " + ", ".join(f"{name} {ms(ns)}" for name, ns in steps if ns))
+    print(f"  freeze   {ms(r.freeze_ns)}" + (" (device state round-tripped through host memory; nothing written "
                                                  "to disk)" if r.action == "checkpoint" else ""))
+
+
+def _by_driver(args: argparse.Namespace, action: str) -> int:
+    """`--backend driver`: the same action by NVIDIA's cuCheckpointProcess* API, for any CUDA process."""
+    from ..checkpointer import driver
+
+    if getattr(args, "output", None):
+        raise UsageError("--backend driver writes no directory: the driver keeps the data in the process",
+                         f"drop -o, or {action} a shimmed job (the shim backend) to write a checkpoint directory")
+    if action == "checkpoint":
+        r = driver.checkpoint(args.pid, timeout_ms=args.timeout_ms)
+    elif action == "suspend":
+        r = driver.suspend(args.pid, timeout_ms=args.timeout_ms)
+    else:
+        r = driver.resume(args.pid)
+    if args.json:
+        dump_json({"schema": 1, **r.to_dict()})
+    else:
+        _driver_report(r)
+    return 0
 
 
 def configure_restore(p: argparse.ArgumentParser) -> None:
     add_pid(p, required=False)
     p.add_argument("dir", help="checkpoint directory written by `gputrace checkpoint`")
-    p.add_argument("--full", action="store_true", help="a whole-process checkpoint: CRIU restore, then GPU state")
-    p.add_argument("--gpu-map", action="append", metavar="OLD=NEW",
-                   help="with --full: put the job's GPU OLD on GPU NEW (indices or UUIDs; repeatable)")
     p.add_argument("--into-other-process", action="store_true",
                    help="restore a checkpoint of another process (or of an earlier one with this pid) into this "
                         "one; its allocations must still match")
@@ -89,38 +102,13 @@ def configure_restore(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
-def _gbps(nbytes: int, ns: int) -> str:
-    return f"{nbytes / ns:.2f} GB/s" if ns else "-"
-
-
-def _ms(ns: int) -> str:
-    return f"{ns / 1e6:.1f} ms"
-
-
 @command("checkpoint", "checkpoint a shimmed process's GPU memory to a directory", CHECKPOINT_EPILOG)(
     configure_checkpoint)
 def checkpoint_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import checkpoint
 
-    if args.full:
-        return full.checkpoint(args)
-    if args.leave_running:
-        from ..errors import UsageError
-
-        raise UsageError("--leave-running goes with --full", "a GPU-memory checkpoint always leaves the job running")
     if args.backend == "driver":
-        from ..checkpointer import driver
-        from ..errors import UsageError
-
-        if args.output:
-            raise UsageError("--backend driver writes no directory: the driver keeps the data in the process",
-                             "drop -o, or use the shim backend to write a checkpoint directory")
-        r = driver.checkpoint(args.pid, timeout_ms=args.timeout_ms)
-        if args.json:
-            _dump_json({"schema": 1, **r.to_dict()})
-        else:
-            _driver_report(r)
-        return 0
+        return _by_driver(args, "checkpoint")
 
     prog = Progress(not args.json and sys.stderr.isatty())
     try:
@@ -129,32 +117,28 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
     finally:
         prog.end()
     if args.json:
-        _dump_json({"schema": 1, **r.to_dict()})
+        dump_json({"schema": 1, **r.to_dict()})
         return 0
     print(f"checkpoint of pid {r.pid}: {r.path}")
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
     _print_freeze(r)
-    print(f"  write    {_ms(r.write_ns)} at {_gbps(r.image_bytes, r.write_ns)} (job running)")
-    print(f"  total    {_ms(r.total_ns)}")
+    print(f"  write    {ms(r.write_ns)} at {gbps(r.image_bytes, r.write_ns)} (job running)")
+    print(f"  total    {ms(r.total_ns)}")
     return 0
 
 
 def _print_freeze(r) -> None:
     """The freeze of a shim checkpoint or restore, by phase: the same fields in both reports."""
-    print(f"  freeze   {_ms(r.freeze_ns)} (drain {_ms(r.drain_ns)}, sync {_ms(r.sync_ns)}, "
-          f"copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}{', direct' if r.direct else ''})")
+    print(f"  freeze   {ms(r.freeze_ns)} (drain {ms(r.drain_ns)}, sync {ms(r.sync_ns)}, "
+          f"copy {ms(r.copy_ns)} at {gbps(r.bytes, r.copy_ns)}{', direct' if r.direct else ''})")
 
 
 @command("restore", "roll a shimmed process's GPU memory back to a checkpoint", RESTORE_EPILOG)(configure_restore)
 def restore_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import restore
 
-    if args.full:
-        return full.restore(args)
-    if args.pid is None or args.gpu_map:
-        from ..errors import UsageError
-
-        raise UsageError("restore needs -p PID (or --full for a whole-process checkpoint; --gpu-map goes with it)",
+    if args.pid is None:
+        raise UsageError("restore needs -p PID (or --full for a whole-process checkpoint)",
                          "gputrace restore -p PID DIR, or gputrace restore --full DIR")
     prog = Progress(not args.json and sys.stderr.isatty())
     try:
@@ -163,13 +147,13 @@ def restore_cmd(args: argparse.Namespace) -> int:
     finally:
         prog.end()
     if args.json:
-        _dump_json({"schema": 1, **r.to_dict(), "host_state_restored": False})
+        dump_json({"schema": 1, **r.to_dict(), "host_state_restored": False})
         return 0
     print(f"restored pid {r.pid} from {r.path}")
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
-    print(f"  verify   {_ms(r.verify_ns)} at {_gbps(r.bytes, r.verify_ns)} (job running)")
+    print(f"  verify   {ms(r.verify_ns)} at {gbps(r.bytes, r.verify_ns)} (job running)")
     _print_freeze(r)
-    print(f"  total    {_ms(r.total_ns)}")
+    print(f"  total    {ms(r.total_ns)}")
     print("  note     device memory only: the process's host state (step counters, host tensors) was not "
           "rolled back; `checkpoint --full` / `restore --full` take both", file=sys.stderr)
     return 0
@@ -202,19 +186,7 @@ def suspend_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import suspend
 
     if args.backend == "driver":
-        from ..checkpointer import driver
-
-        if args.output:
-            from ..errors import UsageError
-
-            raise UsageError("--backend driver writes no directory: the driver keeps the data in the process",
-                             "drop -o, or suspend a shimmed job to write its data to a directory")
-        r = driver.suspend(args.pid, timeout_ms=args.timeout_ms)
-        if args.json:
-            _dump_json({"schema": 1, **r.to_dict()})
-        else:
-            _driver_report(r)
-        return 0
+        return _by_driver(args, "suspend")
 
     prog = Progress(not args.json and sys.stderr.isatty())
     try:
@@ -223,12 +195,12 @@ def suspend_cmd(args: argparse.Namespace) -> int:
     finally:
         prog.end()
     if args.json:
-        _dump_json({"schema": 1, **r.to_dict()})
+        dump_json({"schema": 1, **r.to_dict()})
         return 0
-    where = f"written to {r.path} ({_ms(r.write_ns)}, host memory given back)" if r.path else "kept in host memory"
+    where = f"written to {r.path} ({ms(r.write_ns)}, host memory given back)" if r.path else "kept in host memory"
     print(f"suspended pid {r.pid}: {r.allocations} allocation(s), {fmt_bytes(r.bytes)} {where}, "
           f"{fmt_bytes(r.reserved_bytes)} of GPU memory freed")
-    print(f"  copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}, release {_ms(r.release_ns)}; "
+    print(f"  copy {ms(r.copy_ns)} at {gbps(r.bytes, r.copy_ns)}, release {ms(r.release_ns)}; "
           f"resume with: gputrace resume -p {r.pid}")
     return 0
 
@@ -249,20 +221,13 @@ def resume_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import resume
 
     if args.backend == "driver":
-        from ..checkpointer import driver
-
-        r = driver.resume(args.pid)
-        if args.json:
-            _dump_json({"schema": 1, **r.to_dict()})
-        else:
-            _driver_report(r)
-        return 0
+        return _by_driver(args, "resume")
 
     r = resume(args.pid, lanes=args.lanes, chunk=args.chunk, direct=args.direct)
     if args.json:
-        _dump_json({"schema": 1, **r.to_dict()})
+        dump_json({"schema": 1, **r.to_dict()})
         return 0
     print(f"resumed pid {r.pid}: {r.allocations} allocation(s), {fmt_bytes(r.bytes)} back on the GPU "
           f"after {r.suspended_ns / 1e9:.1f} s suspended")
-    print(f"  remap {_ms(r.remap_ns)}, copy {_ms(r.copy_ns)} at {_gbps(r.bytes, r.copy_ns)}")
+    print(f"  remap {ms(r.remap_ns)}, copy {ms(r.copy_ns)} at {gbps(r.bytes, r.copy_ns)}")
     return 0

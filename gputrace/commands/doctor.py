@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import add_json, command
+from ..registry import add_json, command
 
 EPILOG = """\
 examples:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import add_json, add_pid, command, number
-from ..errors import UsageError
-from ..report import fmt_bytes
-from .shim import _dump_json
+from ..registry import add_json, add_pid, command, dump_json, mode, ms, number
+from ..base.errors import UsageError
+from ..base.units import fmt_bytes
 
 FULL_EXAMPLES = """
 whole job (--full): GPU state by the driver's checkpoint API (after the shim's fast copy, for jobs started
@@ -42,6 +41,12 @@ def parse_gpu_map(items: list[str] | None) -> list[tuple[str, str]]:
     return pairs
 
 
+def configure_checkpoint(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--leave-running", action="store_true", help="with --full: the job runs on after the dump")
+
+
+@mode("checkpoint", "full", "the whole process: GPU state, then CPU state by CRIU", FULL_EXAMPLES,
+      only_with={"leave_running": "a GPU-memory checkpoint always leaves the job running"})(configure_checkpoint)
 def checkpoint(args: argparse.Namespace) -> int:
     from ..checkpointer.full import checkpoint_full
     from ..progress import Progress
@@ -56,14 +61,14 @@ def checkpoint(args: argparse.Namespace) -> int:
     finally:
         prog.end()
     if args.json:
-        _dump_json({"schema": 1, **r.to_dict()})
+        dump_json({"schema": 1, **r.to_dict()})
         return 0
     print(f"whole-process checkpoint of pid {r.pid}: {r.path}")
     print(f"  {r.files} file(s), {fmt_bytes(r.image_bytes)} of CRIU images ({r.criu})")
-    gpu = (f"shim copy {_ms(r.shim_ns)}, " if r.shim else "") + f"driver lock {_ms(r.lock_ns)}, " \
-          f"checkpoint {_ms(r.checkpoint_ns)}"
-    print(f"  freeze   {_ms(r.freeze_ns)} ({gpu}, criu dump {_ms(r.dump_ns)})")
-    print(f"  write    {_ms(r.write_ns)} (checksums, manifest, sync)")
+    gpu = (f"shim copy {ms(r.shim_ns)}, " if r.shim else "") + f"driver lock {ms(r.lock_ns)}, " \
+          f"checkpoint {ms(r.checkpoint_ns)}"
+    print(f"  freeze   {ms(r.freeze_ns)} ({gpu}, criu dump {ms(r.dump_ns)})")
+    print(f"  write    {ms(r.write_ns)} (checksums, manifest, sync)")
     if r.image_check != "clean":
         why = r.image_check.removeprefix("skipped: ")
         print(f"  warning: the images were not searched for a tracer's breakpoints ({why}); if a uprobe tracer "
@@ -73,6 +78,14 @@ def checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def configure_restore(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-map", action="append", metavar="OLD=NEW",
+                   help="with --full: put the job's GPU OLD on GPU NEW (indices or UUIDs; repeatable)")
+
+
+@mode("restore", "full", "a whole-process checkpoint: CRIU restore, then GPU state", FULL_EXAMPLES,
+      only_with={"gpu_map": "the GPU map places a whole-process restore: gputrace restore --full DIR --gpu-map OLD=NEW"})(
+    configure_restore)
 def restore(args: argparse.Namespace) -> int:
     from ..checkpointer.full import restore_full
 
@@ -81,16 +94,12 @@ def restore(args: argparse.Namespace) -> int:
                          "drop -p: gputrace restore --full DIR")
     r = restore_full(args.dir, gpu_map=parse_gpu_map(args.gpu_map))
     if args.json:
-        _dump_json({"schema": 1, **r.to_dict()})
+        dump_json({"schema": 1, **r.to_dict()})
         return 0
     print(f"restored pid {r.pid} from {r.path}; it is running")
-    print(f"  verify {_ms(r.verify_ns)}; back in {_ms(r.total_ns)}: criu restore {_ms(r.criu_ns)}, driver restore "
-          f"{_ms(r.driver_restore_ns)}, unlock {_ms(r.unlock_ns)}" + (f", shim {_ms(r.shim_ns)}" if r.shim_ns else ""))
+    print(f"  verify {ms(r.verify_ns)}; back in {ms(r.total_ns)}: criu restore {ms(r.criu_ns)}, driver restore "
+          f"{ms(r.driver_restore_ns)}, unlock {ms(r.unlock_ns)}" + (f", shim {ms(r.shim_ns)}" if r.shim_ns else ""))
     return 0
-
-
-def _ms(ns: int) -> str:
-    return f"{ns / 1e6:.1f} ms"
 
 
 def configure_migrate(p: argparse.ArgumentParser) -> None:
@@ -109,11 +118,11 @@ def migrate_cmd(args: argparse.Namespace) -> int:
     c = checkpoint_full(args.pid, args.to, timeout_ms=args.timeout_ms)
     r = restore_full(c.path) if args.restore_here else None
     if args.json:
-        _dump_json({"schema": 1, "checkpoint": c.to_dict(), "restore": r.to_dict() if r else None})
+        dump_json({"schema": 1, "checkpoint": c.to_dict(), "restore": r.to_dict() if r else None})
         return 0
-    print(f"pid {c.pid} checkpointed whole to {c.path} (frozen {_ms(c.freeze_ns)}) and ended")
+    print(f"pid {c.pid} checkpointed whole to {c.path} (frozen {ms(c.freeze_ns)}) and ended")
     if r:
-        print(f"restored here: pid {r.pid} running again after {_ms(r.total_ns)}")
+        print(f"restored here: pid {r.pid} running again after {ms(r.total_ns)}")
     else:
         print(f"on the target machine: gputrace restore --full {c.path}")
     return 0

@@ -7,9 +7,9 @@ import os
 import shutil
 import sys
 
-from ..cli import add_json, add_pid, command, nonempty, number
-from ..errors import GputraceError, UsageError
-from ..report import fmt_bytes
+from ..registry import add_json, add_pid, command, dump_json, nonempty, number
+from ..base.errors import GputraceError, UsageError
+from ..base.units import fmt_bytes
 
 RUN_EPILOG = """examples:
   gputrace run --checkpointable -- python train.py --epochs 3
@@ -167,13 +167,6 @@ def render_status(st: dict, comm: str) -> str:
     return "\n".join(lines)
 
 
-def _dump_json(doc: object) -> None:
-    import orjson
-
-    sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
-    sys.stdout.flush()
-
-
 @command("shim", "inspect the checkpointing shim in a process", SHIM_EPILOG)(configure_shim)
 def shim_cmd(args: argparse.Namespace) -> int:
     from ..shim.client import Connection, comm, status
@@ -186,7 +179,7 @@ def shim_cmd(args: argparse.Namespace) -> int:
             raise GputraceError(f"the shim of process {args.pid} refused: {reply.get('error')}",
                                 "see `gputrace shim --help` for the classes and the form of --functions")
         if args.json:
-            _dump_json(reply)
+            dump_json(reply)
         else:
             print(render_emulate(reply["emulate"]))
         return 0
@@ -195,7 +188,7 @@ def shim_cmd(args: argparse.Namespace) -> int:
                          "gputrace shim emulate -p PID --cost-ns 2000 --classes submission")
     st = status(args.pid)
     if args.json:
-        _dump_json(st)
+        dump_json(st)
     else:
         print(render_status(st, comm(args.pid)))
     return 0
@@ -242,7 +235,7 @@ def ps(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(procs)))) as pool:
         rows = list(pool.map(row_of, procs))
     if args.json:
-        _dump_json({"schema": 2, "processes": rows})
+        dump_json({"schema": 2, "processes": rows})
         return 0
     if not rows:
         print("no process with the gputrace shim found (start one with: gputrace run --checkpointable -- CMD)")

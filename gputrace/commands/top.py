@@ -7,9 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import add_json, command, number
-from ..errors import GputraceError, UsageError
-from .attach import parse_budget
+from ..registry import add_json, command, number, parse_budget
+from ..base.errors import GputraceError, UsageError
 
 TOP_EPILOG = """examples:
   sudo gputrace top                         every CUDA process on the host, live (q quits, ? for keys)
@@ -61,9 +60,9 @@ def _options(args: argparse.Namespace):
 
 
 def _live(args: argparse.Namespace, cumulative: bool = False):
-    from ..procs import require_root
-    from ..tui.actions import CheckpointerAdapter
-    from ..tui.live import LiveSource
+    from ..base.procs import require_root
+    from ..hostview.checkpoints import CheckpointerAdapter
+    from ..hostview.live import LiveSource
 
     require_root("tracing")
     say = lambda msg: print(f"gputrace: {msg}", file=sys.stderr, flush=True)  # noqa: E731
@@ -101,7 +100,7 @@ def once(args: argparse.Namespace) -> int:
 
 def _print_frame(frame, args: argparse.Namespace) -> int:
     """One frame on stdout, as JSON with --json, else as text."""
-    from ..tui.model import host_dict
+    from ..hostview.model import host_dict
     from ..tui.text import render_host
 
     if args.json:
@@ -119,7 +118,7 @@ def replay_once(args: argparse.Namespace) -> int:
     is in), in one frame printed as `--once` prints the live host."""
     import dataclasses
 
-    from ..tui.source import read_record
+    from ..hostview.recording import read_record
 
     _, frames = read_record(args.replay)
     if not frames:
@@ -150,8 +149,8 @@ def top(args: argparse.Namespace) -> int:
     if args.once:
         return once(args)
     if args.replay:
-        from ..tui.actions import NoCheckpointer
-        from ..tui.source import ReplaySource
+        from ..hostview.checkpoints import NoCheckpointer
+        from ..hostview.recording import ReplaySource
 
         source, actions = ReplaySource(args.replay, args.speed), NoCheckpointer()
     else:
@@ -176,7 +175,7 @@ def configure_record(p: argparse.ArgumentParser) -> None:
 
 @command("record", "record what `top` shows to a file, for `top --replay`", RECORD_EPILOG)(configure_record)
 def record(args: argparse.Namespace) -> int:
-    from ..tui.source import Recorder
+    from ..hostview.recording import Recorder
 
     if args.duration is not None and args.duration <= 0:
         raise UsageError("--duration must be positive", "e.g. -d 60")

@@ -11,10 +11,10 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Sparkline, Static
 
-from gputrace.report import fmt_ns, fmt_pct, fmt_rate
+from gputrace.base.units import fmt_ns, fmt_pct, fmt_rate
 from gputrace.tracer.model import FunctionStats
 
-from ..model import HostSnapshot, ProcessRow
+from gputrace.hostview.model import HostSnapshot, ProcessRow
 from ..text import fmt_checkpoint, fmt_share
 
 HISTORY = 120  # refreshes a detail screen plots

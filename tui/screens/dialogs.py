@@ -9,7 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ..model import Checkpoint
+from gputrace.hostview.model import Checkpoint
 from ..text import fmt_checkpoint
 
 _CSS = """

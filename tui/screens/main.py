@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
-from ..model import HostSnapshot, ProcessRow
+from gputrace.hostview.model import HostSnapshot, ProcessRow
 from ..text import SORTABLE, matches, sort_rows
 from ..widgets import HostHeader, ProcessTable, StatusLine, columns_for
 

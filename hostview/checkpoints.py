@@ -1,16 +1,14 @@
-"""The actions `top` offers on a shimmed process, behind a small protocol.
+"""The checkpoint actions on a host's processes, behind a small protocol, free of any UI.
 
-`CheckpointerAdapter` calls gputrace.checkpointer where it has what an action needs; an action it
-lacks raises ActionUnavailable ("not available yet"), which the UI shows like any other failure.
-`FakeCheckpointer` keeps checkpoints in memory, for tests and demos without a GPU or a shim.
-Every method blocks: the UI calls them from a thread worker, never from its event loop.
+`CheckpointerAdapter` calls gputrace.checkpointer's functions (given as `Operations`, the real ones
+by default) and lists the checkpoints it wrote; `FakeCheckpointer` keeps checkpoints in memory, for
+tests and demos without a GPU or a shim; `NoCheckpointer` refuses every action, for a replay.
+Every method blocks: a UI calls them from a thread worker, never from its event loop.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import inspect
 import os
 import threading
 import time
@@ -18,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
+from gputrace.base.errors import GputraceError, NotYetAvailable
+from gputrace.base.units import fmt_bytes
 from gputrace.checkpointer import uprobes
-from gputrace.errors import GputraceError, NotYetAvailable
-from gputrace.report import fmt_bytes
 
 from .model import Checkpoint
 
@@ -53,11 +51,6 @@ class Checkpointer(Protocol):
 
 
 ACTIONS = ("checkpoint", "restore", "suspend", "resume", "list_checkpoints", "checkpoint_full")
-LABELS = {"checkpoint_full": "whole-job checkpoint"}  # what the UI calls an action, where not its name
-
-
-def label(action: str) -> str:
-    return LABELS.get(action, action)
 
 
 class FakeCheckpointer:
@@ -164,50 +157,56 @@ def default_checkpoint_dir() -> Path:
     return Path(base) / "gputrace" / "checkpoints"
 
 
-class CheckpointerAdapter:
-    """Calls gputrace.checkpointer's functions where it has them: checkpoint(pid, out, progress=),
-    restore(pid, path, progress=), suspend(pid, progress=), resume(pid, progress=), with progress
-    called as (phase, done, total); list_checkpoints(pid) if it has one, else the complete checkpoints
-    of that pid under `root` (directories named PID-TIME, as this adapter names them)."""
+@dataclass(frozen=True)
+class Operations:
+    """The checkpointer's functions the adapter calls, as gputrace.checkpointer defines them; None
+    where this host does not offer the action."""
 
-    def __init__(self, module: str = "gputrace.checkpointer", root: Path | None = None,
-                 full_module: str = "gputrace.checkpointer.full") -> None:
+    checkpoint: Callable | None = None       # (pid, out, *, progress=) -> CheckpointReport
+    restore: Callable | None = None          # (pid, path, *, progress=) -> RestoreReport
+    suspend: Callable | None = None          # (pid, *, progress=) -> SuspendReport
+    resume: Callable | None = None           # (pid) -> ResumeReport
+    checkpoint_full: Callable | None = None  # (pid, out, *, leave_running=, progress=) -> FullCheckpointReport
+
+
+def checkpointer_operations() -> Operations:
+    from gputrace import checkpointer
+    from gputrace.checkpointer.full import checkpoint_full
+
+    return Operations(checkpointer.checkpoint, checkpointer.restore, checkpointer.suspend, checkpointer.resume,
+                      checkpoint_full)
+
+
+class CheckpointerAdapter:
+    """gputrace.checkpointer for `top`: checkpoints go to PID-TIME under `root` (whole-job ones to
+    full-PID-TIME), and `list_checkpoints` lists the complete ones of a pid found there."""
+
+    def __init__(self, root: Path | None = None, ops: Operations | None = None) -> None:
         self.root = root or default_checkpoint_dir()
+        self.ops = ops or checkpointer_operations()
         # pid -> a context in which no probe of this top's is in the job (LiveSource.hold_tracing)
         self.hold_tracing: Callable[[int], contextlib.AbstractContextManager] = lambda pid: contextlib.nullcontext(True)
-        self._full_module = full_module  # its checkpoint_full(pid, out, leave_running=, progress=)
-        try:
-            self._mod = importlib.import_module(module)
-        except ImportError:
-            self._mod = None
-
-    def _fn(self, action: str):
-        mod = self._mod
-        if action == "checkpoint_full":
-            try:
-                mod = importlib.import_module(self._full_module)
-            except ImportError:
-                return None
-        fn = getattr(mod, action, None) if mod is not None else None
-        return fn if callable(fn) else None
+        self._manifests: dict[tuple[str, int, int], Checkpoint | None] = {}  # (dir, inode, mtime) -> its entry
 
     def available(self, action: str) -> bool:
-        return self._fn(action) is not None
+        return action == "list_checkpoints" or (action in ACTIONS and getattr(self.ops, action) is not None)
 
-    def _call(self, action: str, pid: int, progress: Progress, *args) -> ActionResult:
-        fn = self._fn(action)
+    def _run(self, action: str, pid: int, call: Callable[[Callable], object]) -> tuple[object, float]:
+        """`call(fn)` with the checkpointer's function for `action`; its report and the seconds it took.
+        A failure that is not a GputraceError (a bug) reaches the UI as an error, not a crash."""
+        fn = getattr(self.ops, action)
         if fn is None:
-            raise ActionUnavailable(f"{action} is not available yet", "it arrives with the checkpointer (issue 5)")
-
-        kw = {"progress": _reporter(progress)} if _takes(fn, "progress") else {}
+            raise ActionUnavailable(f"{label(action)} is not available here",
+                                    f"run `gputrace {action.replace('_full', ' --full')} -p PID` from a shell")
         t0 = time.monotonic()
         try:
-            out = fn(pid, *args, **kw)
+            out = call(fn)
         except GputraceError:
             raise
-        except Exception as exc:  # a library still being written: show it, do not crash the UI
-            raise GputraceError(f"{action} failed: {type(exc).__name__}: {exc}", "see `gputrace " + action + " --help`") from exc
-        return _as_result(action, pid, out, time.monotonic() - t0)
+        except Exception as exc:  # whatever it is, the UI shows it
+            raise GputraceError(f"{label(action)} failed: {type(exc).__name__}: {exc}",
+                                f"see `gputrace {action.replace('_full', ' --full')} --help`") from exc
+        return out, time.monotonic() - t0
 
     def _mkroot(self) -> None:
         try:
@@ -227,121 +226,83 @@ class CheckpointerAdapter:
     def checkpoint(self, pid: int, progress: Progress) -> ActionResult:
         out = self.root / f"{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
         self._mkroot()
-        return self._call("checkpoint", pid, progress, str(out))
+        r, took = self._run("checkpoint", pid, lambda fn: fn(pid, str(out), progress=_reporter(progress)))
+        freeze = r.freeze_ns / 1e9
+        return ActionResult("checkpoint", pid, f"{fmt_bytes(r.bytes)} to {r.path} in {took:.2f} s", freeze,
+                            Checkpoint(str(r.path), time.time(), r.bytes, freeze))
 
     def checkpoint_full(self, pid: int, progress: Progress) -> ActionResult:
         """`gputrace checkpoint --full --leave-running` into full-PID-TIME under the root (not PID-TIME:
-        `_scan` lists what `restore` can roll a live process back to, and this is not that)."""
-        fn = self._fn("checkpoint_full")
-        if fn is None:
-            raise ActionUnavailable("whole-job checkpoint is not available", "gputrace.checkpointer.full is missing")
+        `list_checkpoints` lists what `restore` can roll a live process back to, and this is not that)."""
         out = self.root / f"full-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
-        self._mkroot()
-        t0 = time.monotonic()
-        try:
+
+        def call(fn):
             # top's own probes leave the libcuda file while CRIU copies the job: their breakpoints would
             # go with it and trap once it is restored. The checkpointer refuses any that remain (another
             # tracer's) before it freezes the job.
             progress(0.0, "pausing top's tracing of this libcuda")
             with self.hold_tracing(pid):
                 uprobes.settle(pid)  # calls entered under a return probe come back out
-                r = fn(pid, str(out), leave_running=True, progress=_reporter(progress))
-        except GputraceError:
-            raise
-        except Exception as exc:  # whatever it is, the UI shows it
-            raise GputraceError(f"whole-job checkpoint failed: {type(exc).__name__}: {exc}",
-                                "see `gputrace checkpoint --full --help`") from exc
+                return fn(pid, str(out), leave_running=True, progress=_reporter(progress))
+
+        if self.ops.checkpoint_full is not None:
+            self._mkroot()
+        r, took = self._run("checkpoint_full", pid, call)
         return ActionResult("checkpoint_full", pid,
-                            f"{fmt_bytes(r.image_bytes)} to {r.path} in {time.monotonic() - t0:.2f} s; the job runs on "
+                            f"{fmt_bytes(r.image_bytes)} to {r.path} in {took:.2f} s; the job runs on "
                             f"(back with `gputrace restore --full {r.path}`)", r.freeze_ns / 1e9)
 
     def restore(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
-        return self._call("restore", pid, progress, checkpoint_id)
+        r, took = self._run("restore", pid, lambda fn: fn(pid, checkpoint_id, progress=_reporter(progress)))
+        return ActionResult("restore", pid, f"{fmt_bytes(r.bytes)} from {r.path} in {took:.2f} s", r.freeze_ns / 1e9)
 
     def suspend(self, pid: int, progress: Progress) -> ActionResult:
-        return self._call("suspend", pid, progress)
+        r, took = self._run("suspend", pid, lambda fn: fn(pid, progress=_reporter(progress)))
+        return ActionResult("suspend", pid, f"{fmt_bytes(r.reserved_bytes)} of GPU memory freed in {took:.2f} s",
+                            r.freeze_ns / 1e9)
 
     def resume(self, pid: int, progress: Progress) -> ActionResult:
-        return self._call("resume", pid, progress)
+        r, took = self._run("resume", pid, lambda fn: fn(pid))
+        return ActionResult("resume", pid, f"{fmt_bytes(r.bytes)} back on the GPU in {took:.2f} s")
 
     def list_checkpoints(self, pid: int) -> list[Checkpoint]:
-        fn = self._fn("list_checkpoints")
-        try:
-            if fn is not None:
-                return [_as_checkpoint(c) for c in fn(pid)]
-            return self._scan(pid)
-        except Exception:  # listing is decoration in the table; an error there must not hide the row
-            return []
+        """The complete checkpoints of `pid` under the root, read with the checkpointer's own manifest
+        reader once per directory (a checkpoint directory never changes once it is there)."""
+        from gputrace.checkpointer import store
 
-    def _scan(self, pid: int) -> list[Checkpoint]:
-        import orjson
-
-        out = []
         try:
-            names = [n for n in os.listdir(self.root) if n.startswith(f"{pid}-")]
+            entries = [e for e in os.scandir(self.root) if e.name.startswith(f"{pid}-") and e.is_dir()]
         except OSError:
             return []
-        for n in names:
+        out = []
+        for e in entries:
             try:
-                m = orjson.loads((self.root / n / "manifest.json").read_bytes())
-            except (OSError, orjson.JSONDecodeError):
-                continue  # incomplete (no manifest yet) or not ours
-            if not m.get("complete") or m.get("target", {}).get("pid") != pid:
+                st = e.stat()
+            except OSError:
                 continue
-            t = m.get("timings", {})
-            freeze = t.get("freeze_ns")
-            out.append(Checkpoint(str(self.root / n), float(m.get("created_unix", 0.0)), m.get("bytes"),
-                                  freeze / 1e9 if freeze is not None else None))
-        return out
+            key = (e.path, st.st_ino, st.st_mtime_ns)
+            if key not in self._manifests:
+                try:
+                    m = store.read_manifest(Path(e.path))
+                except GputraceError:  # incomplete (no manifest yet), damaged, or not ours
+                    m = None
+                ok = m is not None and m["target"]["pid"] == pid
+                freeze = m.get("timings", {}).get("freeze_ns") if ok else None
+                self._manifests[key] = Checkpoint(e.path, float(m.get("created_unix", 0.0)), m["bytes"],
+                                                  freeze / 1e9 if freeze is not None else None) if ok else None
+            if self._manifests[key] is not None:
+                out.append(self._manifests[key])
+        return sorted(out, key=lambda c: c.taken_at)
 
 
-def _reporter(progress: Progress) -> Callable:
-    def report(*a) -> None:
-        if len(a) == 3:  # the checkpointer's (phase, done, total)
-            phase, done, total = a
-            progress(done / total if total else 0.0, f"{phase} {fmt_bytes(done)} of {fmt_bytes(total)}")
-        elif len(a) == 2:
-            progress(float(a[0]), str(a[1]))
+def label(action: str) -> str:
+    """What the UI and its messages call an action, where not its name."""
+    return {"checkpoint_full": "whole-job checkpoint"}.get(action, action)
+
+
+def _reporter(progress: Progress) -> Callable[[str, int, int], None]:
+    """The checkpointer's progress(phase, done, total) as the UI's (fraction, text)."""
+    def report(phase: str, done: int, total: int) -> None:
+        progress(done / total if total else 0.0, f"{phase} {fmt_bytes(done)} of {fmt_bytes(total)}")
 
     return report
-
-
-def _takes(fn, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return True
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-
-
-def _get(obj, name, default=None):
-    return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)
-
-
-def _as_checkpoint(c) -> Checkpoint:
-    if isinstance(c, Checkpoint):
-        return c
-    return Checkpoint(str(_get(c, "id", None) or _get(c, "path", "?")), float(_get(c, "taken_at", 0.0) or 0.0),
-                      _get(c, "size_bytes"), _get(c, "freeze_s"))
-
-
-def _as_result(action: str, pid: int, out, elapsed_s: float) -> ActionResult:
-    """From what the checkpointer returns (its CheckpointReport/RestoreReport: path, bytes,
-    freeze_ns; or anything with freeze_s/message) to what the UI shows."""
-    if isinstance(out, ActionResult):
-        return out
-    freeze = _get(out, "freeze_s") if out is not None else None
-    if freeze is None and _get(out, "freeze_ns") is not None:
-        freeze = _get(out, "freeze_ns") / 1e9
-    nbytes = _get(out, "bytes") if out is not None else None
-    msg = _get(out, "message") if out is not None else None
-    if msg is None:
-        where = _get(out, "path")
-        msg = f"{fmt_bytes(nbytes) if nbytes is not None else '?'}" + (f" {'to' if action == 'checkpoint' else 'from'} {where}" if where else "") \
-            + f" in {elapsed_s:.2f} s"
-    ck = None
-    if action == "checkpoint" and out is not None and (_get(out, "id") or _get(out, "path")):
-        ck = Checkpoint(str(_get(out, "id") or _get(out, "path")), time.time(), nbytes if nbytes is not None else _get(out, "size_bytes"), freeze)
-    return ActionResult(action, pid, msg, freeze, ck)

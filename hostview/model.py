@@ -1,6 +1,6 @@
 """What `top` shows, as frozen data: one HostSnapshot per refresh, free of any UI.
 
-The same objects come from a live host (tui/live.py), from a recorded session (tui/source.py), and
+The same objects come from a live host (hostview/live.py), from a recorded session (hostview/recording.py), and
 go out as JSON (`top --once --json`, `record`): `host_dict`/`host_from_dict` are the codec, versioned
 by SCHEMA. As in the tracer's model, `None` in a float field means one thing: not measured.
 """

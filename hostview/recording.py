@@ -1,7 +1,7 @@
 """Where HostSnapshots come from: the `Source` protocol, a recorded session's replay, and its writer.
 
 A recorded session is JSON lines (orjson): a header `{"schema": 1, "kind": "gputrace.record", ...}`,
-then one `gputrace.top.frame` object per refresh (tui/model.py's `host_dict`). A reader refuses a
+then one `gputrace.top.frame` object per refresh (hostview/model.py's `host_dict`). A reader refuses a
 file of another kind or a newer schema with a hint, never a traceback.
 """
 
@@ -15,7 +15,7 @@ from typing import IO, Iterator, Protocol
 
 import orjson
 
-from gputrace.errors import GputraceError, UsageError
+from gputrace.base.errors import GputraceError, UsageError
 
 from .model import KIND_FRAME, KIND_RECORD, SCHEMA, HostSnapshot, host_dict, host_from_dict
 

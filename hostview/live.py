@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from gputrace.errors import GputraceError
+from gputrace.base.errors import GputraceError
 from gputrace.tracer.bpfprog import Program
 from gputrace.tracer.calibrate import Calibration
 from gputrace.tracer.host import HostSession
@@ -27,7 +27,7 @@ from gputrace.tracer.model import ProcessSnapshot
 from gputrace.tracer.session import Options, open_program
 from gputrace.tracer.targets import CudaScanner, LibcudaFile
 
-from .actions import Checkpointer
+from .checkpoints import Checkpointer
 from .gpus import read_gpus
 from .model import HostSnapshot, ProcessRow
 
