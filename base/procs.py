@@ -20,6 +20,15 @@ def require_process(pid: int) -> None:
         pass  # exists but is someone else's: privileges are checked where they matter
 
 
+def comm(pid: int) -> str:
+    """The process's name (/proc/PID/comm), "?" once it is gone or cannot be read."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().decode(errors="replace").strip() or "?"
+    except OSError:
+        return "?"
+
+
 def stat_fields(pid: int) -> list[bytes] | None:
     """/proc/PID/stat's fields after the command name (fields 3 on: state first), None if gone."""
     try:

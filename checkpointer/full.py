@@ -47,8 +47,8 @@ from pathlib import Path
 import orjson
 import xxhash
 
-from gputrace.base.errors import CheckpointError, CorruptCheckpoint, NoSuchProcess
-from gputrace.base.procs import require_running, stat_fields, stop_point
+from gputrace.base.errors import CheckpointError, CorruptCheckpoint
+from gputrace.base.procs import comm as procs_comm, require_process, require_running, stat_fields, stop_point
 
 from . import criu as criu_mod
 from . import driver, uprobes
@@ -103,13 +103,6 @@ class FullRestoreReport:
         return {"kind": "full", **asdict(self)}
 
 
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        raise NoSuchProcess(f"no process {pid}", "check the pid with `gputrace ps` or `ps`") from None
-
-
 def _cmdline(pid: int) -> list[str]:
     try:
         return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
@@ -158,7 +151,8 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                     timeout_ms: int = 5000, use_shim: bool | None = None,
                     progress: Progress | None = None) -> FullCheckpointReport:
     t_start = time.monotonic_ns()
-    comm = _comm(pid)
+    require_process(pid)
+    comm = procs_comm(pid)
     require_running(pid, "checkpoint")  # a stopped job's driver and shim answer nothing: fail now
     c = criu_mod.find()  # before the job is touched: no CRIU, no freeze
     out = Path(out or f"gputrace-full-{pid}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
@@ -416,7 +410,7 @@ def _taken_tids(images: Path) -> list[tuple[int, str]]:
         except OSError:
             continue
         tgid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("Tgid:")), "?")
-        out.append((tid, f"{_comm(int(tgid)) if tgid.isdigit() else '?'} (pid {tgid})"))
+        out.append((tid, f"{procs_comm(int(tgid)) if tgid.isdigit() else '?'} (pid {tgid})"))
     return out
 
 
@@ -436,7 +430,7 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
     pairs = _resolve_pairs(m["gpu"]["libcuda"], gpu_map) if gpu_map else None  # bad GPUs: refused before CRIU runs
     if Path(f"/proc/{pid}").exists():
         raise CheckpointError(f"cannot restore process {pid}: pid {pid} is in use on this host "
-                              f"({_comm(pid) if Path(f'/proc/{pid}').exists() else 'gone now'})",
+                              f"({procs_comm(pid) if Path(f'/proc/{pid}').exists() else 'gone now'})",
                               "CRIU brings a process back at its old pid: end the process that holds it, or "
                               "restore in a new pid namespace (`unshare --pid --fork --mount-proc`)")
     taken = _taken_tids(path / IMAGES)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gputrace.base.errors import (CheckpointBusy, CheckpointError, CheckpointMismatch, CorruptCheckpoint, ShimUnavailable,
                              TargetLost, Untrusted)
-from gputrace.base.procs import alive, boot_id, require_running, start_time
+from gputrace.base.procs import alive, boot_id, comm, require_running, start_time
 from gputrace.shim import client
 
 from . import image, store
@@ -219,7 +219,7 @@ def manifest_of(pid: int, status: dict, r: dict, memfd: int, nbytes: int) -> tup
     manifest = {
         "schema": store.SCHEMA, "format": store.FORMAT, "complete": True, "created_unix": time.time(),
         "host": os.uname().nodename,
-        "target": {"pid": pid, "comm": client.comm(pid), "start_time": start_time(pid), "boot_id": boot_id()},
+        "target": {"pid": pid, "comm": comm(pid), "start_time": start_time(pid), "boot_id": boot_id()},
         "driver": {"path": status.get("driver", ""), "version": r.get("driver_version", 0)},
         "devices": r.get("devices", []),
         "registry": status.get("totals", {}),
@@ -265,7 +265,7 @@ def identity_differences(manifest: dict, pid: int) -> list[str]:
     t = manifest["target"]
     out = []
     if t["pid"] != pid:
-        out.append(f"it was taken of process {t['pid']} ({t.get('comm', '?')}), not {pid} ({client.comm(pid)})")
+        out.append(f"it was taken of process {t['pid']} ({t.get('comm', '?')}), not {pid} ({comm(pid)})")
     elif t.get("start_time") is not None and (t.get("boot_id") in (None, boot_id())) \
             and t["start_time"] != start_time(pid):
         out.append(f"it was taken of an earlier process {pid} ({t.get('comm', '?')}): this one started later")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .base.errors import GputraceError, NoLibcuda, PermissionDenied
-from .base.procs import CAP_SYS_ADMIN, effective_caps, has_bpf_caps, require_root
+from .base.procs import CAP_SYS_ADMIN, comm, effective_caps, has_bpf_caps, require_root
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 SCHEMA = 1
@@ -143,14 +143,6 @@ def _own_libc() -> str:
             if len(parts) == 6 and re.fullmatch(r"libc(\.so\.\d+|-[\d.]+\.so)", os.path.basename(parts[5].strip())):
                 return parts[5].strip()
     raise LookupError("this Python maps no shared C library (statically linked?)")
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
 
 
 @contextlib.contextmanager
@@ -395,7 +387,7 @@ class _Doctor:
             except OSError:
                 st = None
             pids = sorted(mapped, key=lambda p: (st is None or (mapped[p].dev, mapped[p].inode) != (st.st_dev, st.st_ino), p))
-            shown = ", ".join(f"{pid} ({_comm(pid)})" for pid in pids[:5]) + (" ..." if len(pids) > 5 else "")
+            shown = ", ".join(f"{pid} ({comm(pid)})" for pid in pids[:5]) + (" ..." if len(pids) > 5 else "")
             files = {(f.dev, f.inode) for f in mapped.values()}
             parts.append(f"mapped by {len(pids)} process{'es' if len(pids) > 1 else ''}"
                          + (f" ({len(files)} distinct files)" if len(files) > 1 else "") + f": {shown}")

@@ -1,6 +1,8 @@
-"""Renderers for tracer results, chosen by name from a registry: text for people, JSON for scripts.
+"""Renderers, chosen by kind and name from one registry: text for people, JSON for scripts.
 
-JSON goes through orjson; its layout is versioned by SCHEMA and documented in docs/json-schema.md.
+Kind "attach" renders an `attach` session (each interval as it ends, then the report); kind
+"frame" renders one host frame (`top --once`). JSON goes through orjson; its layouts are versioned
+(SCHEMA here, hostview.model.SCHEMA for frames) and documented in docs/json-schema.md.
 """
 
 from __future__ import annotations
@@ -38,16 +40,19 @@ class Report:
 
 
 class Renderer(Protocol):
+    """Kind "attach": `interval` as each ends, `final` with the Report. Kind "frame": `final` with a
+    HostSnapshot (`interval` is never called)."""
+
     def interval(self, iv: Interval, out: IO[str]) -> None: ...
-    def final(self, report: Report, out: IO[str]) -> None: ...
+    def final(self, report, out: IO[str]) -> None: ...
 
 
-RENDERERS: dict[str, Callable[[], Renderer]] = {}
+RENDERERS: dict[tuple[str, str], Callable[..., Renderer]] = {}
 
 
-def renderer(name: str) -> Callable:
-    def register(cls: Callable[[], Renderer]) -> Callable[[], Renderer]:
-        RENDERERS[name] = cls
+def renderer(name: str, kind: str = "attach") -> Callable:
+    def register(cls: Callable[..., Renderer]) -> Callable[..., Renderer]:
+        RENDERERS[(kind, name)] = cls
         return cls
 
     return register
@@ -134,13 +139,6 @@ class TextRenderer:
 
 
 # --- JSON ---------------------------------------------------------------------------------------
-def _snapshot_dict(s: ProcessSnapshot) -> dict:
-    d = dataclasses.asdict(s)
-    d["calls_hz"] = s.calls_hz
-    d["tracer_overhead"] = s.tracer_overhead
-    return d
-
-
 def report_dict(r: Report, with_intervals: bool = True) -> dict:
     return {
         "schema": SCHEMA,
@@ -153,11 +151,11 @@ def report_dict(r: Report, with_intervals: bool = True) -> dict:
         "options": r.options,
         "calibration": dataclasses.asdict(r.calibration),
         "attach": r.attach,
-        "summary": _snapshot_dict(r.summary),
+        "summary": r.summary.to_dict(),
         "audits": [dataclasses.asdict(a) for a in r.audits],
         "errors": r.errors,
         "intervals": [
-            {**dataclasses.asdict(iv), "processes": [_snapshot_dict(p) for p in iv.processes]}
+            {**dataclasses.asdict(iv), "processes": [p.to_dict() for p in iv.processes]}
             for iv in r.intervals
         ] if with_intervals else [],
     }
@@ -184,7 +182,7 @@ class JsonLinesRenderer:
 
     def interval(self, iv: Interval, out: IO[str]) -> None:
         d = {"schema": SCHEMA, "kind": "gputrace.attach.interval", **dataclasses.asdict(iv),
-             "processes": [_snapshot_dict(p) for p in iv.processes]}
+             "processes": [p.to_dict() for p in iv.processes]}
         out.write(orjson.dumps(d, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
         out.flush()
 
@@ -194,6 +192,37 @@ class JsonLinesRenderer:
         out.flush()
 
 
-def get(name: str) -> Renderer:
-    return RENDERERS[name]()
+# --- a host frame (`top --once`) ------------------------------------------------------------------
+@renderer("text", kind="frame")
+class FrameTextRenderer:
+    def __init__(self, preset: str) -> None:
+        self.preset = preset
+
+    def interval(self, iv: Interval, out: IO[str]) -> None:
+        pass
+
+    def final(self, frame, out: IO[str]) -> None:
+        from .tui.text import render_host  # the dashboard's own table, as text
+
+        out.write(render_host(frame, self.preset))
+        out.flush()
+
+
+@renderer("json", kind="frame")
+class FrameJsonRenderer:
+    def __init__(self, preset: str) -> None:
+        pass  # every preset's audit is in the frame
+
+    def interval(self, iv: Interval, out: IO[str]) -> None:
+        pass
+
+    def final(self, frame, out: IO[str]) -> None:
+        from .hostview.model import host_dict
+
+        out.write(dumps(host_dict(frame)).decode() + "\n")
+        out.flush()
+
+
+def get(name: str, kind: str = "attach", **options) -> Renderer:
+    return RENDERERS[(kind, name)](**options)
 

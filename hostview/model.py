@@ -11,8 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from gputrace.tracer.audit import PRESETS, Audit, audit
-from gputrace.tracer.classify import FunctionClass
-from gputrace.tracer.model import ClassTotals, FunctionStats, ProcessSnapshot
+from gputrace.tracer.model import ProcessSnapshot
 
 SCHEMA = 2  # 2: as the attach report's 2 (gputrace/report.py); pending rows are the not measured ones
 KIND_FRAME = "gputrace.top.frame"
@@ -81,28 +80,6 @@ class HostSnapshot:
 
 
 # --- codec ------------------------------------------------------------------------------------
-def snapshot_dict(s: ProcessSnapshot) -> dict:
-    d = dataclasses.asdict(s)
-    d["calls_hz"] = s.calls_hz
-    d["tracer_overhead"] = s.tracer_overhead
-    return d
-
-
-def snapshot_from_dict(d: dict) -> ProcessSnapshot:
-    funcs = tuple(
-        FunctionStats(**{**{k: v for k, v in f.items() if k in _FUNC_FIELDS}, "cls": FunctionClass(f["cls"]),
-                         "hist": tuple(f.get("hist", ()))})
-        for f in d["functions"]
-    )
-    classes = tuple(ClassTotals(FunctionClass(c["cls"]), c["rate_hz"], c["time_s_per_s"]) for c in d.get("classes", ()))
-    fields = {k: v for k, v in d.items() if k in _SNAP_FIELDS}
-    return ProcessSnapshot(**{**fields, "functions": funcs, "classes": classes})
-
-
-_FUNC_FIELDS = {f.name for f in dataclasses.fields(FunctionStats)}
-_SNAP_FIELDS = {f.name for f in dataclasses.fields(ProcessSnapshot)}
-
-
 def row_dict(r: ProcessRow) -> dict:
     return {
         "pid": r.pid,
@@ -111,7 +88,7 @@ def row_dict(r: ProcessRow) -> dict:
         "shimmed": r.shimmed,
         "last_checkpoint": dataclasses.asdict(r.last_checkpoint) if r.last_checkpoint else None,
         "calls_history": list(r.calls_history),
-        "snapshot": snapshot_dict(r.snapshot),
+        "snapshot": r.snapshot.to_dict(),
         "audits": {name: dataclasses.asdict(r.audit(name)) for name in PRESETS},
     }
 
@@ -119,7 +96,7 @@ def row_dict(r: ProcessRow) -> dict:
 def row_from_dict(d: dict) -> ProcessRow:
     ck = d.get("last_checkpoint")
     return ProcessRow(
-        pid=d["pid"], comm=d["comm"], snapshot=snapshot_from_dict(d["snapshot"]), shimmed=bool(d["shimmed"]),
+        pid=d["pid"], comm=d["comm"], snapshot=ProcessSnapshot.from_dict(d["snapshot"]), shimmed=bool(d["shimmed"]),
         last_checkpoint=Checkpoint(**ck) if ck else None, calls_history=tuple(d.get("calls_history", ())),
         library=d.get("library", ""),
     )

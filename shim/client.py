@@ -43,7 +43,7 @@ from typing import Iterator
 import orjson
 
 from gputrace.base.errors import PermissionDenied, ShimUnavailable, Untrusted
-from gputrace.base.procs import require_process
+from gputrace.base.procs import comm, require_process
 
 SONAME = "libgputrace_shim.so"
 SCHEMA = 1
@@ -55,11 +55,6 @@ def _read(path: str) -> bytes | None:
             return f.read()
     except OSError:
         return None
-
-
-def comm(pid: int) -> str:
-    data = _read(f"/proc/{pid}/comm")
-    return data.decode(errors="replace").strip() if data else "?"
 
 
 def euid(pid: int) -> int | None:

@@ -492,7 +492,7 @@ def test_json_report_parses_with_its_schema():
 
 
 def test_renderers_come_from_the_registry():
-    assert set(rep.RENDERERS) >= {"text", "json"}
+    assert set(rep.RENDERERS) >= {("attach", "text"), ("attach", "json"), ("frame", "text"), ("frame", "json")}
     assert isinstance(rep.get("json"), rep.JsonRenderer)
 
 

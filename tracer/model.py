@@ -7,6 +7,7 @@ which then says why in `not_measured`). JSON shows it as null.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .classify import FunctionClass
@@ -74,6 +75,29 @@ class ProcessSnapshot:
         if self.not_measured is not None:
             return None
         return sum(f.rate_hz for f in self.functions)
+
+    # The one codec of a snapshot, for the attach report, top's frames and recordings: its fields,
+    # and the derived figures a reader of the JSON wants without recomputing them.
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["calls_hz"] = self.calls_hz
+        d["tracer_overhead"] = self.tracer_overhead
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ProcessSnapshot":
+        funcs = tuple(
+            FunctionStats(**{**{k: v for k, v in f.items() if k in _FUNC_FIELDS}, "cls": FunctionClass(f["cls"]),
+                             "hist": tuple(f.get("hist", ()))})
+            for f in d["functions"]
+        )
+        classes = tuple(ClassTotals(FunctionClass(c["cls"]), c["rate_hz"], c["time_s_per_s"]) for c in d.get("classes", ()))
+        fields = {k: v for k, v in d.items() if k in _SNAP_FIELDS}
+        return cls(**{**fields, "functions": funcs, "classes": classes})
+
+
+_FUNC_FIELDS = {f.name for f in dataclasses.fields(FunctionStats)}
+_SNAP_FIELDS = {f.name for f in dataclasses.fields(ProcessSnapshot)}
 
 
 @dataclass(frozen=True)

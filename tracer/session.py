@@ -25,7 +25,7 @@ from .calibrate import Calibration, calibrate
 from .model import Interval, ProcessSnapshot
 from .probes import Probes
 from .symbols import Function, read_functions
-from .tracee import Tracee, percentile_ns, process_comm, process_cpu_s  # noqa: F401  (re-exported)
+from .tracee import Tracee, percentile_ns, process_cpu_s  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)

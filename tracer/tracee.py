@@ -16,7 +16,7 @@ import os
 import time
 from typing import Mapping, Sequence
 
-from gputrace.base.procs import alive
+from gputrace.base.procs import alive, comm
 
 from . import estimator as est
 from .bpfprog import ZERO, RawStats
@@ -75,14 +75,6 @@ class CpuClock:
 
     def __del__(self) -> None:
         self.close()  # a Tracee dropped without close() (a test's) does not leak the file
-
-
-def process_comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
 
 
 def percentile_ns(hist, q: float, total: int | None = None) -> float | None:
@@ -144,7 +136,7 @@ class Tracee:
         self.traces_waits = bool(waiting)  # else (--functions) the wait is not measured
         self.budget, self.exact = budget, exact
         self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s, waiting=waiting)
-        self.comm = process_comm(pid)
+        self.comm = comm(pid)
         # The maps may already hold counts of this pid (a reused program, a process hit before it
         # was found): start from them.
         self._prev: dict[int, RawStats] = dict(prev or {})
@@ -216,9 +208,9 @@ class Tracee:
         the interval's snapshot (None without `snapshot`: a caller that shows recent() or summary())."""
         self._steps += 1
         if self.comm_every == 1 or self._steps % self.comm_every == 1:
-            comm = process_comm(self.pid)
-            if comm != "?":  # a held command has exec'd since: show its name, not ours
-                self.comm = comm
+            name = comm(self.pid)
+            if name != "?":  # a held command has exec'd since: show its name, not ours
+                self.comm = name
         cpu = self._cpu_since_mark()
         if cpu is None:
             self._cpu_known = False

@@ -9,10 +9,11 @@ import signal
 import statistics
 import sys
 
-from ..registry import PID, add_json, command, nonempty, number, parse_budget
+from .. import report as rep
 from ..base.errors import GputraceError, UsageError
 from ..base.procs import require_process, require_root
-from .. import report as rep
+from ..base.units import fmt_ns
+from ..registry import PID, add_json, command, nonempty, number, parse_budget
 from ..tracer.classify import waits
 
 EXAMPLES = """examples:
@@ -180,8 +181,8 @@ def trace(args: argparse.Namespace) -> int:
         session = Session(pid, library, Options(args.interval, budget, patterns, args.attach_mode), warn=say)
         cal = session.calibration
         say(f"probing {len(session.functions)} functions of {library} in pid {pid} ({session.program.mode} links; "
-            f"a hit costs {rep.fmt_ns(cal.emulated.entry_ns)}-{rep.fmt_ns(cal.stepped.entry_ns)}, "
-            f"a timed call {rep.fmt_ns(cal.emulated.entry_return_ns)}-{rep.fmt_ns(cal.stepped.entry_return_ns)})")
+            f"a hit costs {fmt_ns(cal.emulated.entry_ns)}-{fmt_ns(cal.stepped.entry_ns)}, "
+            f"a timed call {fmt_ns(cal.emulated.entry_return_ns)}-{fmt_ns(cal.stepped.entry_return_ns)})")
         if patterns and not any(waits(f.name) for f in session.functions):
             say("--functions leaves out every call that waits for the GPU (synchronization, synchronous "
                 "copies): the wait time is not measured, nor the audit's lower bound")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..registry import add_json, add_pid, command, dump_json, mode, ms, number
 from ..base.errors import UsageError
 from ..base.units import fmt_bytes
+from ..registry import add_json, add_pid, command, dump_json, mode, ms, number
 
 FULL_EXAMPLES = """
 whole job (--full): GPU state by the driver's checkpoint API (after the shim's fast copy, for jobs started

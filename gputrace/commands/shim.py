@@ -7,9 +7,9 @@ import os
 import shutil
 import sys
 
-from ..registry import add_json, add_pid, command, dump_json, nonempty, number
 from ..base.errors import GputraceError, UsageError
 from ..base.units import fmt_bytes
+from ..registry import add_json, add_pid, command, dump_json, nonempty, number
 
 RUN_EPILOG = """examples:
   gputrace run --checkpointable -- python train.py --epochs 3
@@ -169,7 +169,8 @@ def render_status(st: dict, comm: str) -> str:
 
 @command("shim", "inspect the checkpointing shim in a process", SHIM_EPILOG)(configure_shim)
 def shim_cmd(args: argparse.Namespace) -> int:
-    from ..shim.client import Connection, comm, status
+    from ..base.procs import comm
+    from ..shim.client import Connection, status
 
     if args.action == "emulate":
         line = emulate_command(args)

@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..registry import add_json, command, number, parse_budget
 from ..base.errors import GputraceError, UsageError
+from ..registry import add_json, command, number, parse_budget
 
 TOP_EPILOG = """examples:
   sudo gputrace top                         every CUDA process on the host, live (q quits, ? for keys)
@@ -100,16 +100,9 @@ def once(args: argparse.Namespace) -> int:
 
 def _print_frame(frame, args: argparse.Namespace) -> int:
     """One frame on stdout, as JSON with --json, else as text."""
-    from ..hostview.model import host_dict
-    from ..tui.text import render_host
+    from .. import report
 
-    if args.json:
-        import orjson
-
-        sys.stdout.buffer.write(orjson.dumps(host_dict(frame), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
-    else:
-        sys.stdout.write(render_host(frame, args.preset))
-    sys.stdout.flush()
+    report.get("json" if args.json else "text", kind="frame", preset=args.preset).final(frame, sys.stdout)
     return 0
 
 
