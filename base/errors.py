@@ -85,3 +85,8 @@ class DiskFull(CheckpointError):
 
 class TargetLost(CheckpointError):
     """The target process exited (or its shim stopped answering) during the operation."""
+
+
+class NotSuspendable(CheckpointError):
+    """The shim cannot give this job's device memory back (memory it does not serve through the VMM
+    API); the driver's checkpoint API still can."""

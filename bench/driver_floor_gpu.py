@@ -60,7 +60,7 @@ def main() -> int:
     if not line.startswith("ready"):
         raise SystemExit(f"the job did not start: {line!r}")
     mem = gpu_mib(p.pid)
-    d = driver._Driver(p.pid)
+    d = driver.Driver(p.pid)
     rounds = []
     for _ in range(a.rounds):
         r = {k: d.call(k, 10_000 if k == "Lock" else 0) / 1e9 for k in ("Lock", "Checkpoint")}

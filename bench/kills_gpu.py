@@ -119,7 +119,7 @@ def main() -> int:
             from gputrace.checkpointer import driver as _drv
 
             try:
-                dstate = _drv._Driver(pid).state()
+                dstate = _drv.Driver(pid).state()
             except Exception as exc:  # noqa: BLE001
                 dstate = f"? {exc}"
             glog = [ln for ln in errf.read_text().splitlines() if "guardian" in ln]

@@ -47,18 +47,17 @@ from pathlib import Path
 import orjson
 import xxhash
 
-from gputrace.base.errors import CheckpointError, CorruptCheckpoint
+from gputrace.base.errors import CheckpointError, CorruptCheckpoint, NotSuspendable
 from gputrace.base.procs import comm as procs_comm, require_process, require_running, stat_fields, stop_point
 
 from . import criu as criu_mod
 from . import driver, uprobes
-from .store import HASH, MANIFEST, Progress, _fsync_dir, check_target, disk_error, load_manifest
+from . import store
+from .store import HASH, MANIFEST, Progress, check_target, disk_error
 from .guardian import Guardian
-from .schema import full_checkpoint, open_regular
+from .schema import open_regular
 from .suspend import resume, suspend
 
-SCHEMA = 1
-FORMAT = "gputrace-full-checkpoint"
 IMAGES = "criu"
 GPU_IMAGE = "gpu.img"
 _BLOCK = 8 << 20
@@ -132,7 +131,7 @@ def _hash_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _give_back(pid: int, d: driver._Driver, stopped: bool, shim_suspended: bool) -> None:
+def _give_back(pid: int, d: driver.Driver, stopped: bool, shim_suspended: bool) -> None:
     """The job running again as it was: continued, GPU state restored, unlocked, shim resumed."""
     if stopped:
         os.kill(pid, signal.SIGCONT)
@@ -157,24 +156,15 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     c = criu_mod.find()  # before the job is touched: no CRIU, no freeze
     out = Path(out or f"gputrace-full-{pid}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     check_target(out)
-    d = driver._Driver(pid)
+    d = driver.Driver(pid)
     if d.state() != "running":
         raise CheckpointError(f"process {pid} is {d.state()} in the driver, not running",
                               "another checkpoint holds it; wait for it, or resume it")
     _check_traces(pid, c, "")
     shim = _shim_suspendable(pid) if use_shim is None else use_shim
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    part = store.PartialDir(out)
+    tmp = part.create(IMAGES)
     images = tmp / IMAGES
-    try:
-        tmp.mkdir(mode=0o700)  # ours alone: one that exists already is not ours to use or delete
-        images.mkdir(mode=0o700)
-    except FileExistsError:
-        raise CheckpointError(f"{tmp} exists already, and it is not this checkpoint's",
-                              "a leftover of an interrupted checkpoint, or someone else's: remove it, or use another -o")
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.rmdir()
-        raise disk_error(exc, out) from None
     shim_report, shim_ns, stopped, suspended = None, 0, False, False
     t0 = time.monotonic_ns()
     # From the first step on, a helper gives the job back if this process dies (checkpointer/guardian.py).
@@ -195,9 +185,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                 shim_report, shim_ns, suspended = r.to_dict(), r.freeze_ns, True
                 shim_report["image_path"] = str(tmp / GPU_IMAGE)  # where the job's image says the file is
                 stop_point("full:suspended")
-            except CheckpointError as exc:
-                if "cannot be suspended" not in exc.msg:
-                    raise
+            except NotSuspendable as exc:
                 # e.g. the program maps VMM memory of its own, which the shim does not release: the
                 # driver moves everything instead, as for a job without the shim.
                 shim_report = {"skipped": exc.msg}
@@ -239,9 +227,9 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                     progress("checksum", done, total)
                 with open(p, "rb") as f:
                     os.fsync(f.fileno())
-        _fsync_dir(images)
+        store.fsync_dir(images)
         manifest = {
-            "schema": SCHEMA, "format": FORMAT, "complete": True, "created_unix": time.time(),
+            "schema": store.FULL.schema, "format": store.FULL.format, "complete": True, "created_unix": time.time(),
             "host": socket.gethostname(), "target": {"pid": pid, "comm": comm, "cmdline": _cmdline(pid)},
             "gpu": {"libcuda": d.path, "shim": shim_report, "driver_state": "checkpointed"},
             "criu": {"path": c.path, "version": c.version_str, "allow_uprobes": traced, "image_check": image_check},
@@ -253,15 +241,8 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         write_ns = time.monotonic_ns() - tw
         manifest["timings"]["write_ns"] = write_ns
         manifest["timings"]["total_ns"] = time.monotonic_ns() - t_start
-        fd = os.open(tmp / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _fsync_dir(tmp)
-        os.rename(tmp, out)
-        _fsync_dir(out.parent)
+        part.write_file(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+        part.commit()
     except BaseException as exc:
         try:
             _give_back(pid, d, stopped, suspended)  # before the directory goes: the shim reads gpu.img back
@@ -269,7 +250,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             raise CheckpointError(f"{exc}; and giving the job back failed too: {again.msg}",
                                   f"the job may be frozen: check `gputrace shim status -p {pid}`") from None
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            part.discard()
             guard.done()
         if isinstance(exc, OSError):
             raise disk_error(exc, out) from None
@@ -361,24 +342,6 @@ def _is_stopped(pid: int) -> bool:
     return f is not None and f[0] in (b"T", b"t")
 
 
-def read_manifest(path: Path) -> dict:
-    """The manifest of a complete whole-process checkpoint; CorruptCheckpoint for anything else."""
-    path = Path(path)
-    m = load_manifest(path, "give the directory `gputrace checkpoint --full` wrote")
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        hint = ("it is a GPU-memory checkpoint: restore it with `gputrace restore -p PID DIR`"
-                if isinstance(m, dict) and m.get("format") == "gputrace-checkpoint" else "give a --full checkpoint directory")
-        raise CorruptCheckpoint(f"{path} is not a whole-process checkpoint", hint)
-    if m.get("schema") != SCHEMA:
-        raise CorruptCheckpoint(f"{path} has manifest schema {m.get('schema')}; this gputrace reads schema {SCHEMA}",
-                                "restore it with the gputrace version that wrote it")
-    if m.get("complete") is not True or m.get("hash") != HASH or not isinstance(m.get("files"), list) \
-            or not m["files"]:
-        raise CorruptCheckpoint(f"{path / MANIFEST} does not describe a complete checkpoint", "take a new checkpoint")
-    full_checkpoint(m, path / MANIFEST)
-    return m
-
-
 def verify(path: Path, m: dict) -> None:
     """Every file the manifest lists: a plain file inside the checkpoint, of its size, with its checksum."""
     for f in m["files"]:
@@ -416,7 +379,7 @@ def _taken_tids(images: Path) -> list[tuple[int, str]]:
 
 def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | None = None) -> FullRestoreReport:
     path = Path(path).absolute()
-    m = read_manifest(path)
+    m = store.read_manifest(path, store.FULL)
     tv = time.monotonic_ns()
     verify(path, m)
     verify_ns = time.monotonic_ns() - tv
@@ -467,7 +430,7 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
     finally:
         _subreaper(False)
     try:
-        d = driver._Driver(pid)
+        d = driver.Driver(pid)
         st = d.state()
         if st != "checkpointed":
             raise CheckpointError(f"the restored process {pid} is {st} in the driver, not checkpointed",
@@ -524,7 +487,7 @@ def _resolve_pairs(libcuda: str, pairs: list[tuple[str, str]]) -> list[tuple[byt
     return [(uuid_bytes(lib, old), uuid_bytes(lib, new)) for old, new in pairs]
 
 
-def _restore_gpu(d: "driver._Driver", pairs: list[tuple[bytes, bytes]]) -> int:
+def _restore_gpu(d: "driver.Driver", pairs: list[tuple[bytes, bytes]]) -> int:
     """cuCheckpointProcessRestore with GPU pairs (CUcheckpointRestoreArgs.gpuPairs, CUDA 12.9+)."""
     import ctypes
 

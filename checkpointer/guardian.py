@@ -129,10 +129,10 @@ def give_back(pid: int, state: dict, say) -> list[str]:
         os.kill(pid, signal.SIGCONT)
         did.append("continued it (SIGCONT)")
     if state.get("driver"):
-        from . import driver
+        from .driverapi import Driver
 
         try:
-            d = driver._Driver(pid)
+            d = Driver(pid)
             st = d.state()
             if st == "checkpointed":
                 d.call("Restore")

@@ -110,7 +110,7 @@ def _open_lock(conn: client.Connection, pid: int) -> int:
     return fd
 
 
-class _Session:
+class ShimSession:
     """A connection to the target's shim holding the per-process operation lock."""
 
     def __init__(self, pid: int, what: str) -> None:
@@ -144,14 +144,14 @@ class _Session:
             os.close(self.lock_fd)
             self.lock_fd = -1
 
-    def __enter__(self) -> "_Session":
+    def __enter__(self) -> "ShimSession":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _shim_failure(reply: dict, pid: int, what: str) -> CheckpointError:
+def shim_failure(reply: dict, pid: int, what: str) -> CheckpointError:
     err = str(reply.get("error", "unknown error"))
     detail = reply.get("detail")
     msg = f"the shim of process {pid} could not {what}: {err}" + (f" ({detail})" if detail else "")
@@ -168,10 +168,10 @@ def _shim_failure(reply: dict, pid: int, what: str) -> CheckpointError:
 
 def _refuse_suspended(status: dict, pid: int, what: str) -> None:
     if status.get("suspended"):
-        raise _shim_failure({"error": "suspended"}, pid, what)
+        raise shim_failure({"error": "suspended"}, pid, what)
 
 
-def _copy_timeout(nbytes: int) -> float:
+def copy_timeout(nbytes: int) -> float:
     return 120.0 + nbytes / 100e6  # generous: at worst 100 MB/s, whatever the bus
 
 
@@ -188,7 +188,7 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
     out = Path(out) if out is not None else Path.cwd() / f"gputrace-ckpt-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
     out = out.absolute()
     store.check_target(out)
-    with _Session(pid, "checkpoint") as s:
+    with ShimSession(pid, "checkpoint") as s:
         status = s.request("status")
         _refuse_suspended(status, pid, "dump its device memory")
         held = sum(size for _, size, _ in image.saved_allocations(status))
@@ -197,9 +197,9 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
             if progress:
                 progress("freeze", 0, held)
             r = s.request(f"dump lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
-                          timeout_s=_copy_timeout(held))
+                          timeout_s=copy_timeout(held))
             if not r.get("ok"):
-                raise _shim_failure(r, pid, "dump its device memory")
+                raise shim_failure(r, pid, "dump its device memory")
             nbytes = os.fstat(memfd).st_size
             if nbytes != r["image_bytes"]:
                 raise CheckpointError(f"the image is {nbytes} bytes, the shim said {r['image_bytes']}",
@@ -291,7 +291,7 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
                                      "restore it into the process it was taken of, or pass --into-other-process to "
                                      "put that process's data into this one (its allocations must match); "
                                      "nothing was changed")
-    with _Session(pid, "restore") as s:
+    with ShimSession(pid, "restore") as s:
         status = s.request("status")
         _refuse_suspended(status, pid, "restore its device memory")
         diffs = compare(manifest, status)
@@ -312,7 +312,7 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
             if progress:
                 progress("freeze", 0, manifest["bytes"])
             r = s.request(f"restore lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
-                          timeout_s=_copy_timeout(nbytes))
+                          timeout_s=copy_timeout(nbytes))
         finally:
             os.close(memfd)
         if not r.get("ok"):
@@ -320,6 +320,6 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
                 d = [f"{x['what']} allocation at {x['base']:#x} (checkpoint {x['checkpoint_size']} bytes, "
                      f"live {x['live_size']})" for x in r.get("differences", [])]
                 raise _mismatch(pid, path, d or ["its allocations changed"])
-            raise _shim_failure(r, pid, "restore its device memory")
+            raise shim_failure(r, pid, "restore its device memory")
     return RestoreReport(str(path), pid, r["allocations"], r["bytes"], verify_ns, r["drain_ns"], r["sync_ns"],
                          r["copy_ns"], r["freeze_ns"], time.monotonic_ns() - t0, r.get("direct", False))

@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
 import orjson
@@ -53,7 +54,7 @@ def _write_all(fd: int, mv: memoryview) -> None:
             done += os.write(fd, rest)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -75,20 +76,57 @@ def check_target(out: Path) -> None:
         raise CheckpointError(f"{out.parent} is not a directory", "create it first, or choose another -o")
 
 
+class PartialDir:
+    """A checkpoint directory as it is written: .NAME.partial-PID beside `out`, ours alone (one that
+    exists already is not ours to use or delete), renamed to `out` only once complete and synced,
+    so that `out` is either absent or whole. `discard` removes what an interrupted write left."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.path = out.parent / f".{out.name}.partial-{os.getpid()}"
+
+    def create(self, *subdirs: str) -> Path:
+        try:
+            self.path.mkdir(mode=0o700)
+        except FileExistsError:
+            raise CheckpointError(f"{self.path} exists already, and it is not this checkpoint's",
+                                  "a leftover of an interrupted checkpoint, or someone else's: remove it, or use "
+                                  "another -o") from None
+        except OSError as exc:
+            raise disk_error(exc, self.out) from None
+        try:
+            for d in subdirs:
+                (self.path / d).mkdir(mode=0o700)
+        except OSError as exc:
+            self.discard()
+            raise disk_error(exc, self.out) from None
+        return self.path
+
+    def write_file(self, name: str, data: bytes) -> None:
+        fd = os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, memoryview(data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def commit(self) -> None:
+        fsync_dir(self.path)
+        os.rename(self.path, self.out)  # fails if `out` appeared meanwhile (a non-empty directory): never clobbered
+        fsync_dir(self.out.parent)
+
+    def discard(self) -> None:
+        if self.path.exists():
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
 def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: Progress | None = None) -> dict:
     """Hashes and writes the image in `image_fd` and the manifest (completed here with the data
     section and write_ns) to `out`, atomically.  Returns the manifest as written."""
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    part = PartialDir(out)
     t0 = time.monotonic_ns()
     chunks: list[str] = []
-    try:
-        tmp.mkdir(mode=0o700)
-    except FileExistsError:  # not ours: neither used nor removed
-        raise CheckpointError(f"{tmp} exists already, and it is not this checkpoint's",
-                              "a leftover of an interrupted checkpoint, or someone else's: remove it, or use another -o"
-                              ) from None
-    except OSError as exc:
-        raise disk_error(exc, out) from None
+    tmp = part.create()
     try:
         fd = os.open(tmp / DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -110,21 +148,13 @@ def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: 
         manifest["data"] = {"file": DATA, "bytes": image_bytes, "chunk_bytes": CHUNK_BYTES, "hash": HASH,
                             "chunks": chunks}
         manifest["timings"] = dict(manifest["timings"], write_ns=time.monotonic_ns() - t0)
-        fd = os.open(tmp / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            _write_all(fd, memoryview(orjson.dumps(manifest, option=orjson.OPT_INDENT_2)))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _fsync_dir(tmp)
-        os.rename(tmp, out)  # fails if `out` appeared meanwhile (a non-empty directory): never clobbered
-        _fsync_dir(out.parent)
+        part.write_file(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+        part.commit()
         return manifest
     except OSError as exc:
         raise disk_error(exc, out) from None
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        part.discard()
 
 
 def load_manifest(path: Path, hint: str) -> object:
@@ -146,18 +176,44 @@ def load_manifest(path: Path, hint: str) -> object:
         raise CorruptCheckpoint(f"{path / MANIFEST} is not valid JSON", "the checkpoint is damaged; take a new one") from None
 
 
-def read_manifest(path: Path) -> dict:
-    """The manifest of a complete checkpoint; CorruptCheckpoint for anything else."""
-    m = load_manifest(path, "give the directory `gputrace checkpoint` wrote")
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise CorruptCheckpoint(f"{path / MANIFEST} is not a gputrace checkpoint manifest", "give a checkpoint directory")
-    if m.get("schema") != SCHEMA:
-        raise CorruptCheckpoint(f"{path} has manifest schema {m.get('schema')}; this gputrace reads schema {SCHEMA}",
+@dataclass(frozen=True)
+class Kind:
+    """A kind of checkpoint directory, as its manifest says: what `read_manifest` checks."""
+
+    format: str
+    schema: int
+    what: str                            # for messages: "a GPU-memory checkpoint"
+    wrote: str                           # the command that writes it
+    restore: str                         # the command that restores it
+    complete: Callable[[dict], bool]     # its data section is there and says what it holds
+    check: Callable[[dict, Path], None]  # every field restore reads (schema.py)
+
+
+DEVICE = Kind(FORMAT, SCHEMA, "a GPU-memory checkpoint", "gputrace checkpoint", "gputrace restore -p PID DIR",
+              lambda m: isinstance(m.get("data"), dict) and m["data"].get("hash") == HASH, schema.device_checkpoint)
+FULL = Kind("gputrace-full-checkpoint", 1, "a whole-process checkpoint", "gputrace checkpoint --full",
+            "gputrace restore --full DIR",
+            lambda m: m.get("hash") == HASH and isinstance(m.get("files"), list) and bool(m["files"]),
+            schema.full_checkpoint)
+KINDS = (DEVICE, FULL)
+
+
+def read_manifest(path: Path, kind: Kind = DEVICE) -> dict:
+    """The manifest of a complete checkpoint of `kind`; CorruptCheckpoint for anything else (with
+    the command that restores it, where it is a checkpoint of another kind)."""
+    path = Path(path)
+    m = load_manifest(path, f"give the directory `{kind.wrote}` wrote")
+    if not isinstance(m, dict) or m.get("format") != kind.format:
+        other = next((k for k in KINDS if isinstance(m, dict) and m.get("format") == k.format), None)
+        raise CorruptCheckpoint(f"{path} is not {kind.what}",
+                                f"it is {other.what}: restore it with `{other.restore}`" if other else
+                                f"give the directory `{kind.wrote}` wrote")
+    if m.get("schema") != kind.schema:
+        raise CorruptCheckpoint(f"{path} has manifest schema {m.get('schema')}; this gputrace reads schema {kind.schema}",
                                 "restore it with the gputrace version that wrote it")
-    data = m.get("data")
-    if m.get("complete") is not True or not isinstance(data, dict) or data.get("hash") != HASH:
-        raise CorruptCheckpoint(f"{path / MANIFEST} does not describe complete data", "take a new checkpoint")
-    schema.device_checkpoint(m, path / MANIFEST)
+    if m.get("complete") is not True or not kind.complete(m):
+        raise CorruptCheckpoint(f"{path / MANIFEST} does not describe a complete checkpoint", "take a new checkpoint")
+    kind.check(m, path / MANIFEST)
     return m
 
 

@@ -20,11 +20,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gputrace.base.errors import CheckpointError
+from gputrace.base.errors import CheckpointError, NotSuspendable
 from gputrace.base.procs import stop_point
 
 from . import store
-from .ops import DEFAULT_CHUNK, DEFAULT_LANES, _copy_timeout, _Session, _shim_failure, manifest_of
+from .ops import DEFAULT_CHUNK, DEFAULT_LANES, copy_timeout, ShimSession, shim_failure, manifest_of
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
     if out is not None:
         out = Path(out).absolute()
         store.check_target(out)
-    with _Session(pid, "suspend") as s:
+    with ShimSession(pid, "suspend") as s:
         held = s.request("status")
         if held.get("suspended"):
             raise CheckpointError(f"process {pid} is already suspended", f"bring it back with: gputrace resume -p {pid}")
@@ -87,7 +87,7 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
         write_ns, path = 0, None
         try:
             r = s.request(f"suspend lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
-                          timeout_s=_copy_timeout(nbytes))
+                          timeout_s=copy_timeout(nbytes))
             if r.get("ok"):
                 stop_point("suspend:suspended")
             if r.get("ok") and out is not None:
@@ -112,8 +112,8 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
             image_file.unlink(missing_ok=True)
         if r.get("error") == "unsupported":
             detail = r.get("detail", "")
-            raise CheckpointError(f"process {pid} cannot be suspended: {detail}", _unsupported_hint(pid, detail))
-        raise _shim_failure(r, pid, "suspend")
+            raise NotSuspendable(f"process {pid} cannot be suspended: {detail}", _unsupported_hint(pid, detail))
+        raise shim_failure(r, pid, "suspend")
     return SuspendReport(pid, r["allocations"], r["bytes"], r["reserved_bytes"], r["drain_ns"], r["copy_ns"],
                          r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False), path, write_ns,
                          r.get("setup_ns", 0), r.get("freeze_ns", 0))
@@ -132,7 +132,7 @@ def _unsupported_hint(pid: int, detail: str) -> str:
     return f"only cuMemAlloc memory is served through the VMM API, and this job holds other kinds; {driver}"
 
 
-def _to_disk(s: _Session, pid: int, status: dict, r: dict, memfd: int, out: Path,
+def _to_disk(s: ShimSession, pid: int, status: dict, r: dict, memfd: int, out: Path,
              progress: store.Progress | None) -> None:
     """The suspended image as a checkpoint directory; then the shim swaps its memfd for the file."""
     nbytes = os.fstat(memfd).st_size
@@ -155,12 +155,12 @@ def _to_disk(s: _Session, pid: int, status: dict, r: dict, memfd: int, out: Path
 
 def resume(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK, direct: bool = True) -> ResumeReport:
     t0 = time.monotonic_ns()
-    with _Session(pid, "resume") as s:
+    with ShimSession(pid, "resume") as s:
         st = s.request("status")
         if not st.get("suspended"):
             raise CheckpointError(f"process {pid} is not suspended", f"suspend it first: gputrace suspend -p {pid}")
         r = s.request(f"unsuspend lanes={lanes} chunk={chunk} direct={int(direct)}",
-                      timeout_s=_copy_timeout(st.get("totals", {}).get("device_bytes", 0)))
+                      timeout_s=copy_timeout(st.get("totals", {}).get("device_bytes", 0)))
     if not r.get("ok"):
         raise CheckpointError(f"the shim of process {pid} could not resume: {r.get('error')}"
                               + (f" ({r['detail']})" if r.get("detail") else ""),

@@ -56,7 +56,7 @@ class _Skip(Exception):
         self.status, self.needs, self.hint = status, needs, hint
 
 
-# --- raw bpf(2) helpers over gputrace.tracer.links._bpf -------------------------------------------------------
+# --- raw bpf(2) helpers over gputrace.tracer.links.bpf -------------------------------------------------------
 
 BPF_MAP_CREATE, BPF_MAP_LOOKUP_ELEM, BPF_PROG_LOAD = 0, 1, 5
 BPF_MAP_TYPE_ARRAY = 2
@@ -65,21 +65,21 @@ _ATTR_SIZE = 128
 
 
 def _map_create_array(value_size: int = 8, entries: int = 1) -> int:
-    from gputrace.tracer.links import _bpf
+    from gputrace.tracer.links import bpf
 
     attr = bytearray(_ATTR_SIZE)
     struct.pack_into("IIII", attr, 0, BPF_MAP_TYPE_ARRAY, 4, value_size, entries)
-    return _bpf(BPF_MAP_CREATE, attr)
+    return bpf(BPF_MAP_CREATE, attr)
 
 
 def _map_lookup_u64(map_fd: int, key: int = 0) -> int:
-    from gputrace.tracer.links import _bpf
+    from gputrace.tracer.links import bpf
 
     k = ctypes.c_uint32(key)
     v = ctypes.c_uint64(0)
     attr = bytearray(_ATTR_SIZE)
     struct.pack_into("IIQQ", attr, 0, map_fd, 0, ctypes.addressof(k), ctypes.addressof(v))
-    err = _bpf(BPF_MAP_LOOKUP_ELEM, attr)
+    err = bpf(BPF_MAP_LOOKUP_ELEM, attr)
     if err < 0:
         raise OSError(-err, f"bpf(BPF_MAP_LOOKUP_ELEM): {os.strerror(-err)}")
     return v.value
@@ -112,7 +112,7 @@ def _kernel_version_code() -> int:
 
 def _prog_load(insns: bytes, prog_type: int = BPF_PROG_TYPE_KPROBE, expected_attach_type: int = 0) -> int:
     """Loads a program; on failure raises OSError whose text ends with the verifier's last line."""
-    from gputrace.tracer.links import _bpf
+    from gputrace.tracer.links import bpf
 
     code = ctypes.create_string_buffer(insns, len(insns))
     lic = ctypes.create_string_buffer(b"GPL")
@@ -124,7 +124,7 @@ def _prog_load(insns: bytes, prog_type: int = BPF_PROG_TYPE_KPROBE, expected_att
                          ctypes.addressof(log) if log_level else 0, _kernel_version_code(), 0)
         attr[48:48 + 15] = b"gputrace_doctor"[:15]
         struct.pack_into("II", attr, 64, 0, expected_attach_type)
-        fd = _bpf(BPF_PROG_LOAD, attr)
+        fd = bpf(BPF_PROG_LOAD, attr)
         if fd >= 0:
             return fd
         err = -fd
@@ -323,10 +323,10 @@ class _Doctor:
         return Check("", OK, "compiled a trivial program")
 
     def uprobes(self) -> Check:
-        from gputrace.tracer.links import _uprobe_pmu, attach_perf
+        from gputrace.tracer.links import uprobe_pmu, attach_perf
 
         self.needs("bpf-syscall", FAIL)
-        ptype, _ = _uprobe_pmu()
+        ptype, _ = uprobe_pmu()
         path, off = self.libc_target()
         map_fd = _map_create_array()
         if map_fd < 0:

@@ -41,7 +41,7 @@ def test_driver_checkpoint_round_trips_a_job_without_the_shim(job):
 def test_driver_suspend_holds_the_job_and_resume_lets_it_continue(job):
     free0 = ask(job, "meminfo")["free"]
     r = driver.suspend(job.pid)
-    assert r.action == "suspend" and driver._Driver(job.pid).state() == "checkpointed"
+    assert r.action == "suspend" and driver.Driver(job.pid).state() == "checkpointed"
     got: dict = {}
     th = threading.Thread(target=lambda: got.update(ask(job, "sum")))
     th.start()

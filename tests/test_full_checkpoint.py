@@ -194,7 +194,7 @@ def job(tmp_path, device):
 
 
 def state(pid: int) -> str:
-    return driver._Driver(pid).state()
+    return driver.Driver(pid).state()
 
 
 # --- the tests --------------------------------------------------------------------------------------------------

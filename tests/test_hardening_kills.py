@@ -37,7 +37,7 @@ def settle(job_pid: int) -> None:
 def check_given_back(pid: int, *, shimmed: bool = True) -> None:
     f = stat_fields(pid)
     assert f is not None and f[0] not in (b"T", b"t", b"Z"), f"job {pid} is {f and f[0]}"
-    assert driver._Driver(pid).state() == "running"
+    assert driver.Driver(pid).state() == "running"
     if shimmed:
         st = client.status(pid)
         assert st["paused"] is False and st["suspended"] is False, st
@@ -94,7 +94,7 @@ def test_a_suspend_killed_before_it_keeps_the_suspension_is_undone_by_the_shim(p
 def test_a_driver_checkpoint_killed_between_its_steps_is_given_back(procs, shim_dir, point):
     p, ready = vmm_job(procs)
     g = run_stopped_at(point, ["checkpoint", "--backend", "driver", "-p", str(p.pid)])
-    assert driver._Driver(p.pid).state() == point.split(":")[1]
+    assert driver.Driver(p.pid).state() == point.split(":")[1]
     g.kill()
     g.wait()
     settle(p.pid)

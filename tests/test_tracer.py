@@ -117,7 +117,7 @@ def link_ids() -> set[int]:
     while True:
         attr = bytearray(8)
         struct.pack_into("II", attr, 0, start, 0)
-        ret = links._bpf(BPF_LINK_GET_NEXT_ID, attr)
+        ret = links.bpf(BPF_LINK_GET_NEXT_ID, attr)
         if ret == -errno.ENOENT:
             return ids
         assert ret >= 0, os.strerror(-ret)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputrace.base import native
+from gputrace.base.arch import decodes_first_instruction
 
 from .bpfprog import COOKIE_TIMED, Program
 from .symbols import read_functions
@@ -51,7 +52,10 @@ class Calibration:
 
 
 def probe_kind(path: str | os.PathLike, offset: int) -> str:
-    """"emulated" or "stepped": how the kernel will execute the probed first instruction (x86-64)."""
+    """"emulated" or "stepped": how the kernel will execute the probed first instruction (decoded
+    on x86-64; elsewhere "stepped", the dearer kind, so that a budget errs on the safe side)."""
+    if not decodes_first_instruction():
+        return "stepped"
     with open(path, "rb") as f:
         f.seek(offset)
         b = f.read(2).ljust(2, b"\0")

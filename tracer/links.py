@@ -19,10 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from gputrace.base.arch import syscall_number
 from gputrace.base.errors import BpfUnavailable, NoSuchProcess, PermissionDenied
 
-SYS_BPF = 321  # x86-64
-SYS_PERF_EVENT_OPEN = 298
 BPF_LINK_CREATE = 28
 BPF_PERF_EVENT = 41
 BPF_TRACE_UPROBE_MULTI = 48
@@ -34,9 +33,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
-def _bpf(cmd: int, attr: bytearray) -> int:
+def bpf(cmd: int, attr: bytearray) -> int:
+    """bpf(2) with `attr`; the new fd (or 0), or -errno. Commands that answer in `attr` write it back."""
     buf = ctypes.create_string_buffer(bytes(attr), len(attr))
-    fd = _libc.syscall(SYS_BPF, cmd, buf, len(attr))
+    fd = _libc.syscall(syscall_number("bpf"), cmd, buf, len(attr))
     if fd < 0:
         return -ctypes.get_errno()
     attr[:] = buf.raw  # commands that answer in attr (BPF_*_GET_NEXT_ID, ...) are readable by the caller
@@ -104,13 +104,13 @@ def attach_multi(
         n, BPF_F_UPROBE_MULTI_RETURN if retprobe else 0, pid,
     )
     t0 = time.perf_counter()
-    fd = _bpf(BPF_LINK_CREATE, attr)
+    fd = bpf(BPF_LINK_CREATE, attr)
     if fd < 0:
         _raise_for(-fd, f"uprobe-multi link on {path} ({n} functions)")
     return Link([fd], "multi", n, time.perf_counter() - t0)
 
 
-def _uprobe_pmu() -> tuple[int, int]:
+def uprobe_pmu() -> tuple[int, int]:
     base = "/sys/bus/event_source/devices/uprobe"
     try:
         with open(f"{base}/type") as f:
@@ -132,7 +132,7 @@ def attach_perf(
     pid: int = -1,
 ) -> Link:
     """The fallback: a perf_event uprobe per offset, each with a BPF link carrying its cookie."""
-    ptype, bit = _uprobe_pmu()
+    ptype, bit = uprobe_pmu()
     c_path = ctypes.create_string_buffer(os.fsencode(path))
     fds: list[int] = []
     t0 = time.perf_counter()
@@ -143,13 +143,13 @@ def attach_perf(
             struct.pack_into("IIQQQQQIIQQ", pattr, 0, ptype, _PERF_ATTR_SIZE, (1 << bit) if retprobe else 0,
                              1, 0, 0, 0, 1, 0, ctypes.addressof(c_path), off)
             pbuf = ctypes.create_string_buffer(bytes(pattr), len(pattr))
-            pfd = _libc.syscall(SYS_PERF_EVENT_OPEN, pbuf, pid if pid > 0 else -1, 0 if pid <= 0 else -1, -1, 8)
+            pfd = _libc.syscall(syscall_number("perf_event_open"), pbuf, pid if pid > 0 else -1, 0 if pid <= 0 else -1, -1, 8)
             if pfd < 0:
                 _raise_for(ctypes.get_errno(), f"perf uprobe at {path}+{off:#x}")
             fds.append(pfd)
             attr = bytearray(_ATTR_SIZE)
             struct.pack_into("IIIIQ", attr, 0, prog_fd, pfd, BPF_PERF_EVENT, 0, cookie)
-            lfd = _bpf(BPF_LINK_CREATE, attr)
+            lfd = bpf(BPF_LINK_CREATE, attr)
             if lfd < 0:
                 _raise_for(-lfd, f"perf link at {path}+{off:#x}")
             fds.append(lfd)
