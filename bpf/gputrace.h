@@ -1,5 +1,6 @@
-/* Keys and values shared by the BPF programs (counts.bpf.c) and user space (tracer/bpfprog.py).
- * Keep the two in step: user space mirrors these layouts with ctypes, checked by a test. */
+/* Keys and values shared by the BPF programs (counts.bpf.c) and user space (tracer/bpfprog.py), the
+ * one definition of both: user space reads the GT_* numbers and enum gt_error from this file, and the
+ * map layouts from the types bcc builds from these structs, checked field by field at load. */
 #ifndef GPUTRACE_H
 #define GPUTRACE_H
 

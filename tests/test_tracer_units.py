@@ -516,6 +516,43 @@ def test_header_matches_bpfprog():
     assert tuple(n.lower() for n in names[:-1]) == bpfprog.ERROR_NAMES
 
 
+def test_header_constants_are_evaluated_not_guessed():
+    text = """#define GT_A 40          /* forty */
+#define GT_B (1ULL << 35) /* a cookie bit */
+#define GT_C 0xffffffffULL
+#define GT_D some_macro(x)
+enum gt_error {
+    GT_ERR_X = 0,  /* first */
+    GT_ERR_Y,
+    GT_ERR_COUNT,
+};"""
+    c = bpfprog.header_constants(text)
+    assert c == {"GT_A": 40, "GT_B": 1 << 35, "GT_C": 0xFFFFFFFF, "GT_ERR_X": 0, "GT_ERR_Y": 1, "GT_ERR_COUNT": 2}
+
+
+def test_map_layout_is_read_from_the_ctypes_type_field_by_field():
+    import ctypes
+
+    class Leaf(ctypes.Structure):  # the shape bcc builds for struct gt_stats
+        _fields_ = [("calls", ctypes.c_ulonglong), ("timed", ctypes.c_ulonglong), ("hist", ctypes.c_ulonglong * 4),
+                    ("outside", ctypes.c_ulonglong)]
+
+    lay = bpfprog.Layout.of(Leaf)
+    row = Leaf(5, 2, (ctypes.c_ulonglong * 4)(1, 2, 3, 4), 9)
+    v = lay.struct.unpack(bytes(row))
+    assert v[lay.index("calls")] == 5 and v[lay.fields["hist"]] == (1, 2, 3, 4) and v[lay.index("outside")] == 9
+
+    class Padded(ctypes.Structure):
+        _fields_ = [("a", ctypes.c_uint32), ("b", ctypes.c_uint64)]
+
+    class Floating(ctypes.Structure):
+        _fields_ = [("a", ctypes.c_double)]
+
+    for bad in (Padded, Floating):
+        with pytest.raises(bpfprog.BpfUnavailable, match="layout"):
+            bpfprog.Layout.of(bad)
+
+
 def test_rawstats_arithmetic():
     a = bpfprog.RawStats(10, 8, 800, 600, 2, 1, hist(s3=5, s9=3))
     b = bpfprog.RawStats(4, 3, 300, 200, 1, 0, hist(s3=2, s9=1))

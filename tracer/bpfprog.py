@@ -10,7 +10,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import struct
+import dataclasses
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,19 +23,73 @@ from gputrace.base.errors import BpfUnavailable
 
 from . import links
 
-HIST_SLOTS = 40  # GT_HIST_SLOTS in bpf/gputrace.h
-MAX_DEPTH = 8
-COOKIE_TIMED = 1 << 32
-COOKIE_MARKER = 1 << 33
-COOKIE_STEPPED = 1 << 34
-COOKIE_WATCH = 1 << 35
-CLOSED, OPEN, OUTSIDE = 0, 1, 2  # GT_CLOSED, GT_OPEN, GT_OUTSIDE
+def source_dir() -> Path:
+    return Path(str(resources.files("gputrace.bpf")))
+
+
+def header_constants(text: str) -> dict[str, int]:
+    """The `#define GT_*` numbers and the `enum gt_error` members of bpf/gputrace.h, evaluated: the
+    header is the one definition, user space reads it instead of repeating it."""
+    out: dict[str, int] = {}
+    for name, value in re.findall(r"^#define\s+(GT_\w+)\s+([^/\n]+?)\s*(?:/\*.*)?$", text, re.M):
+        expr = re.sub(r"(?<=[0-9a-fA-F])U?LL\b|(?<=[0-9])U\b", "", value)
+        if re.fullmatch(r"[0-9a-fA-FxX()<\s]+", expr):
+            out[name] = int(eval(expr, {"__builtins__": {}}))  # digits, shifts and parentheses only
+    enum = re.search(r"enum gt_error\s*{(.*?)}", text, re.S)
+    for i, name in enumerate(re.findall(r"^\s*(GT_ERR_\w+)", enum.group(1), re.M) if enum else ()):
+        out[name] = i
+    return out
+
+
+_H = header_constants((source_dir() / "gputrace.h").read_text())
+HIST_SLOTS = _H["GT_HIST_SLOTS"]
+MAX_DEPTH = _H["GT_MAX_DEPTH"]
+COOKIE_TIMED = _H["GT_COOKIE_TIMED"]
+COOKIE_MARKER = _H["GT_COOKIE_MARKER"]
+COOKIE_STEPPED = _H["GT_COOKIE_STEPPED"]
+COOKIE_WATCH = _H["GT_COOKIE_WATCH"]
+CLOSED, OPEN, OUTSIDE = _H["GT_CLOSED"], _H["GT_OPEN"], _H["GT_OUTSIDE"]
+ERROR_NAMES = tuple(n.removeprefix("GT_ERR_").lower()
+                    for n, _ in sorted(((k, v) for k, v in _H.items() if k.startswith("GT_ERR_") and k != "GT_ERR_COUNT"),
+                                       key=lambda kv: kv[1]))
 _BATCH = 1024  # rows per lookup-batch syscall
-# struct gt_key and struct gt_stats (bpf/gputrace.h) as the batch read returns them, parsed in one C
-# call a row rather than through ctypes' field accessors; checked against bcc's own layout at load.
-_KEY = struct.Struct("=II")
-_LEAF = struct.Struct(f"={8 + HIST_SLOTS}Q")  # calls, timed, total_ns, outer_ns, nested, closed, outside, watched, hist
-ERROR_NAMES = ("stats_full", "threads_full", "depth", "unpaired", "stale")
+# The integer types bcc gives struct fields (u32, u64, ...), under whichever alias ctypes uses.
+_CTYPE_CODES = {ctypes.c_uint32: "I", ctypes.c_int32: "i", ctypes.c_uint64: "Q", ctypes.c_int64: "q",
+                ctypes.c_ulonglong: "Q", ctypes.c_longlong: "q"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A map's key or value as bcc built it from the C definition, for reading batches of rows in
+    one C call a row (struct.unpack) rather than through ctypes' field accessors: the format and,
+    per field, its slice of the unpacked tuple. Checked field by field (offset and type) against the
+    ctypes type, so a change to the header that user space does not follow fails at load."""
+
+    struct: struct.Struct
+    fields: dict[str, slice]
+
+    @classmethod
+    def of(cls, ctype: type) -> "Layout":
+        fmt, fields, at = "=", {}, 0
+        for name, t in ctype._fields_:
+            base, n = (t._type_, t._length_) if issubclass(t, ctypes.Array) else (t, 1)
+            code = _CTYPE_CODES.get(base)
+            offset = getattr(ctype, name).offset
+            if code is None or offset != struct.calcsize(fmt):
+                raise BpfUnavailable(f"the BPF map layout has a field gputrace cannot read: {ctype.__name__}.{name} "
+                                     f"({t.__name__} at offset {offset})", "reinstall gputrace: its BPF program and "
+                                     "its reader are out of step")
+            fmt += f"{n}{code}"
+            fields[name] = slice(at, at + n) if issubclass(t, ctypes.Array) else slice(at, at + 1)
+            at += n
+        s = struct.Struct(fmt)
+        if s.size != ctypes.sizeof(ctype):
+            raise BpfUnavailable(f"the BPF map layout of {ctype.__name__} has padding gputrace does not expect",
+                                 "reinstall gputrace: its BPF program and its reader are out of step")
+        return cls(s, fields)
+
+    def index(self, name: str) -> int:
+        return self.fields[name].start
 
 
 @dataclass(frozen=True)
@@ -79,10 +135,6 @@ ZERO_HIST = (0,) * HIST_SLOTS
 ZERO = RawStats(0, 0, 0, 0, 0, 0, ZERO_HIST)
 
 
-def source_dir() -> Path:
-    return Path(str(resources.files("gputrace.bpf")))
-
-
 class Program:
     def __init__(self, mode: str = "multi", *, max_stats: int = 16384, max_threads: int = 16384) -> None:
         if mode not in ("multi", "perf"):
@@ -102,6 +154,12 @@ class Program:
                 "run `gputrace doctor`: kernel headers, bcc and BPF support are checked there",
             ) from None
         self._stats = self.bpf[b"stats"]
+        # The stats rows as bcc built their types from the C structs; RawStats takes exactly these fields.
+        self._key_layout, self._leaf_layout = Layout.of(self._stats.Key), Layout.of(self._stats.Leaf)
+        want = {f.name for f in dataclasses.fields(RawStats)}
+        if set(self._leaf_layout.fields) != want or set(self._key_layout.fields) != {"tgid", "func"}:
+            raise BpfUnavailable(f"the BPF stats map holds {sorted(self._leaf_layout.fields)}, gputrace reads {sorted(want)}",
+                                 "reinstall gputrace: its BPF program and its reader are out of step")
         self._batch: object = True  # True: not tried yet; None: unsupported; else the buffers
         self._rows: dict[tuple[int, int], tuple[bytes, RawStats]] = {}  # (tgid, func) -> last bytes read
         self._errors = self.bpf[b"errors"]
@@ -183,12 +241,15 @@ class Program:
         from bcc.libbcc import lib
 
         if self._batch is True:
-            if ctypes.sizeof(self._stats.Key) != _KEY.size or ctypes.sizeof(self._stats.Leaf) != _LEAF.size:
-                raise OSError(errno.EINVAL, "unexpected stats layout")  # then the ctypes path reads it
             self._batch = ((self._stats.Key * _BATCH)(), (self._stats.Leaf * _BATCH)())
         keys, vals = self._batch
-        size = _LEAF.size
-        rows, unpack = self._rows, _LEAF.unpack
+        key_l, leaf_l = self._key_layout, self._leaf_layout
+        size, key_size = leaf_l.struct.size, key_l.struct.size
+        rows, unpack = self._rows, leaf_l.struct.unpack
+        ka, kb = key_l.index("tgid"), key_l.index("func")
+        c, t, tn, on, ne, cl, ou, wa = (leaf_l.index(n) for n in ("calls", "timed", "total_ns", "outer_ns", "nested",
+                                                                   "closed", "outside", "watched"))
+        hist = leaf_l.fields["hist"]
         token_in, token_out, count = ctypes.c_uint32(0), ctypes.c_uint32(0), ctypes.c_uint32(0)
         out: dict[int, dict[int, RawStats]] = {}
         first, n_rows = True, 0
@@ -201,12 +262,13 @@ class Program:
             n = count.value
             n_rows += n
             raw = ctypes.string_at(vals, n * size)
-            for i, key in enumerate(_KEY.iter_unpack(ctypes.string_at(keys, n * _KEY.size))):
+            for i, k in enumerate(key_l.struct.iter_unpack(ctypes.string_at(keys, n * key_size))):
+                key = (k[ka], k[kb])
                 blob = raw[i * size:(i + 1) * size]
                 cached = rows.get(key)
                 if cached is None or cached[0] != blob:
                     v = unpack(blob)
-                    cached = rows[key] = (blob, RawStats(v[0], v[1], v[2], v[3], v[4], v[5], v[8:], v[6], v[7]))
+                    cached = rows[key] = (blob, RawStats(v[c], v[t], v[tn], v[on], v[ne], v[cl], v[hist], v[ou], v[wa]))
                 tgid_rows = out.get(key[0])
                 if tgid_rows is None:
                     tgid_rows = out[key[0]] = {}
