@@ -25,26 +25,19 @@ __all__ = ["SONAME", "library_path", "ffi", "open_in_process", "preload_env"]
 _HERE = Path(__file__).resolve().parent
 SONAME = "libgputrace_shim.so"
 _SOURCES = ("shim.c", "hooks.c", "registry.c", "control.c", "dump.c", "vmm.c", "emulate.c")
-_HEADERS = ("shim_int.h", "shim_api.h", "gputrace_shim.h", "cuda_extra.h")
-
-
-def _driver_header_dir() -> Path:
-    # The driver API's types and prototypes: simcuda's cuda.h is a faithful slice of NVIDIA's (same
-    # names, values and layouts), so the shim built against it runs on the real driver too.
-    return _HERE.parent / "simcuda" if (_HERE.parent / "simcuda" / "cuda.h").exists() else _HERE / ".." / "simcuda"
+_HEADERS = ("shim_int.h", "shim_api.h", "gputrace_shim.h", "cuda_driver.h")  # cuda_driver.h: its own driver API header
 
 
 def library_path() -> Path:
     """The built shim (cached by source hash), ready for LD_PRELOAD."""
-    inc = _driver_header_dir()
     return build(
         SONAME,
         [_HERE / s for s in _SOURCES],
         shared=True,
         soname=SONAME,
-        cflags=["-fvisibility=hidden", "-pthread", f"-I{inc}", "-Wno-unused-parameter"],
+        cflags=["-fvisibility=hidden", "-pthread", "-Wno-unused-parameter"],
         ldflags=["-pthread", "-ldl"],
-        headers=[*(_HERE / h for h in _HEADERS), inc / "cuda.h"],
+        headers=[_HERE / h for h in _HEADERS],
     )
 
 

@@ -255,7 +255,7 @@ static void command(struct client *cl, int idx, char *line)
                   ms, gputrace_shim_in_flight());
         }
     } else if (!strcmp(line, "resume")) {
-        if (dump_suspended()) {
+        if (gate_suspended()) {
             reply(cl, "{\"ok\": false, \"error\": \"suspended\", \"detail\": \"the device memory is off the GPU: "
                           "unsuspend brings it back and reopens the gate\"}");
             return;
@@ -290,17 +290,17 @@ static void command(struct client *cl, int idx, char *line)
         int fd = cl->passed;
         cl->passed = -1;
         size_t n = 0;
-        int was = dump_suspended();
+        int was = gate_suspended();
         char *buf = dump_command(mode, args, fd, g_pauser == idx, &n);
-        if (dump_suspended() && g_pauser == idx)
+        if (gate_suspended() && g_pauser == idx)
             g_pauser = -1; /* the gate is the suspension's now, not this connection's */
-        if (!was && dump_suspended())
+        if (!was && gate_suspended())
             g_susp_holder = idx; /* until `keep`: undone if this connection closes first */
-        if (!dump_suspended())
+        if (!gate_suspended())
             g_susp_holder = -1;
         reply_buf(cl, buf, n);
     } else if (!strcmp(line, "keep")) {
-        if (!dump_suspended())
+        if (!gate_suspended())
             reply(cl, "{\"ok\": false, \"error\": \"not suspended\"}");
         else if (g_susp_holder >= 0 && g_susp_holder != idx)
             reply(cl, "{\"ok\": false, \"error\": \"the suspension belongs to another connection\"}");
@@ -330,16 +330,15 @@ static void drop(struct client *cls, int i)
         size_t n = 0;
         char none[1] = "";
         char *buf = dump_command(M_UNSUSPEND, none, -1, 1, &n);
-        if (dump_suspended())
+        if (gate_suspended())
             shim_log("the connection that suspended this process closed before keeping the suspension, and "
                      "unsuspending failed: %s", buf ? buf : "out of memory");
         else
             shim_log("the connection that suspended this process closed before keeping the suspension: unsuspended");
         free(buf);
     }
-    if (g_pauser == i) { /* the pausing connection went away: never leave the job stopped */
-        if (!dump_suspended())
-            gputrace_shim_resume();
+    if (g_pauser == i) { /* the pausing connection went away: never leave the job stopped (unless suspended) */
+        gputrace_shim_resume();
         g_pauser = -1;
     }
 }

@@ -355,16 +355,16 @@ static void job_run(struct job *j, struct lane *L, int nl)
  * Suspension: between `suspend` and `unsuspend` the gate stays closed (owned by no connection), the
  * image stays open here, and the VMM-served allocations have no memory behind their addresses. */
 
-static int g_suspended;
-static int g_susp_fd = -1;
-static uint64_t g_susp_ns;
-/* A direct suspension keeps its image mapped and pinned until unsuspend, so that bringing the data
- * back is the bus's time alone (pinning 16 GiB takes seconds; the job waits through all of resume). */
-static char *g_susp_map;
-static uint64_t g_susp_len;
-static uint64_t g_susp_ctx;
-
-int dump_suspended(void) { return g_suspended; }
+/* The suspended image: the gate knows whether the job is suspended (gate_suspended()); this is where
+ * its data wait.  A direct suspension keeps its image mapped and pinned until unsuspend, so that
+ * bringing the data back is the bus's time alone (pinning 16 GiB takes seconds; the job waits
+ * through all of resume). */
+static struct {
+    int fd;
+    uint64_t since_ns;
+    char *map;
+    uint64_t len, ctx;
+} S = {.fd = -1};
 
 struct vmm_walk {
     int remap; /* 0: release the backing of live allocations; 1: map new backing for released ones */
@@ -659,320 +659,392 @@ static const char *read_image(int fd, struct img_hdr *h, struct img_ent **out)
 
 static const char *const mode_name[] = {"dump", "restore", "suspend", "unsuspend"};
 
-char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
-{
-    int restore = mode == M_RESTORE || mode == M_UNSUSPEND;
-    uint64_t remap_ns = 0, release_ns = 0, reserved = 0;
-    struct sbuf b = {0};
+/* One command from its words to its reply: what each step needs from the steps before it, and what
+ * op_close gives back whichever step failed. */
+struct op {
+    int mode, restore;
     struct opts o;
-    char *path;
-    struct collect c = {0};
+    int fd, own_fd;
+    int have_pause; /* the gate was closed before the command (the client's pause, or the suspension) */
+    int paused;     /* this command closed the gate, and must reopen it */
+    struct collect c;
     struct img_hdr h;
-    struct img_ent *ents = NULL;
+    struct img_ent *ents;
     struct lane L[MAX_LANES];
-    int nl = 0, own_fd = 0, paused = 0;
-    char *map = NULL;
-    int direct_used = 0;
-    uint64_t map_len = 0;
-    struct timing t = {0};
-    struct piece *pieces = NULL;
-    size_t np = 0;
-    char err[160] = "";
+    int nl;
+    char *map; /* direct: the image mapped and pinned */
+    uint64_t map_len;
+    int direct_used;
+    struct piece *pieces;
+    size_t np;
+    struct timing t;
+    uint64_t t_gate; /* when the gate began to close */
+    struct sbuf b;   /* the reply */
+    char err[160];
+};
 
-    if (parse_opts(args, &o, &path) != 0 || (path && mode == M_UNSUSPEND)) {
-        snprintf(err, sizeof err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS] [direct=0|1]%s", mode_name[mode],
-                 mode == M_UNSUSPEND ? "" : " [/PATH] (or pass an fd)");
-        json_err(&b, err, NULL);
-        goto reply;
+static int fail(struct op *op, const char *error, const char *detail)
+{
+    json_err(&op->b, error, detail);
+    return -1;
+}
+
+/* The image: opened (or taken over), and read back for a restore; the driver's functions found. */
+static int op_open(struct op *op, char *args, int fd)
+{
+    char *path;
+    op->fd = fd;
+    op->own_fd = fd >= 0; /* a passed fd is ours to close (a suspend keeps it), even when the words are wrong */
+    if (parse_opts(args, &op->o, &path) != 0 || (path && op->mode == M_UNSUSPEND)) {
+        snprintf(op->err, sizeof op->err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS] [direct=0|1]%s",
+                 mode_name[op->mode], op->mode == M_UNSUSPEND ? "" : " [/PATH] (or pass an fd)");
+        return fail(op, op->err, NULL);
     }
-    if (mode == M_UNSUSPEND) {
+    if (op->mode == M_UNSUSPEND) {
         if (fd >= 0)
             close(fd);
-        fd = -1;
-        if (!g_suspended) {
-            json_err(&b, "not suspended", NULL);
-            goto reply;
-        }
-        fd = g_susp_fd; /* stays ours (g_susp_fd) until the data are back */
-        have_pause = 1; /* the gate has been closed since the suspend */
-    } else if (g_suspended) {
-        json_err(&b, "suspended", "the process's device memory is off the GPU; unsuspend it first");
-        goto reply;
-    }
-    if (mode == M_UNSUSPEND) {
-        /* nothing to open */
+        op->fd = -1;
+        op->own_fd = 0;
+        if (!gate_suspended())
+            return fail(op, "not suspended", NULL);
+        op->fd = S.fd;       /* stays the suspension's until the data are back */
+        op->have_pause = 1;  /* the gate has been closed since the suspend */
+    } else if (gate_suspended()) {
+        return fail(op, "suspended", "the process's device memory is off the GPU; unsuspend it first");
     } else if (path) {
         if (fd >= 0)
             close(fd);
-        fd = open(path, (restore ? O_RDONLY : O_RDWR | O_CREAT | O_TRUNC) | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0) {
-            json_err(&b, "cannot open the image file", strerror(errno));
-            goto reply;
-        }
-        own_fd = 1;
+        op->own_fd = 0;
+        op->fd = open(path, (op->restore ? O_RDONLY : O_RDWR | O_CREAT | O_TRUNC) | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (op->fd < 0)
+            return fail(op, "cannot open the image file", strerror(errno));
+        op->own_fd = 1;
     } else if (fd < 0) {
-        json_err(&b, "no image: pass a file descriptor with the command or name a /PATH", NULL);
-        goto reply;
-    } else {
-        own_fd = 1; /* a passed fd is ours to close (a suspend keeps it) */
+        return fail(op, "no image: pass a file descriptor with the command or name a /PATH", NULL);
     }
-    if (!drv_load()) {
-        json_err(&b, "the driver lacks a function the copy needs", NULL);
-        goto reply;
+    if (!drv_load())
+        return fail(op, "the driver lacks a function the copy needs", NULL);
+    if (op->restore) {
+        const char *e = read_image(op->fd, &op->h, &op->ents);
+        if (e)
+            return fail(op, "bad image", e);
     }
-    if (restore) {
-        const char *e = read_image(fd, &h, &ents);
-        if (e) {
-            json_err(&b, "bad image", e);
-            goto reply;
-        }
-    }
+    return 0;
+}
 
-    /* Staging memory is pinned while the job still runs. */
+/* While the job still runs: what there is to copy, the image's space, the pinned memory. */
+static int op_prepare(struct op *op)
+{
     uint64_t t0 = now_ns();
-    if (collect(&c) != 0) {
-        json_err(&b, "out of memory", NULL);
-        goto reply;
+    struct collect *c = &op->c;
+    if (collect(c) != 0)
+        return fail(op, "out of memory", NULL);
+    op->nl = c->n ? op->o.lanes : 0;
+    if (op->nl && !c->nctx) {
+        op->nl = 0;
+        return fail(op, "unsupported", "device memory but no context to copy it in");
     }
-    nl = c.n ? o.lanes : 0;
-    if (nl && !c.nctx) {
-        nl = 0;
-        json_err(&b, "unsupported", "device memory but no context to copy it in");
-        goto reply;
-    }
-    memset(L, 0, sizeof L);
-    if (restore) {
-        map_len = h.data_offset + h.data_bytes;
-    } else if (c.n) {
+    if (op->restore) {
+        op->map_len = op->h.data_offset + op->h.data_bytes;
+    } else if (c->n) {
         /* Reserve the image's space while the job runs: page allocation (tmpfs, memfd) or block
          * allocation (a disk) leaves the freeze, and a full filesystem fails here, before it. */
-        map_len = round_up(sizeof h + (uint64_t)c.n * sizeof(struct img_ent), IMG_ALIGN);
-        for (int i = 0; i < c.n; i++)
-            map_len = round_up(map_len + c.v[i].size, IMG_ALIGN);
-        int e = posix_fallocate(fd, 0, (off_t)map_len);
-        if (e == ENOSPC || e == EDQUOT) {
-            json_err(&b, "cannot reserve space for the image", strerror(e));
-            goto reply;
-        }
+        op->map_len = round_up(sizeof op->h + (uint64_t)c->n * sizeof(struct img_ent), IMG_ALIGN);
+        for (int i = 0; i < c->n; i++)
+            op->map_len = round_up(op->map_len + c->v[i].size, IMG_ALIGN);
+        int e = posix_fallocate(op->fd, 0, (off_t)op->map_len);
+        if (e == ENOSPC || e == EDQUOT)
+            return fail(op, "cannot reserve space for the image", strerror(e));
     }
-    if (mode == M_UNSUSPEND && g_susp_map) {
-        map = g_susp_map; /* pinned since the suspend */
-        map_len = g_susp_len;
-    } else if (nl && o.direct) { /* a suspension too: its image is the memfd the shim keeps until unsuspend */
-        map = direct_map(fd, map_len, c.ctxs[0]);
+    if (op->mode == M_UNSUSPEND && S.map) {
+        op->map = S.map; /* pinned since the suspend */
+        op->map_len = S.len;
+    } else if (op->nl && op->o.direct) { /* a suspension too: its image is the memfd kept until unsuspend */
+        op->map = direct_map(op->fd, op->map_len, c->ctxs[0]);
     }
-    direct_used = map != NULL;
-    if (nl && !map && lanes_alloc(L, nl, o.chunk, c.ctxs[0]) != 0) {
-        lanes_free(L, nl);
-        nl = 0;
-        json_err(&b, "cannot pin staging memory", "cuMemHostAlloc failed: try a smaller chunk= or fewer lanes=");
-        goto reply;
+    op->direct_used = op->map != NULL;
+    if (op->nl && !op->map && lanes_alloc(op->L, op->nl, op->o.chunk, c->ctxs[0]) != 0) {
+        lanes_free(op->L, op->nl);
+        op->nl = 0;
+        return fail(op, "cannot pin staging memory", "cuMemHostAlloc failed: try a smaller chunk= or fewer lanes=");
     }
-    uint64_t t1 = now_ns();
-    t.setup = t1 - t0;
+    op->t_gate = now_ns();
+    op->t.setup = op->t_gate - t0;
+    return 0;
+}
 
-    /* Freeze. */
-    if (!have_pause) {
-        int r = gputrace_shim_pause(o.timeout_ms);
-        if (r == -2) {
-            json_err(&b, "already paused", "another client holds a pause of this process");
-            goto reply;
-        }
-        if (r != 0) {
-            json_err(&b, "busy", "driver calls still in flight at the timeout; the gate is open again");
-            goto reply;
-        }
-        paused = 1;
+/* The gate closed (unless it already was), calls in flight drained, and what to copy read again:
+ * now the registry cannot change. */
+static int op_freeze(struct op *op)
+{
+    if (!op->have_pause) {
+        int r = gputrace_shim_pause(op->o.timeout_ms);
+        if (r == -2)
+            return fail(op, "already paused", "another client holds a pause of this process");
+        if (r != 0)
+            return fail(op, "busy", "driver calls still in flight at the timeout; the gate is open again");
+        op->paused = 1;
     }
-    uint64_t t2 = now_ns();
-    t.drain = t2 - t1;
-    free(c.v);
-    if (collect(&c) != 0) { /* now the registry cannot change */
-        json_err(&b, "out of memory", NULL);
-        goto reply;
-    }
-    if (mode == M_SUSPEND)
-        for (int i = 0; i < c.n; i++)
-            if (!c.v[i].reserved) {
-                snprintf(err, sizeof err, "the %s allocation at %#llx is not served through the VMM API",
-                         c.v[i].kind == K_DEVICE ? "device" : c.v[i].kind == K_PITCH ? "pitched"
-                         : c.v[i].kind == K_ASYNC ? "stream-ordered" : c.v[i].kind == K_VMM_MAP ? "program's VMM"
-                         : "managed", (unsigned long long)c.v[i].base);
-                json_err(&b, "unsupported", err);
-                goto reply;
-            }
-    if (mode == M_UNSUSPEND) {
-        uint64_t at = 0, tr = now_ns();
-        CUresult e = remap_all(&at);
-        remap_ns = now_ns() - tr;
-        if (e) {
-            snprintf(err, sizeof err, "mapping memory at %#llx failed: CUresult %d; still suspended",
-                     (unsigned long long)at, (int)e);
-            json_err(&b, "cannot map device memory again", err);
-            goto reply;
-        }
-    }
-    if (c.n && !nl) { /* nothing was allocated before the gate closed, something is now */
-        json_err(&b, "busy", "the process allocated device memory meanwhile; try again");
-        goto reply;
-    }
-    if (restore) {
+    op->t.drain = now_ns() - op->t_gate;
+    free(op->c.v);
+    if (collect(&op->c) != 0)
+        return fail(op, "out of memory", NULL);
+    return 0;
+}
+
+/* Where each allocation goes in the image: the image's own places for a restore (after checking that
+ * it holds the same allocations), new ones for a dump. */
+static int op_layout(struct op *op)
+{
+    struct collect *c = &op->c;
+    if (c->n && !op->nl) /* nothing was allocated before the gate closed, something is now */
+        return fail(op, "busy", "the process allocated device memory meanwhile; try again");
+    if (op->restore) {
         struct sbuf d = {0};
-        if (diff(ents, (int)h.count, c.v, c.n, &d)) {
-            sb_printf(&b, "{\"ok\": false, \"error\": \"mismatch\"%s}", d.p);
+        if (diff(op->ents, (int)op->h.count, c->v, c->n, &d)) {
+            sb_printf(&op->b, "{\"ok\": false, \"error\": \"mismatch\"%s}", d.p);
             free(d.p);
-            goto reply;
+            return -1;
         }
         free(d.p);
-        for (int i = 0; i < c.n; i++)
-            c.v[i].off = ents[i].offset;
+        for (int i = 0; i < c->n; i++)
+            c->v[i].off = op->ents[i].offset;
     } else {
-        uint64_t off = round_up(sizeof h + (uint64_t)c.n * sizeof(struct img_ent), IMG_ALIGN);
-        for (int i = 0; i < c.n; i++) {
-            c.v[i].off = off;
-            off = round_up(off + c.v[i].size, IMG_ALIGN);
+        struct img_hdr *h = &op->h;
+        uint64_t off = round_up(sizeof *h + (uint64_t)c->n * sizeof(struct img_ent), IMG_ALIGN);
+        for (int i = 0; i < c->n; i++) {
+            c->v[i].off = off;
+            off = round_up(off + c->v[i].size, IMG_ALIGN);
         }
-        memset(&h, 0, sizeof h);
-        memcpy(h.magic, IMG_MAGIC, sizeof h.magic);
-        h.count = (uint64_t)c.n;
-        h.data_offset = round_up(sizeof h + (uint64_t)c.n * sizeof(struct img_ent), IMG_ALIGN);
-        h.data_bytes = off - h.data_offset;
-        h.chunk = o.chunk;
-        if (map && h.data_offset + h.data_bytes > map_len) {
-            json_err(&b, "busy", "the process allocated device memory meanwhile; try again");
-            goto reply;
+        memset(h, 0, sizeof *h);
+        memcpy(h->magic, IMG_MAGIC, sizeof h->magic);
+        h->count = (uint64_t)c->n;
+        h->data_offset = round_up(sizeof *h + (uint64_t)c->n * sizeof(struct img_ent), IMG_ALIGN);
+        h->data_bytes = off - h->data_offset;
+        h->chunk = op->o.chunk;
+        if (op->map && h->data_offset + h->data_bytes > op->map_len)
+            return fail(op, "busy", "the process allocated device memory meanwhile; try again");
+    }
+    for (int i = 0; i < c->n; i++)
+        if (!c->v[i].ctx) {
+            snprintf(op->err, sizeof op->err, "no context known for the allocation at %#llx",
+                     (unsigned long long)c->v[i].base);
+            return fail(op, "unsupported", op->err);
         }
-    }
-    for (int i = 0; i < c.n; i++)
-        if (!c.v[i].ctx) {
-            snprintf(err, sizeof err, "no context known for the allocation at %#llx", (unsigned long long)c.v[i].base);
-            json_err(&b, "unsupported", err);
-            goto reply;
-        }
-    if (sync_all(&c, err, sizeof err) != 0) {
-        json_err(&b, "driver error", err);
-        goto reply;
-    }
-    uint64_t t3 = now_ns();
-    t.sync = t3 - t2;
-    if (!(pieces = cut(c.v, c.n, o.chunk, &np))) {
-        json_err(&b, "out of memory", NULL);
-        goto reply;
-    }
-    if (!restore && ftruncate(fd, (off_t)(h.data_offset + h.data_bytes)) != 0) {
-        json_err(&b, "cannot size the image file", strerror(errno));
-        goto reply;
-    }
-    struct job j = {.restore = restore, .fd = fd, .map = map, .p = pieces, .np = np, .chunk = o.chunk};
-    pthread_mutex_init(&j.err_mu, NULL);
-    if (np)
-        job_run(&j, L, nl < (int)np ? nl : (int)np);
-    pthread_mutex_destroy(&j.err_mu);
-    uint64_t t4 = now_ns();
-    t.copy = t4 - t3;
-    if (atomic_load(&j.failed)) {
-        json_err(&b, "copy failed", j.err);
-        goto reply;
-    }
-    if (!restore) {
-        struct img_ent *e = calloc(c.n ? (size_t)c.n : 1, sizeof *e);
-        int werr = e ? 0 : ENOMEM;
-        for (int i = 0; e && i < c.n; i++)
-            e[i] = (struct img_ent){.base = c.v[i].base, .size = c.v[i].size, .offset = c.v[i].off,
-                                    .device = c.v[i].device, .kind = c.v[i].kind};
-        if (!werr)
-            werr = io_all(0, fd, &h, sizeof h, 0);
-        if (!werr && c.n)
-            werr = io_all(0, fd, e, (size_t)c.n * sizeof *e, sizeof h);
-        free(e);
-        if (werr) {
-            json_err(&b, "writing the image header failed", strerror(werr));
-            goto reply;
-        }
-    }
-    if (mode == M_SUSPEND) {
-        uint64_t tr = now_ns();
-        struct vmm_walk w = {.remap = 0};
-        reg_scan(R_MEM, vmm_walk, &w);
-        release_ns = now_ns() - tr;
-        reserved = w.bytes;
-        if (w.err) { /* put everything back as it was: new memory, the data from the image */
-            uint64_t at = 0;
-            remap_all(&at);
-            struct job k = {.restore = 1, .fd = fd, .map = map, .p = pieces, .np = np, .chunk = o.chunk};
-            pthread_mutex_init(&k.err_mu, NULL);
-            job_run(&k, L, nl < (int)np ? nl : (int)np);
-            pthread_mutex_destroy(&k.err_mu);
-            snprintf(err, sizeof err, "releasing the memory at %#llx failed: CUresult %d; nothing was suspended%s",
-                     (unsigned long long)w.at, (int)w.err, atomic_load(&k.failed) ? " (and copying back failed)" : "");
-            json_err(&b, "driver error", err);
-            goto reply;
-        }
-        g_suspended = 1;
-        g_susp_fd = fd;
-        g_susp_ns = now_ns();
-        g_susp_map = map;
-        g_susp_len = map_len;
-        g_susp_ctx = c.ctxs[0];
-        map = NULL; /* stays mapped and pinned until unsuspend */
-        own_fd = 0;
-        paused = 0; /* the gate stays closed until unsuspend */
-    }
-    if (mode == M_UNSUSPEND) {
-        reserved = (uint64_t)(now_ns() - g_susp_ns); /* reported as suspended_ns */
-        close(g_susp_fd);
-        g_susp_fd = -1;
-        g_suspended = 0;
-        g_susp_map = NULL; /* `map`: unpinned and unmapped below, after the gate reopened */
-        paused = 1; /* reopened just below */
-    }
-    if (paused) {
-        gputrace_shim_resume(); /* the data is off the device (or back on it): let the job go */
-        paused = 0;
-    }
-    t.freeze = now_ns() - t1; /* from closing the gate to reopening it */
-    uint64_t bytes = 0;
-    for (int i = 0; i < c.n; i++)
-        bytes += c.v[i].size;
-    sb_printf(&b, "{\"ok\": true, \"direct\": %s, \"allocations\": %d, \"bytes\": %llu, \"image_bytes\": %llu, \"skipped\": %d, "
-                  "\"lanes\": %d, \"chunk\": %zu, \"pieces\": %zu",
-              direct_used ? "true" : "false", c.n, (unsigned long long)bytes,
-              (unsigned long long)(h.data_offset + h.data_bytes), c.skipped, nl,
-              o.chunk, np);
-    timing_json(&b, &t);
-    if (mode == M_SUSPEND)
-        sb_printf(&b, ", \"reserved_bytes\": %llu, \"release_ns\": %llu", (unsigned long long)reserved,
-                  (unsigned long long)release_ns);
-    if (mode == M_UNSUSPEND)
-        sb_printf(&b, ", \"remap_ns\": %llu, \"suspended_ns\": %llu", (unsigned long long)remap_ns,
-                  (unsigned long long)reserved);
-    if (!restore)
-        identity_json(&b, &c);
-    sb_printf(&b, "}");
+    return 0;
+}
 
-reply:
-    if (mode == M_UNSUSPEND && g_suspended) { /* failed: back to no memory, the data in the image */
-        struct vmm_walk w = {.remap = 0};
-        reg_scan(R_MEM, vmm_walk, &w);
+/* Every lane copies its share of the pieces, in the direction `restore` says. Returns whether all did. */
+static int run_copy(struct op *op, int restore)
+{
+    struct job j = {.restore = restore, .fd = op->fd, .map = op->map, .p = op->pieces, .np = op->np,
+                    .chunk = op->o.chunk};
+    pthread_mutex_init(&j.err_mu, NULL);
+    if (op->np)
+        job_run(&j, op->L, op->nl < (int)op->np ? op->nl : (int)op->np);
+    pthread_mutex_destroy(&j.err_mu);
+    if (atomic_load(&j.failed)) {
+        snprintf(op->err, sizeof op->err, "%s", j.err);
+        return -1;
     }
-    if (map && map == g_susp_map) /* a failed unsuspend: the image stays pinned for the next try */
-        map = NULL;
-    if (map) /* after the gate reopened: unpinning and unmapping are no part of the freeze */
-        direct_unmap(map, map_len, c.nctx ? c.ctxs[0] : 0);
-    if (paused)
+    return 0;
+}
+
+/* The shared copy: work in flight finished, the data moved, and for a dump the image's header and
+ * entries written after it. */
+static int op_copy(struct op *op)
+{
+    struct collect *c = &op->c;
+    uint64_t t2 = now_ns();
+    if (sync_all(c, op->err, sizeof op->err) != 0)
+        return fail(op, "driver error", op->err);
+    uint64_t t3 = now_ns();
+    op->t.sync = t3 - t2;
+    if (!(op->pieces = cut(c->v, c->n, op->o.chunk, &op->np)))
+        return fail(op, "out of memory", NULL);
+    if (!op->restore && ftruncate(op->fd, (off_t)(op->h.data_offset + op->h.data_bytes)) != 0)
+        return fail(op, "cannot size the image file", strerror(errno));
+    int failed = run_copy(op, op->restore);
+    op->t.copy = now_ns() - t3;
+    if (failed)
+        return fail(op, "copy failed", op->err);
+    if (op->restore)
+        return 0;
+    struct img_ent *e = calloc(c->n ? (size_t)c->n : 1, sizeof *e);
+    int werr = e ? 0 : ENOMEM;
+    for (int i = 0; e && i < c->n; i++)
+        e[i] = (struct img_ent){.base = c->v[i].base, .size = c->v[i].size, .offset = c->v[i].off,
+                                .device = c->v[i].device, .kind = c->v[i].kind};
+    if (!werr)
+        werr = io_all(0, op->fd, &op->h, sizeof op->h, 0);
+    if (!werr && c->n)
+        werr = io_all(0, op->fd, e, (size_t)c->n * sizeof *e, sizeof op->h);
+    free(e);
+    if (werr)
+        return fail(op, "writing the image header failed", strerror(werr));
+    return 0;
+}
+
+/* The gate reopened if this command closed it, and the reply's common part. */
+static void op_done(struct op *op)
+{
+    if (op->paused) {
+        gputrace_shim_resume(); /* the data is off the device (or back on it): let the job go */
+        op->paused = 0;
+    }
+    op->t.freeze = now_ns() - op->t_gate; /* from closing the gate to reopening it */
+    struct collect *c = &op->c;
+    uint64_t bytes = 0;
+    for (int i = 0; i < c->n; i++)
+        bytes += c->v[i].size;
+    sb_printf(&op->b, "{\"ok\": true, \"direct\": %s, \"allocations\": %d, \"bytes\": %llu, \"image_bytes\": %llu, "
+                      "\"skipped\": %d, \"lanes\": %d, \"chunk\": %zu, \"pieces\": %zu",
+              op->direct_used ? "true" : "false", c->n, (unsigned long long)bytes,
+              (unsigned long long)(op->h.data_offset + op->h.data_bytes), c->skipped, op->nl, op->o.chunk, op->np);
+    timing_json(&op->b, &op->t);
+}
+
+static void op_close(struct op *op)
+{
+    if (op->map && op->map == S.map) /* a failed unsuspend: the image stays pinned for the next try */
+        op->map = NULL;
+    if (op->map) /* after the gate reopened: unpinning and unmapping are no part of the freeze */
+        direct_unmap(op->map, op->map_len, op->c.nctx ? op->c.ctxs[0] : 0);
+    if (op->paused)
         gputrace_shim_resume();
-    lanes_free(L, nl);
-    if (own_fd && fd >= 0)
-        close(fd);
-    free(pieces);
-    free(ents);
-    free(c.v);
-    if (b.oom || !b.p) {
-        free(b.p);
+    lanes_free(op->L, op->nl);
+    if (op->own_fd && op->fd >= 0)
+        close(op->fd);
+    free(op->pieces);
+    free(op->ents);
+    free(op->c.v);
+}
+
+/* ---- one function per command */
+
+static void cmd_dump(struct op *op)
+{
+    if (op_prepare(op) || op_freeze(op) || op_layout(op) || op_copy(op))
+        return;
+    op_done(op);
+    identity_json(&op->b, &op->c);
+    sb_printf(&op->b, "}");
+}
+
+static void cmd_restore(struct op *op)
+{
+    if (op_prepare(op) || op_freeze(op) || op_layout(op) || op_copy(op))
+        return;
+    op_done(op);
+    sb_printf(&op->b, "}");
+}
+
+/* A dump, then the VMM-served memory given back to the GPU; the gate stays closed, the image kept. */
+static void cmd_suspend(struct op *op)
+{
+    if (op_prepare(op) || op_freeze(op))
+        return;
+    struct collect *c = &op->c;
+    for (int i = 0; i < c->n; i++)
+        if (!c->v[i].reserved) {
+            snprintf(op->err, sizeof op->err, "the %s allocation at %#llx is not served through the VMM API",
+                     c->v[i].kind == K_DEVICE ? "device" : c->v[i].kind == K_PITCH ? "pitched"
+                     : c->v[i].kind == K_ASYNC ? "stream-ordered" : c->v[i].kind == K_VMM_MAP ? "program's VMM"
+                     : "managed", (unsigned long long)c->v[i].base);
+            fail(op, "unsupported", op->err);
+            return;
+        }
+    if (op_layout(op) || op_copy(op))
+        return;
+    uint64_t tr = now_ns();
+    struct vmm_walk w = {.remap = 0};
+    reg_scan(R_MEM, vmm_walk, &w);
+    uint64_t release_ns = now_ns() - tr;
+    if (w.err) { /* put everything back as it was: new memory, the data from the image */
+        uint64_t at = 0;
+        remap_all(&at);
+        int back = run_copy(op, 1);
+        snprintf(op->err, sizeof op->err, "releasing the memory at %#llx failed: CUresult %d; nothing was suspended%s",
+                 (unsigned long long)w.at, (int)w.err, back ? " (and copying back failed)" : "");
+        fail(op, "driver error", op->err);
+        return;
+    }
+    gate_suspend(); /* the gate stays closed until unsuspend, whoever closed it */
+    S.fd = op->fd;
+    S.since_ns = now_ns();
+    S.map = op->map;
+    S.len = op->map_len;
+    S.ctx = c->ctxs[0];
+    op->map = NULL;   /* stays mapped and pinned until unsuspend */
+    op->own_fd = 0;   /* the suspension's now */
+    op->paused = 0;   /* not reopened here */
+    op_done(op);
+    sb_printf(&op->b, ", \"reserved_bytes\": %llu, \"release_ns\": %llu", (unsigned long long)w.bytes,
+              (unsigned long long)release_ns);
+    identity_json(&op->b, c);
+    sb_printf(&op->b, "}");
+}
+
+/* New memory at the same addresses, the data back from the image, the gate reopened. On failure the
+ * job stays suspended: no memory behind its addresses, the data in the image. */
+static void cmd_unsuspend(struct op *op)
+{
+    if (op_prepare(op) || op_freeze(op))
+        goto still_suspended;
+    uint64_t at = 0, tr = now_ns();
+    CUresult e = remap_all(&at);
+    uint64_t remap_ns = now_ns() - tr;
+    if (e) {
+        snprintf(op->err, sizeof op->err, "mapping memory at %#llx failed: CUresult %d; still suspended",
+                 (unsigned long long)at, (int)e);
+        fail(op, "cannot map device memory again", op->err);
+        goto still_suspended;
+    }
+    if (op_layout(op) || op_copy(op))
+        goto still_suspended;
+    uint64_t suspended_ns = now_ns() - S.since_ns;
+    close(S.fd);
+    S.fd = -1;
+    S.map = NULL; /* op->map: unpinned and unmapped by op_close, after the gate reopened */
+    gate_unsuspend();
+    op_done(op);
+    sb_printf(&op->b, ", \"remap_ns\": %llu, \"suspended_ns\": %llu}", (unsigned long long)remap_ns,
+              (unsigned long long)suspended_ns);
+    return;
+still_suspended:;
+    struct vmm_walk w = {.remap = 0};
+    reg_scan(R_MEM, vmm_walk, &w);
+}
+
+char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
+{
+    struct op *op = calloc(1, sizeof *op);
+    if (!op) {
+        if (fd >= 0)
+            close(fd);
         return NULL;
     }
-    *len = b.len;
-    return b.p;
+    op->mode = mode;
+    op->restore = mode == M_RESTORE || mode == M_UNSUSPEND;
+    op->have_pause = have_pause;
+    if (op_open(op, args, fd) == 0) {
+        if (mode == M_DUMP)
+            cmd_dump(op);
+        else if (mode == M_RESTORE)
+            cmd_restore(op);
+        else if (mode == M_SUSPEND)
+            cmd_suspend(op);
+        else
+            cmd_unsuspend(op);
+    }
+    op_close(op);
+    char *out = op->b.oom || !op->b.p ? NULL : op->b.p;
+    if (!out)
+        free(op->b.p);
+    else
+        *len = op->b.len;
+    free(op);
+    return out;
 }
 
 /* `rehome` with an fd: a suspended job's image moves from the memfd it was copied into to a file
@@ -981,20 +1053,20 @@ reply:
  * file is the same size and starts with the same header before it lets go of the memfd. */
 const char *dump_rehome(int fd)
 {
-    if (!g_suspended)
+    if (!gate_suspended())
         return "not suspended";
     struct stat a, b;
-    if (fstat(g_susp_fd, &a) != 0 || fstat(fd, &b) != 0 || a.st_size != b.st_size)
+    if (fstat(S.fd, &a) != 0 || fstat(fd, &b) != 0 || a.st_size != b.st_size)
         return "the file is not the size of the suspended image";
     char x[IMG_ALIGN], y[IMG_ALIGN];
     size_t n = a.st_size < (off_t)IMG_ALIGN ? (size_t)a.st_size : IMG_ALIGN;
-    if (pread(g_susp_fd, x, n, 0) != (ssize_t)n || pread(fd, y, n, 0) != (ssize_t)n || memcmp(x, y, n))
+    if (pread(S.fd, x, n, 0) != (ssize_t)n || pread(fd, y, n, 0) != (ssize_t)n || memcmp(x, y, n))
         return "the file does not hold the suspended image";
-    if (g_susp_map) {
-        direct_unmap(g_susp_map, g_susp_len, g_susp_ctx);
-        g_susp_map = NULL;
+    if (S.map) {
+        direct_unmap(S.map, S.len, S.ctx);
+        S.map = NULL;
     }
-    close(g_susp_fd);
-    g_susp_fd = fd;
+    close(S.fd);
+    S.fd = fd;
     return NULL;
 }

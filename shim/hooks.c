@@ -462,7 +462,7 @@ void post_cuLibraryLoadData(CUresult r, struct hold *h, CUlibrary *pl, const voi
 void pre_cuLibraryUnload(struct hold *h, CUlibrary l) { take(h, R_LIBRARY, (uintptr_t)l); }
 void post_cuLibraryUnload(CUresult r, struct hold *h, CUlibrary l) { (void)l, put_back(r, h); }
 
-/* ---- functions simcuda lacks (cuda_extra.h) */
+/* ---- functions beyond the simulator's slice of the API (wrapped all the same) */
 
 /* Managed memory is device memory the driver may migrate: a checkpoint must save it all the same. */
 void pre_cuMemAllocManaged(struct hold *h, CUdeviceptr *dptr, size_t bytes, unsigned int flags)

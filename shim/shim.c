@@ -227,6 +227,7 @@ static struct slot g_slots[MAX_SLOTS];
 static struct slot g_overflow = {.shared = 1};
 static atomic_int g_nslots;
 static atomic_int g_gate;    /* 1: closed */
+static int g_suspended;      /* under g_pause_mu: the gate is closed for a suspension (gate_suspend) */
 static atomic_int g_waiting; /* threads waiting at the closed gate */
 static int g_fence = 1;      /* 0 once membarrier is registered */
 static int g_membarrier;
@@ -425,10 +426,39 @@ int gputrace_shim_pause(int timeout_ms)
 int gputrace_shim_resume(void)
 {
     pthread_mutex_lock(&g_pause_mu);
+    if (g_suspended) { /* only unsuspend reopens a suspension's gate: the job's memory is off the GPU */
+        pthread_mutex_unlock(&g_pause_mu);
+        return -3;
+    }
     int was = atomic_exchange(&g_gate, 0);
     futex(&g_gate, FUTEX_WAKE_PRIVATE, INT_MAX);
     pthread_mutex_unlock(&g_pause_mu);
     return was ? 0 : -1;
+}
+
+/* A suspension holds the gate: closed by whoever began it, it stays closed, whatever a client's
+ * resume or a closing connection asks, until gate_unsuspend. */
+void gate_suspend(void)
+{
+    pthread_mutex_lock(&g_pause_mu);
+    g_suspended = 1;
+    pthread_mutex_unlock(&g_pause_mu);
+}
+
+void gate_unsuspend(void)
+{
+    pthread_mutex_lock(&g_pause_mu);
+    g_suspended = 0;
+    pthread_mutex_unlock(&g_pause_mu);
+    gputrace_shim_resume();
+}
+
+int gate_suspended(void)
+{
+    pthread_mutex_lock(&g_pause_mu);
+    int s = g_suspended;
+    pthread_mutex_unlock(&g_pause_mu);
+    return s;
 }
 
 int gate_paused(void) { return atomic_load(&g_gate); }
@@ -638,7 +668,7 @@ char *shim_status_alloc(size_t *len)
         driver = di.dli_fname;
     sb_printf(&b, "{\"schema\": %d, \"pid\": %d, \"paused\": %s, \"suspended\": %s, \"in_flight\": %d, \"waiting\": %d, "
                   "\"threads\": %d, \"membarrier\": %s, \"driver\": ",
-              SCHEMA, (int)getpid(), gate_paused() ? "true" : "false", dump_suspended() ? "true" : "false",
+              SCHEMA, (int)getpid(), gate_paused() ? "true" : "false", gate_suspended() ? "true" : "false",
               busy_threads(), atomic_load(&g_waiting), used, g_membarrier ? "true" : "false");
     sb_json_str(&b, driver);
     sb_printf(&b, ", \"socket\": ");

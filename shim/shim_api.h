@@ -19,8 +19,7 @@
 #ifndef GPUTRACE_SHIM_API_H
 #define GPUTRACE_SHIM_API_H
 
-#include "cuda.h"
-#include "cuda_extra.h"
+#include "cuda_driver.h"
 
 #define SHIM_LAUNCH_PARAMS                                                                                       \
     (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,          \

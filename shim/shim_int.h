@@ -92,13 +92,15 @@ HIDDEN void emul_status(struct sbuf *b);     /* its part of the status JSON */
 
 /* ---- gate (shim.c) */
 HIDDEN int gate_paused(void);
+HIDDEN void gate_suspend(void);   /* the closed gate stays closed for a suspension, whoever asks to resume */
+HIDDEN void gate_unsuspend(void); /* the suspension ends and the gate reopens */
+HIDDEN int gate_suspended(void);  /* between a suspend and its unsuspend */
 
 /* ---- dump.c: the `dump`, `restore`, `suspend` and `unsuspend` commands.  `args` is the rest of the command line,
  * `fd` a file passed with it (-1: none; taken over), `have_pause` whether the caller's connection
  * already holds the gate.  Returns the JSON reply, malloc'ed (NULL: out of memory). */
 enum dump_mode { M_DUMP, M_RESTORE, M_SUSPEND, M_UNSUSPEND };
 HIDDEN char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len);
-HIDDEN int dump_suspended(void); /* between a suspend and its unsuspend: the gate must stay closed */
 HIDDEN const char *dump_rehome(int fd); /* NULL: the suspended image now lives in fd (taken over) */
 
 /* ---- vmm.c: cuMemAlloc_v2 through the VMM API when GPUTRACE_SHIM_VMM=1, so `suspend` can release

@@ -374,11 +374,10 @@ print(json.dumps(out))
 def test_wrappers_for_functions_simcuda_lacks_pass_arguments_through(tmp_path, shim_dir):
     from gputrace.base.native import build
 
-    inc = Path(simcuda.__file__).resolve().parent
     here = Path(__file__).resolve().parent
     stub = build("libstubcuda.so", [here / "native" / "stub_driver.c"], shared=True,
-                 cflags=[f"-I{inc}", f"-I{Path(shim.__file__).resolve().parent}", "-fvisibility=hidden"],
-                 headers=[inc / "cuda.h", Path(shim.__file__).resolve().parent / "cuda_extra.h"])
+                 cflags=[f"-I{Path(shim.__file__).resolve().parent}", "-fvisibility=hidden"],
+                 headers=[Path(shim.__file__).resolve().parent / "cuda_driver.h"])
     env = shim.preload_env()
     env["GPUTRACE_SHIM_LIBCUDA"] = str(stub)
     r = subprocess.run([sys.executable, "-c", EXTRA, str(stub)], env=env, capture_output=True, text=True, timeout=60)

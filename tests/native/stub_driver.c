@@ -1,12 +1,11 @@
-/* A stand-in driver for the wrapped functions simcuda lacks (shim/cuda_extra.h): each records its name
+/* A stand-in driver for the wrapped functions simcuda lacks (declared in shim/cuda_driver.h): each records its name
  * and arguments (as 64-bit words) and succeeds, so a test can check that the shim's wrapper passed
  * every argument through unchanged and recorded what it should.  cuGetProcAddress_v2 knows just
  * these functions (a _ptsz/_ptds variant where one exists); cuCtxGetCurrent reports a fixed context. */
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda.h"
-#include "cuda_extra.h"
+#include "cuda_driver.h"
 
 #define EXPORT __attribute__((visibility("default")))
 EXPORT char stub_fn[64];
