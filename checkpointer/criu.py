@@ -122,15 +122,23 @@ def _dump_hint(errs: list[str]) -> str:
     return "see the log for the whole story; the job was left running"
 
 
-def _run(cmd: list[str], on_start: Callable[[int], None] | None) -> subprocess.CompletedProcess:
-    """subprocess.run(cmd), telling `on_start` CRIU's pid first (a guardian waits for it if we die)."""
+def _run(c: Criu, cmd: list[str], log: Path, on_start: Callable[[int], None] | None) -> tuple[int, list[str] | None]:
+    """CRIU with `cmd` (its --allow-uprobes added where it has it), telling `on_start` its pid first
+    (a guardian waits for it if we die). Returns the ns it took and, if it failed, its errors (from
+    its log, else the last lines it wrote, else its exit status)."""
+    if c.allows_uprobes:
+        cmd = [*cmd, "--allow-uprobes"]
+    t = time.monotonic_ns()
     with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as p:
         stop_point("criu:started")  # the moment a kill leaves a CRIU the guardian was not told of
         if on_start:
             on_start(p.pid)
-        out, err = p.communicate()
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+        _, err = p.communicate()
+    ns = time.monotonic_ns() - t
+    if not p.returncode:
+        return ns, None
+    return ns, _errors(log) or [ln for ln in err.splitlines() if ln.strip()][-3:] or [f"exit status {p.returncode}"]
 
 
 def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True,
@@ -142,15 +150,9 @@ def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True,
     cmd = [c.path, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", "-v2", "--file-locks"]
     if leave_stopped:
         cmd.append("--leave-stopped")
-    if c.allows_uprobes:
-        cmd.append("--allow-uprobes")
-    t = time.monotonic_ns()
-    r = _run(cmd, on_start)
-    ns = time.monotonic_ns() - t
-    if r.returncode:
-        errs = _errors(log) or [ln for ln in r.stderr.splitlines() if ln.strip()][-3:]
-        raise CriuFailed(f"criu dump of process {pid} failed: " + " | ".join(errs or [f"exit status {r.returncode}"]),
-                         f"{_dump_hint(errs)} (log: {log})")
+    ns, errs = _run(c, cmd, log, on_start)
+    if errs is not None:
+        raise CriuFailed(f"criu dump of process {pid} failed: " + " | ".join(errs), f"{_dump_hint(errs)} (log: {log})")
     return ns
 
 
@@ -160,13 +162,8 @@ def restore(c: Criu, images: Path, work: Path, pid: int, on_start: Callable[[int
     log = work / "restore.log"
     cmd = [c.path, "restore", "-D", str(images), "-W", str(work), "-o", "restore.log", "-v2", "--file-locks",
            "--restore-detached", "--pidfile", str(work / "restored.pid")]
-    if c.allows_uprobes:
-        cmd.append("--allow-uprobes")
-    t = time.monotonic_ns()
-    r = _run(cmd, on_start)
-    ns = time.monotonic_ns() - t
-    if r.returncode:
-        errs = _errors(log) or [ln for ln in r.stderr.splitlines() if ln.strip()][-3:]
+    ns, errs = _run(c, cmd, log, on_start)
+    if errs is not None:
         text = " ".join(errs)
         m = re.search(r"File (\S+) has bad size (\d+) \(expect (\d+)\)", text)
         if m:
@@ -182,6 +179,6 @@ def restore(c: Criu, images: Path, work: Path, pid: int, on_start: Callable[[int
             raise CriuFailed(f"cannot restore process {pid}: pid {pid} is in use on this host",
                              "CRIU brings a process back at its old pid: end the process that holds it, or restore "
                              "in a new pid namespace (e.g. `unshare --pid --fork --mount-proc gputrace restore ...`)")
-        raise CriuFailed("criu restore failed: " + " | ".join(errs or [f"exit status {r.returncode}"]),
+        raise CriuFailed("criu restore failed: " + " | ".join(errs),
                          f"nothing was restored; see {log}")
     return ns

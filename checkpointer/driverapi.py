@@ -18,7 +18,8 @@ STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 
 
 @functools.lru_cache(maxsize=8)
-def _lib(path: str):
+def library(path: str):
+    """The libcuda file at `path` with the checkpoint API's functions typed; CheckpointError without them."""
     lib = ctypes.CDLL(path)
     missing = [n for n in API if not hasattr(lib, n)]
     if missing:
@@ -33,7 +34,7 @@ class Driver:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.path = libcuda_of(pid).path
-        self.lib = _lib(self.path)
+        self.lib = library(self.path)
 
     def state(self) -> str:
         st = ctypes.c_int(-1)

@@ -51,8 +51,7 @@ from gputrace.base.errors import CheckpointError, CorruptCheckpoint, NotSuspenda
 from gputrace.base.procs import comm as procs_comm, require_process, require_running, stat_fields, stop_point
 
 from . import criu as criu_mod
-from . import driver, uprobes
-from . import store
+from . import driver, driverapi, store, uprobes
 from .store import HASH, MANIFEST, Progress, check_target, disk_error
 from .guardian import Guardian
 from .schema import open_regular
@@ -480,7 +479,7 @@ def _resolve_pairs(libcuda: str, pairs: list[tuple[str, str]]) -> list[tuple[byt
     """--gpu-map's OLD=NEW as UUID bytes; indices are looked up with this host's driver (the same library
     file the job used, when it is here)."""
     try:
-        lib = driver._lib(libcuda if Path(libcuda).exists() else "libcuda.so.1")
+        lib = driverapi.library(libcuda if Path(libcuda).exists() else "libcuda.so.1")
     except OSError:
         raise CheckpointError("no CUDA driver on this host to look the GPUs of --gpu-map up",
                               "restore on a host with the NVIDIA driver, or give the GPUs by UUID") from None
