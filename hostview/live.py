@@ -30,6 +30,7 @@ from gputrace.tracer.targets import CudaScanner, LibcudaFile
 from .checkpoints import Checkpointer
 from .gpus import read_gpus
 from .model import HostSnapshot, ProcessRow
+from .pods import Identity, identity_of
 
 _COMPILE = threading.Lock()  # one bcc compile at a time: LLVM in several threads at once is not worth the risk
 
@@ -132,6 +133,7 @@ class LiveSource:
         self._files: dict[tuple[int, int], _FileTracer] = {}
         self._pids: dict[int, tuple[_FileTracer, LibcudaFile]] = {}
         self._shimmed: dict[int, bool] = {}
+        self._identity: dict[int, Identity] = {}  # read once, when the process is found
         self._notes: dict[int, str] = {}
         self._mode: str | None = None
         self._cal: Calibration | None = None
@@ -146,6 +148,11 @@ class LiveSource:
             with _COMPILE:
                 self._first, self._cal = open_program(self.options.attach_mode, self.warn)
             self._mode = self._first.mode
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The probe cost measured by start() (None before)."""
+        return self._cal
 
     def session_of(self, pid: int) -> HostSession | None:
         """The host session (one program, one set of links: one per libcuda file) tracing `pid`."""
@@ -176,6 +183,7 @@ class LiveSource:
                 ft = self._files[key] = _FileTracer(lib, self.options, prog, self._mode, self._cal,
                                                     self.cumulative, self.history)
             self._shimmed[pid] = bool(has_shim(pid))
+            self._identity[pid] = identity_of(pid)
             self.first_seen.setdefault(pid, time.monotonic())
             self._pids[pid] = (ft, lib)
             ft.add(pid)
@@ -185,6 +193,7 @@ class LiveSource:
                     self._notes[pid] = ft.error
                 del self._pids[pid]
                 self._shimmed.pop(pid, None)
+                self._identity.pop(pid, None)
                 forget = getattr(self.discover, "forget", None)
                 if forget is not None and pid in ft.gone:
                     forget(pid)
@@ -201,13 +210,14 @@ class LiveSource:
         if shimmed and self.checkpointer is not None:
             cks = self.checkpointer.list_checkpoints(pid)
             last = max(cks, key=lambda c: c.taken_at) if cks else None
+        ident = self._identity.get(pid, Identity())
         prev = self._rows.get(pid)
         if prev is not None and prev.snapshot is snap and prev.calls_history is hist and prev.shimmed == shimmed \
-                and prev.last_checkpoint == last and prev.library == lib.path:
+                and prev.last_checkpoint == last and prev.library == lib.path and prev.identity == ident:
             # Nothing new for this process (a refresh without a window): the same row, so what was
             # worked out from it (its audits, its cells on screen) stands.
             return prev
-        return ProcessRow(pid, snap.comm, snap, shimmed, last, hist, lib.path)
+        return ProcessRow(pid, snap.comm, snap, shimmed, last, hist, lib.path, ident)
 
     def snapshot(self) -> HostSnapshot:
         gpus, note = read_gpus()

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from gputrace.tracer.audit import PRESETS, Audit, audit
 from gputrace.tracer.model import ProcessSnapshot
 
+from .pods import Identity
+
 SCHEMA = 2  # 2: as the attach report's 2 (gputrace/report.py); pending rows are the not measured ones
 KIND_FRAME = "gputrace.top.frame"
 KIND_RECORD = "gputrace.record"
@@ -46,6 +48,7 @@ class ProcessRow:
     last_checkpoint: Checkpoint | None = None
     calls_history: tuple[float, ...] = ()   # calls/s of recent intervals, oldest first (sparklines)
     library: str = ""
+    identity: Identity = Identity()         # its container and pod, where it runs in one
 
     def audit(self, preset: str) -> Audit:
         # Asked for three times a row and refresh (sort key, cell, header): kept on the row.
@@ -88,6 +91,7 @@ def row_dict(r: ProcessRow) -> dict:
         "shimmed": r.shimmed,
         "last_checkpoint": dataclasses.asdict(r.last_checkpoint) if r.last_checkpoint else None,
         "calls_history": list(r.calls_history),
+        "identity": dataclasses.asdict(r.identity),
         "snapshot": r.snapshot.to_dict(),
         "audits": {name: dataclasses.asdict(r.audit(name)) for name in PRESETS},
     }
@@ -98,7 +102,7 @@ def row_from_dict(d: dict) -> ProcessRow:
     return ProcessRow(
         pid=d["pid"], comm=d["comm"], snapshot=ProcessSnapshot.from_dict(d["snapshot"]), shimmed=bool(d["shimmed"]),
         last_checkpoint=Checkpoint(**ck) if ck else None, calls_history=tuple(d.get("calls_history", ())),
-        library=d.get("library", ""),
+        library=d.get("library", ""), identity=Identity(**d.get("identity", {})),
     )
 
 
