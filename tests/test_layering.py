@@ -15,7 +15,8 @@ from gputrace.base.errors import BpfUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
 # package -> directory, as pyproject.toml maps them
-DIRS = {"gputrace": "gputrace", "gputrace.base": "base", "gputrace.hostview": "hostview", "gputrace.tracer": "tracer",
+DIRS = {"gputrace": "gputrace", "gputrace.base": "base", "gputrace.hostview": "hostview", "gputrace.exporter": "exporter",
+        "gputrace.tracer": "tracer",
         "gputrace.checkpointer": "checkpointer", "gputrace.shim": "shim", "gputrace.tui": "tui", "gputrace.bpf": "bpf",
         "gputrace.simcuda": "simcuda"}
 CLI = ("gputrace.cli", "gputrace.commands", "gputrace.registry", "gputrace.report", "gputrace.progress",
@@ -27,7 +28,8 @@ FORBIDDEN = {
     "gputrace.tracer": CLI + UI + ("gputrace.hostview", "gputrace.checkpointer"),
     "gputrace.checkpointer": CLI + UI + ("gputrace.hostview",),
     "gputrace.shim": CLI + UI + ("gputrace.hostview", "gputrace.checkpointer"),
-    "gputrace.hostview": CLI + UI,
+    "gputrace.hostview": CLI + UI + ("gputrace.exporter",),
+    "gputrace.exporter": CLI + UI,
     "gputrace.tui": CLI,
 }
 
@@ -133,6 +135,7 @@ def test_the_rules_see_the_imports_they_judge(graph):
     assert "gputrace.registry" in graph["gputrace.commands.checkpoint"]
     assert "gputrace.base.errors" in graph["gputrace.tracer.links"]
     assert "gputrace.checkpointer.uprobes" in graph["gputrace.hostview.checkpoints"]  # a lazy one, inside a function
+    assert "gputrace.hostview.model" in graph["gputrace.exporter.metrics"]
 
 
 def test_syscall_numbers_are_this_architectures():

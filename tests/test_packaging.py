@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ["gputrace.cli", "gputrace.base.errors", "gputrace.hostview.live", "gputrace.tracer.session", "gputrace.checkpointer", "gputrace.shim", "gputrace.tui",
+PARTS = ["gputrace.cli", "gputrace.base.errors", "gputrace.hostview.live", "gputrace.exporter.metrics", "gputrace.tracer.session", "gputrace.checkpointer", "gputrace.shim", "gputrace.tui",
          "gputrace.bpf", "gputrace.simcuda"]
 DATA = [("gputrace.bpf", "counts.bpf.c"), ("gputrace.bpf", "gputrace.h"), ("gputrace.tracer", "calib.c"),
         ("gputrace.simcuda", "libcuda.c"), ("gputrace.shim", "shim.c")]

@@ -1,3 +1,3 @@
-"""CLI subcommands; each module registers its commands with gputrace.cli.command on import."""
+"""CLI subcommands; each module registers its commands with gputrace.registry on import."""
 
-from . import attach, checkpoint, doctor, full, shim, top  # noqa: F401
+from . import attach, checkpoint, doctor, export, fleet, full, shim, top  # noqa: F401
