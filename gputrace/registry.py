@@ -123,16 +123,22 @@ def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON (orjson; schema in docs/json-schema.md)")
 
 
-def parse_budget(text: str) -> float:
-    """`--budget`: a share of the job's time, as `1%` or `0.01`."""
+def parse_share(text: str, what: str = "budget") -> float:
+    """A share of the job's time, as `1%` or `0.01`, above 0 and at most 1 (`--budget`, `--threshold`)."""
     t = text.strip()
     try:
         value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
-        raise UsageError(f"invalid budget {text!r}", "give the most the tracer may slow the job, as a share of its time: e.g. 1% or 0.005") from None
+        raise UsageError(f"invalid {what} {text!r}", "give a share of the job's time: e.g. 1% or 0.005") from None
     if not 0 < value <= 1:
-        raise UsageError(f"budget {text} is out of range", "use a value above 0% and at most 100% (100% traces every call)")
+        raise UsageError(f"{what} {text} is out of range", "use a value above 0% and at most 100%"
+                         + (" (100% traces every call)" if what == "budget" else ""))
     return value
+
+
+def parse_budget(text: str) -> float:
+    """`--budget`: the most the tracer may slow the job, a share of its time."""
+    return parse_share(text, "budget")
 
 
 # --- output ---------------------------------------------------------------------------------------
