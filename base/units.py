@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 
-def fmt_rate(hz: float | None) -> str:
-    if hz is None:
+def _scaled(x: float | None, steps: tuple[tuple[float, float, str], ...], last: str) -> str:
+    """x by the first step (threshold, divisor, format of the divided value) it reaches, else `last`."""
+    if x is None:
         return "-"
-    if hz >= 1e6:
-        return f"{hz / 1e6:.2f}M"
-    if hz >= 1e4:
-        return f"{hz / 1e3:.1f}k"
-    if hz >= 100:
-        return f"{hz:,.0f}"
-    return f"{hz:.1f}"
+    for at, div, fmt in steps:
+        if x >= at:
+            return fmt.format(x / div)
+    return last.format(x)
+
+
+def fmt_rate(hz: float | None) -> str:
+    return _scaled(hz, ((1e6, 1e6, "{:.2f}M"), (1e4, 1e3, "{:.1f}k"), (100, 1, "{:,.0f}")), "{:.1f}")
 
 
 def fmt_ns(ns: float | None) -> str:
-    if ns is None:
-        return "-"
-    if ns >= 1e9:
-        return f"{ns / 1e9:.2f} s"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.2f} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.2f} µs"
-    return f"{ns:.0f} ns"
+    return _scaled(ns, ((1e9, 1e9, "{:.2f} s"), (1e6, 1e6, "{:.2f} ms"), (1e3, 1e3, "{:.2f} µs")), "{:.0f} ns")
 
 
 def fmt_bytes(n: float | None) -> str:

@@ -39,6 +39,9 @@ import textwrap
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tables import shim_cost_rows  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TORCH_STEP = ROOT / "simcuda" / "workloads" / "torch_step.py"
@@ -388,12 +391,8 @@ def summary(d: dict) -> str:
         "",
         "## Added cost per intercepted call (paired blocks in one process, medians)",
         "",
-        "| case | function | driver ns | through shim ns | added ns (p10..p90) |",
-        "|---|---|---:|---:|---:|",
+        *shim_cost_rows(c),
     ]
-    for name, v in c.items():
-        lines.append(f"| {name} | {v['function']}{'' if v['wrapped'] else ' (not wrapped)'} | {v['driver_ns']:.1f} | "
-                     f"{v['shim_ns']:.1f} | {v['added_ns_median']:.1f} ({v['added_ns_p10']:.1f}..{v['added_ns_p90']:.1f}) |")
     lines += ["", "Registry alone, ns per operation per thread: " + ", ".join(
         f"{t['threads']} thread(s) {t['put_take_pair_ns']:.0f} record+remove / {t['lookup_miss_ns']:.0f} miss"
         for t in d["registry"]["threads"]) + "."]

@@ -34,6 +34,9 @@ sys.path.insert(0, str(HERE.parent))  # run from a checkout
 from gputrace import shim, simcuda  # noqa: E402
 from gputrace.base.native import build  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+from tables import shim_cost_rows  # noqa: E402
+
 # launch_bound's calls per step that the shim gates (everything else passes through untouched).
 GATED_PER_STEP = {"cuLaunchKernel": 21, "cuLaunchKernelEx": 14, "cuMemcpyDtoDAsync_v2": 1}
 
@@ -130,12 +133,8 @@ def summary(d: dict) -> str:
         f"Command: `{d['command']}` ({d['host']['machine']}, kernel {d['host']['kernel']}, {d['host']['cpus']} CPUs).",
         f"Paired, interleaved blocks in one process ({d['per_call']['rounds']} rounds); ns per call, medians.",
         "",
-        "| case | function | driver ns | through shim ns | added ns (p10..p90) |",
-        "|---|---|---:|---:|---:|",
+        *shim_cost_rows(c),
     ]
-    for name, v in c.items():
-        lines.append(f"| {name} | {v['function']}{'' if v['wrapped'] else ' (not wrapped)'} | {v['driver_ns']:.1f} | "
-                     f"{v['shim_ns']:.1f} | {v['added_ns_median']:.1f} ({v['added_ns_p10']:.1f}..{v['added_ns_p90']:.1f}) |")
     lines += [
         "",
         "`launch_invalid` isolates the shim's gated path (the driver rejects the call at once); `launch` and",
