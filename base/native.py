@@ -1,7 +1,10 @@
 """Builds the project's small C components with the system compiler, cached by source hash.
 
-Used for simcuda (the simulated driver), its workloads and the tracer's calibration target. A build
-goes to a temporary name and is renamed into place, so concurrent builders never see half a file.
+Used for the shim, the tracer's calibration target, simcuda (the simulated driver) and its
+workloads. A build goes to a temporary name and is renamed into place, so concurrent builders never
+see half a file. A wheel carries the shim and the calibration target built ahead of time (`prebuild`,
+run by setup.py): `build` takes a prebuilt copy whose key matches its sources and options, and only
+compiles (needing a compiler) where there is none, as in a checkout.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .errors import BuildError
 
@@ -35,6 +38,39 @@ def find_cc() -> str:
     )
 
 
+def _args(shared: bool, soname: str | None, cflags: Sequence[str]) -> list[str]:
+    args = ["-O2", "-g", "-Wall", "-fPIC", *cflags]
+    if shared:
+        args += ["-shared"]
+        if soname:
+            args += [f"-Wl,-soname,{soname}"]
+    return args
+
+
+def source_key(name: str, sources: Sequence[Path], *, shared: bool = False, soname: str | None = None,
+               cflags: Sequence[str] = (), ldflags: Sequence[str] = (), headers: Sequence[Path] = ()) -> str:
+    """What a build is made of (sources, headers, options), whichever compiler makes it."""
+    h = hashlib.sha256()
+    for part in (name, *_args(shared, soname, cflags), *ldflags):
+        h.update(part.encode() + b"\0")
+    for src in (*sources, *headers):
+        h.update(Path(src).read_bytes())
+    return h.hexdigest()
+
+
+def is_prebuilt(spec: Mapping) -> bool:
+    """Whether `spec` (build()'s arguments) has a prebuilt copy whose key matches its sources."""
+    spec = dict(spec)
+    prebuilt = spec.pop("prebuilt", None)
+    if prebuilt is None:
+        return False
+    try:
+        return (Path(prebuilt) / spec["name"]).is_file() and \
+            (Path(prebuilt) / f"{spec['name']}.key").read_text().strip() == source_key(**spec)
+    except OSError:
+        return False  # no key: compiled at first use, as in a checkout
+
+
 def build(
     name: str,
     sources: Sequence[Path],
@@ -44,15 +80,17 @@ def build(
     cflags: Sequence[str] = (),
     ldflags: Sequence[str] = (),
     headers: Sequence[Path] = (),
+    prebuilt: Path | None = None,
 ) -> Path:
-    """Compile `sources` into `<cache>/<hash>/<name>` and return its path (cached)."""
+    """`prebuilt/<name>` if its key matches, else compile `sources` into `<cache>/<hash>/<name>`
+    and return its path (cached)."""
+    spec = dict(name=name, sources=sources, shared=shared, soname=soname, cflags=cflags, ldflags=ldflags,
+                headers=headers, prebuilt=prebuilt)
+    if is_prebuilt(spec):
+        return Path(prebuilt) / name
     cc = find_cc()
     h = hashlib.sha256()
-    args = ["-O2", "-g", "-Wall", "-fPIC", *cflags]
-    if shared:
-        args += ["-shared"]
-        if soname:
-            args += [f"-Wl,-soname,{soname}"]
+    args = _args(shared, soname, cflags)
     for part in (cc, name, *args, *ldflags):
         h.update(part.encode() + b"\0")
     for src in (*sources, *headers):
@@ -75,3 +113,15 @@ def build(
     os.chmod(tmp, 0o755)
     os.replace(tmp, out)
     return out
+
+
+def prebuild(spec: Mapping) -> Path:
+    """Builds `spec` (build()'s arguments, `prebuilt` among them) into its prebuilt directory, with
+    the key that lets build() take it: the wheel's build step (setup.py)."""
+    spec = dict(spec)
+    out_dir = Path(spec.pop("prebuilt"))
+    lib = build(**spec)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(lib, out_dir / spec["name"])
+    (out_dir / f"{spec['name']}.key").write_text(source_key(**spec) + "\n")
+    return out_dir / spec["name"]

@@ -207,6 +207,7 @@ class _Doctor:
             ("nvidia-driver", self.driver),
             ("checkpoint-api", self.checkpoint_api),
             ("criu", self.criu),
+            ("native", self.native),
         ]
 
     def needs(self, name: str, status: str, hint: str = "") -> None:
@@ -226,6 +227,25 @@ class _Doctor:
         return self.libc
 
     # Each method returns the Check for its name; `run` fills in the name.
+
+    def native(self) -> Check:
+        """The shim and the calibration target: prebuilt in a wheel, else compiled here at first use."""
+        from gputrace import shim
+        from gputrace.base import native
+        from gputrace.base.errors import BuildError
+        from gputrace.tracer import calibtarget
+
+        missing = [what for what, spec in (("the shim", shim.BUILD), ("the calibration target", calibtarget.BUILD))
+                   if not native.is_prebuilt(spec)]
+        if not missing:
+            return Check("", OK, "the shim and the calibration target came built with the wheel: no compiler needed")
+        try:
+            cc = native.find_cc()
+        except BuildError:
+            return Check("", FAIL, f"{' and '.join(missing)} must be compiled here, and there is no C compiler",
+                         "install one (apt-get install gcc), or install gputrace from its platform wheel, which "
+                         "carries them built")
+        return Check("", OK, f"{' and '.join(missing)} compiled at first use with {cc} (cached)")
 
     def privileges(self) -> Check:
         uid, caps = os.geteuid(), effective_caps()

@@ -28,17 +28,23 @@ _SOURCES = ("shim.c", "hooks.c", "registry.c", "control.c", "dump.c", "vmm.c", "
 _HEADERS = ("shim_int.h", "shim_api.h", "gputrace_shim.h", "cuda_driver.h")  # cuda_driver.h: its own driver API header
 
 
+# How the shim is built (gputrace.base.native.build's arguments): at first use in a checkout, ahead
+# of time into a wheel (setup.py), where `prebuilt` then holds it.
+BUILD = dict(
+    name=SONAME,
+    sources=[_HERE / s for s in _SOURCES],
+    shared=True,
+    soname=SONAME,
+    cflags=["-fvisibility=hidden", "-pthread", "-Wno-unused-parameter"],
+    ldflags=["-pthread", "-ldl"],
+    headers=[_HERE / h for h in _HEADERS],
+    prebuilt=_HERE / "prebuilt",
+)
+
+
 def library_path() -> Path:
-    """The built shim (cached by source hash), ready for LD_PRELOAD."""
-    return build(
-        SONAME,
-        [_HERE / s for s in _SOURCES],
-        shared=True,
-        soname=SONAME,
-        cflags=["-fvisibility=hidden", "-pthread", "-Wno-unused-parameter"],
-        ldflags=["-pthread", "-ldl"],
-        headers=[_HERE / h for h in _HEADERS],
-    )
+    """The shim ready for LD_PRELOAD: the wheel's prebuilt copy, else built (cached by source hash)."""
+    return build(**BUILD)
 
 
 def preload_env(base: dict[str, str] | None = None) -> dict[str, str]:

@@ -20,6 +20,7 @@ CLI = [sys.executable, "-c", "import sys; from gputrace.cli import main; sys.exi
 HOST_CHECKS = ["privileges", "bpf-syscall", "btf", "tracefs", "kernel-headers", "bcc", "bcc-compile", "uprobes",
                "uprobe-multi"]
 GPU_CHECKS = ["libcuda", "nvidia-driver", "checkpoint-api", "criu"]
+BUILD_CHECKS = ["native"]
 
 is_root = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not is_root, reason="needs root")
@@ -59,7 +60,8 @@ def test_every_host_check_is_ok_here():
     rc, doc, err = run_doctor()
     checks = by_name(doc)
     assert doc["schema"] == 1
-    assert list(checks) == HOST_CHECKS + GPU_CHECKS
+    assert list(checks) == HOST_CHECKS + GPU_CHECKS + BUILD_CHECKS
+    assert checks["native"]["status"] == OK and "compiled at first use" in checks["native"]["detail"]  # a checkout
     for name in HOST_CHECKS:
         assert checks[name]["status"] == OK, checks[name]
     for name in GPU_CHECKS:
@@ -264,3 +266,13 @@ def test_a_criu_before_4_2_is_a_warn_for_traced_jobs(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUTRACE_CRIU", str(v41))
     c = doctor._run_one("criu", doctor._Doctor().criu)
     assert c.status == WARN and "4.1.1" in c.detail and "uprobe" in c.detail and "4.2" in c.hint, c
+
+
+def test_native_check_fails_without_a_compiler_where_nothing_came_prebuilt(tmp_path):
+    (tmp_path / "bin").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CC"}
+    env["PATH"] = str(tmp_path / "bin")
+    rc, doc, _ = run_doctor(env=env)
+    native = by_name(doc)["native"]
+    assert native["status"] == FAIL and "no C compiler" in native["detail"] and "platform wheel" in native["hint"]
+    assert rc != 0

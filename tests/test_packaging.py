@@ -1,5 +1,6 @@
 """The wheel: built from the repository, installed into a fresh virtualenv, every layer importable under
-`gputrace.*` with its C sources, and nothing generic left at the top of site-packages."""
+`gputrace.*` with its C sources, nothing generic left at the top of site-packages; and, with its
+prebuilt shim and calibration target, `run --checkpointable` and `attach` working with no C compiler."""
 
 from __future__ import annotations
 
@@ -16,22 +17,34 @@ DATA = [("gputrace.bpf", "counts.bpf.c"), ("gputrace.bpf", "gputrace.h"), ("gput
         ("gputrace.simcuda", "libcuda.c"), ("gputrace.shim", "shim.c")]
 
 
-@pytest.mark.slow
-def test_wheel_installs_into_a_fresh_venv(tmp_path: Path) -> None:
-    dist = tmp_path / "dist"
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """(the wheel, a fresh venv with it installed)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    dist = tmp / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(dist), str(REPO)], check=True, cwd=tmp_path)
+                    "-w", str(dist), str(REPO)], check=True, cwd=tmp)
     (wheel,) = dist.glob("gputrace-*.whl")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], check=True, cwd=tmp)
+    return wheel, venv
+
+
+@pytest.mark.slow
+def test_wheel_installs_into_a_fresh_venv(installed, tmp_path: Path) -> None:
+    wheel, venv = installed
     import zipfile
 
-    # The licence pyproject.toml names travels with the wheel, as its text.
+    # The licence pyproject.toml names travels with the wheel, as its text; so do the prebuilt natives.
     with zipfile.ZipFile(wheel) as z:
-        lic = [n for n in z.namelist() if n.endswith("LICENSE") and ".dist-info/" in n]
+        names = z.namelist()
+        lic = [n for n in names if n.endswith("LICENSE") and ".dist-info/" in n]
         assert lic and "Apache License" in z.read(lic[0]).decode() and "Version 2.0" in z.read(lic[0]).decode()
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        for lib in ("gputrace/shim/prebuilt/libgputrace_shim.so", "gputrace/tracer/prebuilt/libgputrace_calib.so"):
+            assert lib in names and lib + ".key" in names
+    assert wheel.name.endswith("-py3-none-linux_" + __import__("platform").machine() + ".whl"), wheel.name
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, cwd=tmp_path)
 
     probe = (
         "import importlib, sys\n"
@@ -48,3 +61,45 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path: Path) -> None:
     assert not generic & {p.name for p in site.iterdir()}, sorted(p.name for p in site.iterdir())
     out = subprocess.run([str(venv / "bin" / "gputrace"), "--help"], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0 and "attach" in out.stdout, out.stderr
+
+
+def _no_compiler_env(tmp_path: Path) -> dict:
+    """No C compiler reachable (PATH names an empty directory, no $CC) and an empty build cache."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "PATH")}
+    (tmp_path / "bin").mkdir()
+    env.update(PATH=str(tmp_path / "bin"), GPUTRACE_CACHE=str(tmp_path / "cache"))
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.bpf
+def test_the_wheel_runs_the_shim_and_attaches_without_a_compiler(installed, tmp_path: Path) -> None:
+    import os
+
+    import orjson
+
+    from gputrace import simcuda
+
+    if os.geteuid() != 0:
+        pytest.skip("attach needs root for eBPF")
+    _, venv = installed
+    # simcuda itself is built with this checkout's compiler first: only gputrace's own parts must not need one.
+    job = simcuda.workload("launch_bound")
+    env = {**_no_compiler_env(tmp_path), **{k: v for k, v in simcuda.env().items() if k.startswith("LD_")}}
+    gt = str(venv / "bin" / "gputrace")
+    r = subprocess.run([gt, "run", "--checkpointable", "--", *job, "--steps", "50", "--scale", "0.2"], env=env,
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "a.json"
+    r = subprocess.run([gt, "attach", "--exact", "--json", "-o", str(out), "-q", "--", *job, "--steps", "200",
+                        "--scale", "0.2"], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rep = orjson.loads(out.read_bytes())
+    assert rep["summary"]["calls_hz"] > 0
+    # Nothing was compiled: the shim and the calibration target came from the wheel, as doctor says.
+    assert not (tmp_path / "cache" / "native").exists(), list((tmp_path / "cache").rglob("*"))
+    doc = orjson.loads(subprocess.run([gt, "doctor", "--json"], env=env, capture_output=True, cwd=tmp_path).stdout)
+    native = next(c for c in doc["checks"] if c["name"] == "native")
+    assert native["status"] == "OK" and "came built with the wheel" in native["detail"], native

@@ -21,6 +21,7 @@ from pathlib import Path
 from gputrace.base import native
 from gputrace.base.arch import decodes_first_instruction
 
+from . import calibtarget
 from .bpfprog import COOKIE_TIMED, Program
 from .symbols import read_functions
 
@@ -68,8 +69,7 @@ def probe_kind(path: str | os.PathLike, offset: int) -> str:
 
 
 def target_library() -> Path:
-    src = Path(__file__).with_name("calib.c")
-    return native.build("libgputrace_calib.so", [src], shared=True, cflags=["-O1"])
+    return native.build(**calibtarget.BUILD)
 
 
 def calibrate(program: Program, *, rounds: int = 5, round_s: float = 0.02) -> Calibration:
