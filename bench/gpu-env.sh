@@ -1,6 +1,6 @@
 # Source on the GPU machine (no package access) from the repository root, after preparing here:
 #   /work/shared/device/make-bcc-bundle .gpu/bcc
-#   /work/shared/device/make-wheels .gpu/wheels cffi pyelftools orjson textual xxhash
+#   /work/shared/device/make-wheels .gpu/wheels cffi pyelftools orjson textual xxhash prometheus-client nvidia-ml-py
 #   python -m build --wheel -o .gpu/dist .
 # and carrying .gpu. Installs bcc, the dependencies and gputrace under /tmp, for this shell.
 source .gpu/bcc/enter.sh

@@ -37,6 +37,7 @@ class Gpu:
     util_pct: float | None
     mem_used_bytes: int | None
     mem_total_bytes: int | None
+    processes: tuple[tuple[int, int | None], ...] = ()  # (pid, bytes of this GPU's memory it holds: None, not known)
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,13 @@ def host_dict(h: HostSnapshot) -> dict:
     }
 
 
+def _gpu(g: dict) -> Gpu:
+    return Gpu(**{**g, "processes": tuple((pid, used) for pid, used in g.get("processes", ()))})
+
+
 def host_from_dict(d: dict) -> HostSnapshot:
     return HostSnapshot(
-        t=d["t"], host=d["host"], gpus=tuple(Gpu(**g) for g in d.get("gpus", ())), gpu_note=d.get("gpu_note", ""),
+        t=d["t"], host=d["host"], gpus=tuple(_gpu(g) for g in d.get("gpus", ())), gpu_note=d.get("gpu_note", ""),
         budget=d["budget"], processes=tuple(row_from_dict(r) for r in d["processes"]),
         pending=tuple(d.get("pending", ())), notes=tuple(d.get("notes", ())),
     )

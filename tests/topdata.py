@@ -47,7 +47,7 @@ def frame(k: int = 0, procs=PROCS) -> HostSnapshot:
         hist = tuple(launch * (1 + 0.1 * j) + getters for j in range(k + 1))
         rows.append(ProcessRow(pid, comm, snapshot(pid, comm, launch, getters, sync_ns, k), shimmed, ck, hist,
                                "/usr/lib/x86_64-linux-gnu/libcuda.so.1"))
-    gpus = (Gpu(0, "NVIDIA H200", 87.0, 40 << 30, 141 << 30),)
+    gpus = (Gpu(0, "NVIDIA H200", 87.0, 40 << 30, 141 << 30, ((1111, 2 << 30), (4242, 30 << 30), (9999, None))),)
     return HostSnapshot(T0 + k, "gpu-host-7", gpus, "", 0.01, tuple(rows), (), ())
 
 

@@ -106,8 +106,9 @@ def matches(r: ProcessRow, text: str) -> bool:
 
 def render_host(h: HostSnapshot, preset: str) -> str:
     now = h.t
-    gpus = "; ".join(f"{g.index}: {g.name} {g.util_pct or 0:.0f}% {fmt_bytes(g.mem_used_bytes)}/{fmt_bytes(g.mem_total_bytes)}"
-                     for g in h.gpus) or f"none ({h.gpu_note})"
+    gpus = "; ".join(f"{g.index}: {g.name} {'-' if g.util_pct is None else f'{g.util_pct:.0f}%'} "
+                     f"{fmt_bytes(g.mem_used_bytes)}/{fmt_bytes(g.mem_total_bytes)}"
+                     + (f" {len(g.processes)} process(es)" if g.processes else "") for g in h.gpus) or f"none ({h.gpu_note})"
     lines = [f"{h.host}  GPUs: {gpus}",
              f"tracer: at most {fmt_pct(h.tracer_overhead)} of a traced process's time (budget {fmt_pct(h.budget, 1)} each); "
              f"overhead preset {preset}"]

@@ -14,13 +14,40 @@ from textual.widgets import Static
 
 from gputrace.base.units import fmt_pct
 
-from gputrace.hostview.model import HostSnapshot
+from gputrace.hostview.model import Gpu, HostSnapshot
 from .table import ProcessTable, columns_for  # noqa: F401  (the screens import them from here)
 from .text import COLUMNS, fmt_bytes
 
 
+def bar(share: float | None, width: int = 10) -> str:
+    """A share 0..1 as a bar of `width` cells in eighths; spaces where not known."""
+    if share is None:
+        return " " * width
+    eighths = round(max(0.0, min(1.0, share)) * width * 8)
+    full, part = divmod(eighths, 8)
+    return ("█" * full + ("▏▎▍▌▋▊▉"[part - 1] if part else "")).ljust(width, "░")
+
+
+def gpu_line(g: Gpu, traced: set[int]) -> Text:
+    """One GPU of the panel: utilization and memory as bars, the processes on it and how many are traced."""
+    t = Text("  ")
+    t.append(f"GPU{g.index} ", style="bold")
+    t.append(f"{g.name:<22.22} ")
+    util = None if g.util_pct is None else g.util_pct / 100
+    t.append("util ")
+    t.append(bar(util), style="green" if util is not None and util >= 0.5 else "yellow")
+    t.append(f" {'-' if util is None else f'{g.util_pct:.0f}%':>4}   mem ")
+    mem = (g.mem_used_bytes / g.mem_total_bytes if g.mem_used_bytes is not None and g.mem_total_bytes else None)
+    t.append(bar(mem), style="cyan")
+    t.append(f" {fmt_bytes(g.mem_used_bytes)} / {fmt_bytes(g.mem_total_bytes)}   ")
+    on = [pid for pid, _ in g.processes]
+    t.append(f"{len(on)} process{'es' if len(on) != 1 else ''}"
+             + (f" ({len(traced.intersection(on))} traced)" if on else ""), style="dim" if not on else "")
+    return t
+
+
 class HostHeader(Widget):
-    """Two paragraphs (host and GPUs; the tracer, the counts and the clock), drawn as a Static draws
+    """Paragraphs (the host; a line per GPU; the tracer, the counts and the clock), drawn as a Static draws
     them (a test holds them equal at every width) but through the Line API: the clock changes the
     second paragraph every refresh and the first rarely, and a Static renders all of its text
     through Textual's Content pipeline on every update (a quarter of the UI thread's CPU in `top`
@@ -43,12 +70,10 @@ class HostHeader(Widget):
             return
         t = Text()
         t.append(h.host, style="bold")
-        t.append("  ")
-        if h.gpus:
-            t.append("  ".join(f"GPU{g.index} {g.name} {g.util_pct if g.util_pct is not None else '-':>3}% "
-                               f"{fmt_bytes(g.mem_used_bytes)}/{fmt_bytes(g.mem_total_bytes)}" for g in h.gpus))
-        else:
-            t.append(f"GPUs: none ({h.gpu_note})", style="dim")
+        if not h.gpus:
+            t.append(f"  GPUs: none ({h.gpu_note})", style="dim")
+        traced = {r.pid for r in h.processes}
+        gpus = [gpu_line(g, traced) for g in h.gpus]
         u = Text()
         u.append(f"tracer at most {fmt_pct(h.tracer_overhead)} of a job's time (budget {fmt_pct(h.budget, 1)})  ")
         u.append(f"{len(h.processes)} processes", style="bold")
@@ -62,7 +87,7 @@ class HostHeader(Widget):
         u.append(f"  {time.strftime('%H:%M:%S', time.localtime(h.t))}")
         if state:
             u.append(f"  {state}", style="yellow")
-        self._set([t, u])
+        self._set([t, *gpus, u])
 
     @staticmethod
     def _key(para: Text) -> tuple:
