@@ -385,6 +385,17 @@ def test_a_shimmed_job_the_shim_cannot_suspend_goes_through_the_driver(job, devi
     assert j.out.read_text() == reference
 
 
+def test_migrate_json_is_one_document(job, device, tmp_path):
+    j = job()
+    j.at_step(2)
+    r = ckpt(j, "migrate", "--to", str(tmp_path / "ck"), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = orjson.loads(r.stdout)  # all of stdout: one document
+    assert doc["checkpoint"]["path"] == str(tmp_path / "ck") and doc["checkpoint"]["pid"] == j.pid
+    assert doc["restore"] is None  # not --restore-here: the job ended, its state on disk
+    j.reap()
+
+
 def test_migrate_and_gpu_map(job, device, tmp_path, reference):
     j = job()
     j.at_step(2)
