@@ -56,7 +56,11 @@ async def test_rows_sorted_by_predicted_overhead_by_default(recording):
         assert app.frames_seen == 3
         assert pids(main) == [4242, 1111, 2222, 3333]
         assert main.query_one(ProcessTable).shown[:3] == ("pid", "comm", "calls")
-        assert "replay ended" in str(main.query_one("#header").render())
+        header = str(main.query_one("#header").render())
+        assert "replay ended" in header
+        # The GPU panel: a line per GPU, with its processes and how many of them this top traces.
+        gpu = next(line for line in header.splitlines() if "GPU0" in line)
+        assert "87%" in gpu and "40.0 GiB / 141.0 GiB" in gpu and "3 processes (2 traced)" in gpu
 
 
 async def test_the_overhead_cell_is_coloured_by_how_much_the_layer_would_cost(recording):
