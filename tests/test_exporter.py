@@ -193,7 +193,7 @@ def test_export_serves_simcuda_workloads_traced_with_real_ebpf(tmp_path):
     measured: their calls by class, the node's probe cost, a busy port refused with a hint."""
     if os.geteuid() != 0:
         pytest.skip("needs root for eBPF")
-    jobs = [subprocess.Popen(simcuda.workload("launch_bound") + ["--steps", "100000", "--scale", "0.2"],
+    jobs = [subprocess.Popen(simcuda.workload("launch_bound") + ["--seconds", "300", "--scale", "0.2"],
                              env=simcuda.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
     exp = None
     try:
@@ -213,7 +213,8 @@ def test_export_serves_simcuda_workloads_traced_with_real_ebpf(tmp_path):
             if {str(j.pid) for j in jobs} <= pids or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        assert {str(j.pid) for j in jobs} <= pids, fams.get("gputrace_processes")
+        states = {s.labels["state"]: s.value for s in fams["gputrace_processes"].samples}
+        assert {str(j.pid) for j in jobs} <= pids, (states, [j.poll() for j in jobs])
         for j in jobs:
             sub = samples(fams, "gputrace_process_driver_calls_total", pid=str(j.pid), **{"class": "submission"})
             assert sub and sub[0].value > 0
