@@ -113,10 +113,10 @@ class FleetMetrics:
                 else:
                     p.slowdown[(name, bound)] = v
         if self.per_function:
-            busiest = sorted(s.functions, key=lambda f: f.rate_hz, reverse=True)[: self.per_function]
+            busiest = {f.name for f in sorted(s.functions, key=lambda f: f.rate_hz, reverse=True)[: self.per_function]}
             for f in s.functions:
                 key = (f.name, f.cls.value)
-                if key in p.functions or (f in busiest and len(p.functions) < 2 * self.per_function):
+                if key in p.functions or (f.name in busiest and len(p.functions) < 2 * self.per_function):
                     p.functions[key] = p.functions.get(key, 0.0) + f.rate_hz * dt
 
     # --- the collector ----------------------------------------------------------------------------
