@@ -47,7 +47,7 @@ from pathlib import Path
 import orjson
 import xxhash
 
-from gputrace.base.errors import CheckpointError, CorruptCheckpoint, NotSuspendable
+from gputrace.base.errors import CheckpointError, CorruptCheckpoint, NoLibcuda, NoSuchProcess, NotSuspendable
 from gputrace.base.procs import comm as procs_comm, require_process, require_running, stat_fields, stop_point
 
 from . import criu as criu_mod
@@ -312,6 +312,41 @@ def _check_images(images: Path, pid: int, layout: list[uprobes.Mapping] | None) 
     return "clean"
 
 
+def _restored_driver(pid: int, path: Path) -> "driver.Driver":
+    """The driver of the process CRIU just restored; a CheckpointError that says what happened where
+    it is not there to drive: the process ended right after CRIU made it (its status, from this
+    subreaper's wait, or its zombie state), or it maps no libcuda."""
+    try:
+        return driver.Driver(pid)
+    except (NoLibcuda, NoSuchProcess) as exc:
+        ended = _ended(pid)
+        again = f"the checkpoint is untouched: `gputrace restore --full {path}` once the cause is fixed"
+        if ended:
+            raise CheckpointError(f"the restored process {pid} {ended} right after CRIU restored it, before its GPU "
+                                  "state was given back", f"the job's own output (where its stdout and stderr "
+                                  f"went) says why; {again}") from None
+        raise CheckpointError(f"the restored process {pid} maps no libcuda ({exc.msg})",
+                              f"CRIU restored it without the driver's library: check that the files it had open "
+                              f"at the checkpoint are there unchanged; {again}") from None
+
+
+def _ended(pid: int) -> str | None:
+    """How `pid` ended, if it has: "exited with status N" or "was killed by SIGNAME" (reaping it, as
+    its subreaper), or "has exited" for a zombie that is not this process's to wait for."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        got = 0
+    if got == pid:
+        if os.WIFSIGNALED(status):
+            return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+        return f"exited with status {os.WEXITSTATUS(status)}"
+    f = stat_fields(pid)
+    if f is None or f[0] in (b"Z", b"X"):
+        return "has exited"
+    return None
+
+
 def _subreaper(on: bool) -> None:
     import ctypes
 
@@ -429,7 +464,7 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
     finally:
         _subreaper(False)
     try:
-        d = driver.Driver(pid)
+        d = _restored_driver(pid, path)
         st = d.state()
         if st != "checkpointed":
             raise CheckpointError(f"the restored process {pid} is {st} in the driver, not checkpointed",

@@ -620,3 +620,32 @@ def test_restore_whose_thread_ids_are_taken_names_them(job, device, tmp_path):
     j.restored = True
     os.kill(j.pid, signal.SIGKILL)
     wait_exit(j.pid)
+
+
+def test_a_restored_process_that_is_not_there_to_drive_says_what_happened(tmp_path):
+    """After CRIU made the process: one that ended at once (reaped here, as its subreaper, for its
+    status) or that maps no libcuda is a CheckpointError naming that, with the way to try again,
+    not the tracer's "no libcuda in that process" (seen with a JAX job on the H200)."""
+    from gputrace.base.errors import CheckpointError
+    from gputrace.checkpointer.full import _restored_driver
+
+    def ended(code: str) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", code])
+        os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: as CRIU's would be
+        return p
+
+    for code, said in (("import sys; sys.exit(3)", "exited with status 3"),
+                       ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "was killed by SIGKILL")):
+        p = ended(code)
+        with pytest.raises(CheckpointError, match=f"{said} right after CRIU restored it") as e:
+            _restored_driver(p.pid, tmp_path / "ck")
+        assert f"gputrace restore --full {tmp_path / 'ck'}" in e.value.hint and "output" in e.value.hint
+        p.returncode = 0  # reaped by the call above
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(CheckpointError, match="maps no libcuda") as e:
+            _restored_driver(alive.pid, tmp_path / "ck")
+        assert "files it had open" in e.value.hint
+    finally:
+        alive.kill()
+        alive.wait()
