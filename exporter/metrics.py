@@ -9,6 +9,7 @@ Per process (labels pid, comm and its container and pod identity, hostview/pods.
     gputrace_process_predicted_slowdown_ratio{preset, bound="lower"|"upper"}   gauge  the audit's bounds
     gputrace_process_function_calls_total{function, class}  counter  only with per_function=N: each
                                                      process's N busiest functions (at most 2N series each)
+    gputrace_process_gpu_memory_bytes{gpu}           gauge    the memory it holds on each GPU (NVML), where known
 Per node:
     gputrace_budget_ratio, gputrace_probe_cost_seconds{kind, call}, gputrace_processes{state}, gputrace_info
 
@@ -44,6 +45,7 @@ class _Process:
     wait_s: float | None = None
     tracer_s: float = 0.0
     slowdown: dict[tuple[str, str], float] = field(default_factory=dict)  # (preset, bound) -> ratio
+    gpu_memory: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes it holds there
 
 
 def _labels(r: ProcessRow) -> tuple[str, ...]:
@@ -76,8 +78,14 @@ class FleetMetrics:
             for pid in list(self._procs):
                 if pid not in present:  # exited (or no longer mapping libcuda): its series go
                     del self._procs[pid]
+            held = {}
+            for g in frame.gpus:
+                for pid, used in g.processes:
+                    if used is not None:
+                        held.setdefault(pid, {})[g.index] = used
             for r in frame.processes:
                 self._row(r, frame.t)
+                self._procs[r.pid].gpu_memory = held.get(r.pid, {})
             for pid in frame.pending:
                 p = self._procs.get(pid)
                 if p is not None:
@@ -123,7 +131,7 @@ class FleetMetrics:
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             procs = [(p.labels, dict(p.calls), dict(p.functions), p.driver_cpu_s, p.wait_s, p.tracer_s,
-                      dict(p.slowdown)) for p in self._procs.values()]
+                      dict(p.slowdown), dict(p.gpu_memory)) for p in self._procs.values()]
             node = dict(self._node)
         calls = CounterMetricFamily("gputrace_process_driver_calls", "Driver calls, estimated from the sampled "
                                     "rates, by function class", labels=PROCESS_LABELS + ("class",))
@@ -138,7 +146,9 @@ class FleetMetrics:
                                  "wait, upper fully exposed)", labels=PROCESS_LABELS + ("preset", "bound"))
         funcs = CounterMetricFamily("gputrace_process_function_calls", "Calls of each process's busiest driver "
                                     "functions, estimated", labels=PROCESS_LABELS + ("function", "class"))
-        for labels, c, fn, dcpu, w, tr, sl in procs:
+        gmem = GaugeMetricFamily("gputrace_process_gpu_memory_bytes", "Memory the process holds on each GPU, as "
+                                 "NVML lists it", labels=PROCESS_LABELS + ("gpu",))
+        for labels, c, fn, dcpu, w, tr, sl, gm in procs:
             for cls, v in sorted(c.items()):
                 calls.add_metric([*labels, cls], v)
             if dcpu is not None:
@@ -150,7 +160,9 @@ class FleetMetrics:
                 slow.add_metric([*labels, preset, bound], v)
             for (name, cls), v in sorted(fn.items()):
                 funcs.add_metric([*labels, name, cls], v)
-        yield from (calls, cpu, wait, tracer, slow)
+            for gpu, used in sorted(gm.items()):
+                gmem.add_metric([*labels, str(gpu)], used)
+        yield from (calls, cpu, wait, tracer, slow, gmem)
         if self.per_function:
             yield funcs
         if not node:

@@ -117,6 +117,10 @@ def test_scraped_metrics_follow_the_frames(exporter):
     fn = {(s.labels["pid"], s.labels["function"]) for s in fams["gputrace_process_function_calls"].samples}
     assert {f for p, f in fn if p == str(pid)} == {"cuCtxGetDevice_v2", "cuLaunchKernel"}
     assert "process_cpu_seconds_total" in {s.name for f in fams.values() for s in f.samples}  # the exporter's own
+    # GPU memory per process from NVML's list: 4242 holds 30 GiB on GPU0; 9999 (not traced) has no series.
+    (gm,) = samples(fams, "gputrace_process_gpu_memory_bytes", pid=str(pid), gpu="0")
+    assert gm.value == 30 << 30
+    assert {s.labels["pid"] for s in samples(fams, "gputrace_process_gpu_memory_bytes")} == {"4242", "1111"}
 
 
 def test_not_measured_has_no_series_and_exited_processes_lose_theirs(exporter):

@@ -90,3 +90,11 @@ def test_the_panel_line_of_a_gpu():
     unknown = gpu_line(Gpu(1, "x", None, None, None), set()).plain
     assert " - " in unknown and "0%" not in unknown and "0 processes" in unknown  # not known is never shown as 0
     assert bar(0.5, 4) == "██░░" and bar(None, 3) == "   " and bar(1.7, 2) == "██" and bar(0.0625, 2) == "▏░"
+
+
+def test_the_detail_screen_names_the_gpus_a_process_is_on():
+    from gputrace.tui.screens.detail import gpus_of
+
+    g = frame(0).gpus
+    assert gpus_of(4242, g) == "GPU0 (30.0 GiB)" and gpus_of(9999, g) == "GPU0 (-)"
+    assert gpus_of(3333, g) == "none listed by NVML" and gpus_of(3333, ()) == "not known (no NVML)"

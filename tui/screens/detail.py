@@ -11,10 +11,10 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Sparkline, Static
 
-from gputrace.base.units import fmt_ns, fmt_pct, fmt_rate
+from gputrace.base.units import fmt_bytes, fmt_ns, fmt_pct, fmt_rate
+from gputrace.hostview.model import Gpu, HostSnapshot, ProcessRow
 from gputrace.tracer.model import FunctionStats
 
-from gputrace.hostview.model import HostSnapshot, ProcessRow
 from ..text import fmt_checkpoint, fmt_share
 
 HISTORY = 120  # refreshes a detail screen plots
@@ -39,11 +39,18 @@ def histogram(f: FunctionStats, width: int = 30) -> Text:
     return t
 
 
-def audit_text(row: ProcessRow, preset: str, now: float | None = None) -> Text:
+def gpus_of(pid: int, gpus: tuple[Gpu, ...]) -> str:
+    """The GPUs NVML lists the process on, with the memory it holds on each."""
+    on = [f"GPU{g.index} ({fmt_bytes(used)})" for g in gpus for p, used in g.processes if p == pid]
+    return ", ".join(on) if on else "none listed by NVML" if gpus else "not known (no NVML)"
+
+
+def audit_text(row: ProcessRow, preset: str, now: float | None = None, gpus: tuple[Gpu, ...] = ()) -> Text:
     s, a = row.snapshot, row.audit(preset)
     t = Text()
     t.append(f"pid {row.pid} ({row.comm})", style="bold")
-    t.append(f"  shimmed: {'yes' if row.shimmed else 'no'}  last checkpoint: {fmt_checkpoint(row.last_checkpoint, now)}\n")
+    t.append(f"  shimmed: {'yes' if row.shimmed else 'no'}  last checkpoint: {fmt_checkpoint(row.last_checkpoint, now)}"
+             f"  on {gpus_of(row.pid, gpus)}\n")
     t.append(f"libcuda {row.library or '?'}\n", style="dim")
     t.append(f"driver calls {fmt_rate(s.calls_hz)}/s; driver CPU {fmt_pct(s.driver_cpu_s_per_s, 1)}; "
              f"wait {fmt_pct(s.wait_s_per_s, 1)}; probes attached {fmt_pct(min(1.0, s.window_s / s.interval_s) if s.interval_s else 0, 0)} "
@@ -113,7 +120,7 @@ class DetailScreen(Screen):
         if not self.seen or self.seen[-1] is not row:
             self.seen.append(row)
         self._show_history()
-        audit.update(audit_text(self.row, self.app.preset, frame.t))
+        audit.update(audit_text(self.row, self.app.preset, frame.t, frame.gpus))
         t = self.query_one("#functions", DataTable)
         keep = self.selected_name()
         t.clear()
