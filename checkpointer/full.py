@@ -161,14 +161,20 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                               "another checkpoint holds it; wait for it, or resume it")
     _check_traces(pid, c, "")
     shim = _shim_suspendable(pid) if use_shim is None else use_shim
+    # From the first step on, a helper gives the job back if this process dies (checkpointer/guardian.py).
+    # Started before the partial directory is made (it takes a process start): made, it is told of it at
+    # once, so that a kill between the two cannot leave the directory behind.
+    guard = Guardian(pid, "checkpoint --full")
     part = store.PartialDir(out)
-    tmp = part.create(IMAGES)
+    try:
+        tmp = part.create(IMAGES)
+    except BaseException:
+        guard.done()
+        raise
+    guard.note(partial=str(tmp))
     images = tmp / IMAGES
     shim_report, shim_ns, stopped, suspended = None, 0, False, False
     t0 = time.monotonic_ns()
-    # From the first step on, a helper gives the job back if this process dies (checkpointer/guardian.py).
-    guard = Guardian(pid, "checkpoint --full")
-    guard.note(partial=str(tmp))
     try:
         if shim:
             guard.note(shim=True)
