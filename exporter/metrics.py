@@ -43,7 +43,7 @@ class _Process:
     functions: dict[tuple[str, str], float] = field(default_factory=dict)  # (function, class) -> calls
     driver_cpu_s: float | None = None
     wait_s: float | None = None
-    tracer_s: float = 0.0
+    tracer_s: float | None = None
     slowdown: dict[tuple[str, str], float] = field(default_factory=dict)  # (preset, bound) -> ratio
     gpu_memory: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes it holds there
 
@@ -111,8 +111,7 @@ class FleetMetrics:
             p.calls[c.cls.value] = p.calls.get(c.cls.value, 0.0) + c.rate_hz * dt
         p.driver_cpu_s = _add(p.driver_cpu_s, s.driver_cpu_s_per_s, dt)
         p.wait_s = _add(p.wait_s, s.wait_s_per_s, dt)
-        if s.tracer_overhead is not None:
-            p.tracer_s += s.tracer_overhead * dt
+        p.tracer_s = _add(p.tracer_s, s.tracer_overhead, dt)
         for name in self.presets:
             a = r.audit(name)
             for bound, v in (("lower", a.slowdown_lower), ("upper", a.slowdown_upper)):
@@ -155,7 +154,8 @@ class FleetMetrics:
                 cpu.add_metric(list(labels), dcpu)
             if w is not None:
                 wait.add_metric(list(labels), w)
-            tracer.add_metric(list(labels), tr)
+            if tr is not None:
+                tracer.add_metric(list(labels), tr)
             for (preset, bound), v in sorted(sl.items()):
                 slow.add_metric([*labels, preset, bound], v)
             for (name, cls), v in sorted(fn.items()):

@@ -292,6 +292,9 @@ class CheckpointerAdapter:
                                                   freeze / 1e9 if freeze is not None else None) if ok else None
             if self._manifests[key] is not None:
                 out.append(self._manifests[key])
+        listed = {e.path for e in entries}
+        for key in [k for k in self._manifests if k[0].startswith(f"{self.root}/{pid}-") and k[0] not in listed]:
+            del self._manifests[key]  # a directory removed (or replaced) since: its entry goes too
         return sorted(out, key=lambda c: c.taken_at)
 
 

@@ -139,6 +139,15 @@ def test_adapter_says_not_available_for_what_the_checkpointer_lacks(tmp_path):
     (tmp_path / "7-damaged").mkdir()
     (tmp_path / "7-damaged" / "manifest.json").write_bytes(b'{"complete": true, "target": {"pid": 7}}')
     assert a.list_checkpoints(7) == [actions.Checkpoint(str(ck), 9.0, 4096, 0.002)]
+    import shutil
+
+    shutil.rmtree(ck)
+    assert a.list_checkpoints(7) == [] and not any(k[0] == str(ck) for k in a._manifests)  # nor kept in memory
+    ck.mkdir()
+    (ck / "manifest.json").write_bytes(orjson.dumps({
+        "schema": 1, "format": "gputrace-checkpoint", "complete": True, "target": {"pid": 7}, "created_unix": 9.0,
+        "bytes": 4096, "allocations": [], "timings": {"freeze_ns": 2_000_000},
+        "data": {"file": "data.img", "bytes": 4096, "chunk_bytes": 4096, "hash": "xxh3_64", "chunks": ["0" * 16]}}))
     with pytest.raises(actions.ActionUnavailable, match="not available"):
         a.suspend(7, lambda f, m: None)
     a.ops = actions.Operations(resume=lambda pid: 1 / 0)  # a bug in the library must reach the UI as an error

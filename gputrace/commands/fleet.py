@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def report(args: argparse.Namespace) -> int:
            "preset": {"name": preset.name, "cost_ns": preset.cost_ns, "classes": sorted(c.value for c in preset.classes),
                       "cost_source": preset.cost_source},
            "threshold": threshold, "processes": len(jobs),
-           "workloads": [dict(w.__dict__, nodes=list(w.nodes)) for w in rows]}
+           "workloads": [dataclasses.asdict(w) for w in rows]}
     text = render(doc)
     if args.output:
         out = Path(args.output)
