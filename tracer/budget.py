@@ -19,7 +19,8 @@ What an interval costs the job:
 Functions are probed in windows once seen called; until then they are on the watch link, which
 stays attached and costs nothing until a function on it is called (then it moves into the windows
 at once: tracer/probes.py). A function not called for `idle_windows` windows goes back to the
-watch link. The first window probes every function: it finds what the job calls.
+watch link. The first window probes every function: it finds what the job calls; its interval
+is short (`SCOUT_INTERVAL_S`), so the windows planned on what it found follow at once.
 
 Two windows an interval (`per_interval`), each at a random offset in its half (stratified: a job
 whose rate changes inside an interval is sampled on both sides, and the windows' spread is measured
@@ -47,6 +48,10 @@ from .estimator import EXPOSURE_MAX
 # (bench/results/tracer-costs-h200.md); with it, the accounted cost came within 0.3 points of the
 # loss measured window by window there (bench/results/audit-h200.md).
 WRITE_S = 5e-6
+# The scout's interval is this long at most: until the scout has run no rate is known, so its
+# interval has no other window, and one short window must not stand for a whole second (a 2-s job
+# would be read from 5 ms of it). The windows planned once rates are known start this much later.
+SCOUT_INTERVAL_S = 0.2
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,18 @@ marker measures (`Exposure`: the share of the calibrated probe time the job lost
 windows). Until it has, the exposure is known only to lie between 0 and `EXPOSURE_MAX`, and that
 range is part of the stated uncertainty.
 
-The uncertainty of an estimate (95%) adds three parts: counts (Poisson), how the windows' rates vary
-from one to the next (a bursty or changing job varies more than counts do; from one to the next,
-not around their mean, so a change of phase counts once; with Student's t for few windows), and the
-exposure's, which is the same share of every sampled rate.
+Over a run of intervals, a function's windows are pooled by the time they counted (a 5-ms window
+that caught a burst weighs 5 ms, not a whole interval), and the intervals are cut where its rate
+changed (binary segmentation against the windows' own dispersion; an interval whose windows counted
+far less than the others is pooled with the next). Each run's pooled rate stands for its time off
+the watch link.
+
+The uncertainty of an estimate (95%) adds: counts (quasi-Poisson: the windows' counts vary as much
+as they are seen to inside intervals, which for a job whose calls come in bursts is about the
+burst's size), where between two windows a rate that changed did so, the exposure's share (the same
+for every sampled rate), and never less than how the windows' rates vary from one to the next with
+each standing for its span (a phase that fell between two windows shows only there; with Student's
+t for few windows).
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ from typing import Iterable, Mapping, Sequence
 # bench/results/tracer-costs-h200.md).
 EXPOSURE_MAX = 3.0
 EFFECTIVE_FLOOR = 0.05  # a window never stands for less than this share of its length
+# The chi-square a split of a function's intervals into two rates must pass, plus 2 ln(intervals).
+SPLIT_CHI2 = 6.0
+SMALL_UNIT = 0.5  # an interval whose windows counted less than this share of the typical one's is pooled with the next
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,11 @@ class Window:
     # The part of probe_s spent on functions whose first instruction is single-stepped: another
     # trap, whose cost in the job the marker (an emulated one) does not measure.
     stepped_s: float = 0.0
+    # The watch link's last calls of a function before it moved into the windows: exact, but over a
+    # span that may begin before its first call (the watch link's poll period), so its rate reads low
+    # for a function that has just started. A rate of last resort: used only where the interval has
+    # no other window that probed the function.
+    discovery: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,90 +168,254 @@ def t975(dof: int) -> float:
     return _T975[dof - 1] if dof <= len(_T975) else 1.96 + 2.4 / dof
 
 
+@dataclass
+class _Unit:
+    """One interval's windows that probed a function: their counts pooled by counting time."""
+
+    n: int = 0           # calls counted
+    e: float = 0.0       # effective (untraced) seconds behind them
+    k: int = 0           # windows
+    s2: float = 0.0      # sum of n^2 / e, for the windows' dispersion
+    sys: float = 0.0     # sum of the exposure's relative error x e
+    u: float = 0.0       # time off the watch link this unit stands for: its interval's and the windowless ones after it
+    span: float = 0.0    # its interval's length
+    alone: bool = False  # its only window is a discovery span
+    rates: list[float] = field(default_factory=list)
+
+    def add(self, n: int, e: float, rel: float) -> None:
+        self.n += n
+        self.e += e
+        self.k += 1
+        self.s2 += n * n / e
+        self.sys += rel * e
+        self.rates.append(n / e)
+
+
+def _chi2_median(dof: int) -> float:
+    """The median of a chi-square variable (Wilson-Hilferty)."""
+    return dof * (1 - 2 / (9 * dof)) ** 3
+
+
+def _dispersion(units: Sequence[_Unit]) -> tuple[float, int, float]:
+    """How much more the windows' counts vary than Poisson counts would (phi, at least 1), the
+    degrees of freedom behind it, and a robust phi for telling a change of rate from noise.
+
+    From the windows inside each interval where it has two or more (a change between intervals
+    does not count); else from one interval to the next (a change of phase counts once). A job whose
+    calls come in bursts has phi about the burst's size, whatever the windows' lengths: a short
+    window that caught a burst is then no surprise. The robust one is the median interval's (a
+    change of rate inside one interval inflates the pooled phi, which would hide it and every other
+    change from the split; the pooled one is what the uncertainty uses)."""
+    chi, dof = 0.0, 0
+    each: list[float] = []
+    for a in units:
+        if a.k >= 2 and a.n > 0:
+            c = a.s2 * a.e / a.n - a.n
+            chi += c
+            dof += a.k - 1
+            each.append(c / _chi2_median(a.k - 1))
+    if dof == 0:
+        for a, b in zip(units, units[1:]):
+            n, e = a.n + b.n, a.e + b.e
+            if n > 0:
+                r = n / e
+                c = (a.n / a.e - b.n / b.e) ** 2 / (r * (1 / a.e + 1 / b.e))
+                chi += c
+                dof += 1
+                each.append(c / _chi2_median(1))
+    if not dof:
+        return 1.0, 0, 1.0
+    each.sort()
+    robust = each[len(each) // 2] if len(each) % 2 else 0.5 * (each[len(each) // 2 - 1] + each[len(each) // 2])
+    return max(1.0, chi / dof), dof, max(1.0, robust)
+
+
+def _collapse(units: list[_Unit]) -> list[_Unit]:
+    """Intervals whose windows counted far less than the others (the first interval's scout, a
+    window cut short) pooled with the next one (the last with the one before): one short window
+    that caught a burst must not stand for its whole interval."""
+    if len(units) < 2:
+        return units
+    typical = sorted(x.e for x in units)[len(units) // 2]
+    out: list[_Unit] = []
+    pending: _Unit | None = None
+    for x in units:
+        if pending is not None:
+            x = _merged(pending, x)
+            pending = None
+        if x.e < SMALL_UNIT * typical:
+            pending = x
+            continue
+        out.append(x)
+    if pending is not None:
+        if out:
+            out[-1] = _merged(out[-1], pending)
+        else:
+            out.append(pending)
+    return out
+
+
+def _merged(a: _Unit, b: _Unit) -> _Unit:
+    return _Unit(a.n + b.n, a.e + b.e, a.k + b.k, a.s2 + b.s2, a.sys + b.sys, a.u + b.u, a.span + b.span,
+                 False, a.rates + b.rates)
+
+
+def _segments(units: Sequence[_Unit], phi: float) -> list[tuple[int, int]]:
+    """The runs of intervals over which the function's rate did not change: binary segmentation,
+    a split where the two sides' pooled rates differ beyond what phi allows (a threshold that grows
+    with the candidates, so that a long steady session is not cut up by chance)."""
+    out: list[tuple[int, int]] = []
+    todo = [(0, len(units))]
+    while todo:
+        a, b = todo.pop()
+        m = b - a
+        if m < 2:
+            out.append((a, b))
+            continue
+        n_all = sum(x.n for x in units[a:b])
+        e_all = sum(x.e for x in units[a:b])
+        r = n_all / e_all
+        if r <= 0:
+            out.append((a, b))
+            continue
+        best, at = 0.0, None
+        n_l = e_l = 0.0
+        for j in range(a, b - 1):
+            n_l += units[j].n
+            e_l += units[j].e
+            n_r, e_r = n_all - n_l, e_all - e_l
+            if e_l <= 0 or e_r <= 0:
+                continue
+            stat = (n_l / e_l - n_r / e_r) ** 2 / (phi * r * (1 / e_l + 1 / e_r))
+            if stat > best:
+                best, at = stat, j + 1
+        if at is None or best <= SPLIT_CHI2 + 2 * math.log(m):
+            out.append((a, b))
+        else:
+            todo += [(a, at), (at, b)]
+    return sorted(out)
+
+
 def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
              carry: Mapping[int, Carried] | None = None) -> dict[int, Estimate]:
     """Estimates for every function counted in `observations` (chronological).
 
-    `carry`: per function, the rate of the last windows before these observations,
-    for intervals at their start that have none (a recent view's first intervals)."""
+    A function's time off the watch link is stood for by the windows that sampled it: the
+    intervals are cut into runs over which its rate did not change (`_segments`), and each run's
+    rate is its windows' calls over their counting time, pooled (a short window weighs what it
+    counted, not one interval's worth). `carry`: per function, the rate of the last windows before
+    these observations, for intervals at their start that have none (a recent view's first ones)."""
     span = sum(o.span_s for o in observations)
     funcs: set[int] = set()
     for o in observations:
         funcs.update(f for f, n in o.watched_calls.items() if n)
         for w in o.windows:
             funcs.update(f for f, n in w.calls.items() if n)
-    # Per observation and function, what its windows there say: (calls counted, their rates in
-    # order, the mean rate and its variance, the mean exposure error), worked out once per
-    # window and function rather than in the loop below.
-    per_obs: list[dict[int, tuple[int, list[float], Carried, float]]] = []
+    # Per observation and function, its windows pooled, worked out once per window and function.
+    per_obs: list[dict[int, _Unit]] = []
     for o in observations:
-        acc: dict[int, list] = {}
+        acc: dict[int, _Unit] = {}
+        last_resort: dict[int, _Unit] = {}
         for w in o.windows:
             eff, rel = expo.effective_s(w), expo.rel_err(w)
             probed = w.probed if len(w.probed) <= 2 * len(funcs) else funcs.intersection(w.probed)
             calls = w.calls
+            into = last_resort if w.discovery else acc
             for f in probed:
-                n = calls.get(f, 0)
-                a = acc.get(f)
+                a = into.get(f)
                 if a is None:
-                    acc[f] = [n, [n / eff], n / (eff * eff), rel]
-                else:
-                    a[0] += n
-                    a[1].append(n / eff)
-                    a[2] += n / (eff * eff)
-                    a[3] += rel
-        per_obs.append({f: (n, rs, Carried(sum(rs) / len(rs), v / (len(rs) * len(rs))), rel / len(rs))
-                        for f, (n, rs, v, rel) in acc.items()})
+                    a = into[f] = _Unit()
+                a.add(calls.get(f, 0), eff, rel)
+        for f, a in last_resort.items():
+            if f not in acc:
+                a.alone = True
+                acc[f] = a
+        per_obs.append(acc)
     out: dict[int, Estimate] = {}
     for f in funcs:
         observed = 0
         exact = 0.0          # calls counted on the watch link
-        sampled = 0.0        # calls estimated for the time off it
-        var_poisson = 0.0    # of `sampled`, from the windows' counts
-        spans_sq = 0.0       # sum of (time off the watch link stood for by one set of windows)^2
-        rel_sys = 0.0        # the exposure's share, weighted by the time it applies to
         unmeasured = 0.0
-        rates: list[float] = []  # every window's rate, in order, for the successive differences
-        last = carry.get(f) if carry else None  # the windows that last sampled f
-        last_rel = 0.0
-        group_s = 0.0        # time off the watch link that the current `last` stands for
+        carried_u = 0.0      # time stood for by `carry`, before the first window of f
+        units: list[_Unit] = []
         for o, d in zip(observations, per_obs):
             c = o.watched_calls.get(f, 0)
             observed += c
             exact += c
-            u = min(o.unwatched_s.get(f, 0.0), o.span_s)  # the tally may run a little past the span
             mine = d.get(f)
             if mine is not None:
-                spans_sq += group_s * group_s
-                group_s = 0.0
-                n, rs, last, last_rel = mine
-                observed += n
-                rates.extend(rs)
+                mine.u, mine.span = 0.0, o.span_s
+                units.append(mine)
+                observed += mine.n
+            u = min(o.unwatched_s.get(f, 0.0), o.span_s)  # the tally may run a little past the span
             if u <= 0:
                 continue
-            if last is None:
+            if units:
+                units[-1].u += u
+            elif carry and f in carry:
+                carried_u += u
+            else:
                 unmeasured += u
-                continue
-            sampled += last.rate_hz * u
-            var_poisson += last.var * u * u  # the same windows for all of it: errors add up
-            rel_sys += last_rel * last.rate_hz * u
-            group_s += u
-        spans_sq += group_s * group_s
+        sampled = var = rel_sys = var_change = half_walk = 0.0
+        last = carry.get(f) if carry else None
+        if last is not None and carried_u > 0:
+            sampled += last.rate_hz * carried_u
+            var += last.var * carried_u * carried_u
+        windows = sum(x.k for x in units)
+        dof = 0
+        if units:
+            # Runs of intervals with windows of their own; an interval whose only rate is its
+            # discovery span stands alone (pooled with its neighbours, that span, long and read low
+            # for a function just started, would outweigh their windows).
+            runs: list[list[_Unit]] = [[]]
+            for x in units:
+                if x.alone:
+                    runs += [[x], []]
+                else:
+                    runs[-1].append(x)
+            runs = [_collapse(r) for r in runs if r]
+            phi, dof, phi_split = _dispersion([x for r in runs for x in r if not x.alone])
+            segments = [r[a:b] if not r[0].alone else r for r in runs
+                        for a, b in (_segments(r, phi_split) if not r[0].alone else [(0, 1)])]
+            for sa, sb in zip(segments, segments[1:]):
+                # Where the rate changed between two runs is known only to lie between the last
+                # window of one and the first of the next: the time in between may be either's.
+                ra = sum(x.n for x in sa) / sum(x.e for x in sa)
+                rb = sb[0].n / sb[0].e
+                var_change += (0.95 * abs(rb - ra) * (sa[-1].u + sb[0].span) / 2) ** 2
+            # The windows' rates from one to the next, each set standing for its span: how far a
+            # run's rate can be from the truth when the job changes between windows in ways no
+            # split resolves (a phase that fell between two windows). The interval is never
+            # narrower than that says.
+            rates = [r for seg in segments for x in seg for r in x.rates]
+            k = len(rates)
+            if k >= 2:
+                ssd = sum((b - a) ** 2 for a, b in zip(rates, rates[1:]))
+                spans_sq = sum(x.u * x.u for seg in segments for x in seg)
+                half_walk = t975(k - 1) * math.sqrt(ssd / (2 * (k - 1)) * spans_sq)
+            for seg in segments:
+                n = sum(x.n for x in seg)
+                e = sum(x.e for x in seg)
+                u = sum(x.u for x in seg)
+                r = n / e
+                phi_s = phi
+                if len(seg) >= 2 and n > 0:
+                    # Drift inside the run that the split did not resolve shows as dispersion
+                    # between its intervals.
+                    chi = sum((x.n - r * x.e) ** 2 / (r * x.e) for x in seg)
+                    phi_s = max(phi, chi / (len(seg) - 1))
+                sampled += r * u
+                var += phi_s * max(n, 1) / (e * e) * u * u
+                rel_sys += sum(x.sys for x in seg) / e * r * u
         measured = max(0.0, span - unmeasured)
         total = exact + sampled
         rate = total / measured if measured > 0 else 0.0
-        half = 1.96 * math.sqrt(var_poisson)
-        k = len(rates)
-        if k >= 2:
-            ssd = sum((b - a) ** 2 for a, b in zip(rates, rates[1:]))
-            # Each set of windows stands for its span: the rate's variation between windows, as one
-            # window's deviation from the mean rate of the span it stands for.
-            var_between = ssd / (2 * (k - 1)) * spans_sq
-            half = max(half, t975(k - 1) * math.sqrt(var_between))
-        elif k == 1 and sampled > 0:
+        if windows == 1 and sampled > 0:
             # One window: nothing says how far its rate is from the span's; no more than the
             # whole of what it stands for, which is what t with no degree of freedom says.
-            half = max(half, sampled)
+            half = sampled
+        else:
+            half = max(math.hypot((t975(dof) if dof else 1.96) * math.sqrt(var), math.sqrt(var_change)), half_walk)
         half += rel_sys
         out[f] = Estimate(
             calls_observed=observed,
@@ -248,19 +428,20 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
 
 
 def last_rates(observations: Sequence[Observation], expo: Exposures) -> dict[int, Carried]:
-    """Per function, the rate of the last interval whose windows sampled it: what a view starting
-    after `observations` carries into its first windowless intervals."""
+    """Per function, the rate of the last interval whose windows sampled it (pooled by counting
+    time): what a view starting after `observations` carries into its first windowless intervals."""
     out: dict[int, Carried] = {}
     for o in observations:
-        by_f: dict[int, list[tuple[float, float]]] = {}
-        for w in o.windows:
+        by_f: dict[int, _Unit] = {}
+        for w in sorted(o.windows, key=lambda w: w.discovery):
+            if w.discovery and any(f in by_f for f in w.probed):
+                continue
             eff = expo.effective_s(w)
             for f in w.probed:
-                n = w.calls.get(f, 0)
-                by_f.setdefault(f, []).append((n / eff, n / (eff * eff)))
-        for f, rv in by_f.items():
-            k = len(rv)
-            out[f] = Carried(sum(r for r, _ in rv) / k, sum(v for _, v in rv) / (k * k))
+                by_f.setdefault(f, _Unit()).add(w.calls.get(f, 0), eff, 0.0)
+        for f, a in by_f.items():
+            phi = max(1.0, (a.s2 * a.e / a.n - a.n) / (a.k - 1)) if a.k >= 2 and a.n > 0 else 1.0
+            out[f] = Carried(a.n / a.e, phi * max(a.n, 1) / (a.e * a.e))
     return out
 
 
@@ -341,3 +522,35 @@ class MarkerPools:
 
     def exposures(self) -> Exposures:
         return Exposures(self.counted.exposure(), self.timed.exposure())
+
+
+# --- a session's observations as plain data (bench/audit_gpu.py reads them back to check estimators) ---
+
+def dump_observations(observations: Sequence[Observation], expo: Exposures) -> dict:
+    def window(w: Window) -> dict:
+        d = {"counted_s": w.counted_s, "probed": sorted(w.probed), "calls": {str(f): n for f, n in w.calls.items()},
+             "probe_s": w.probe_s, "timed": w.timed, "stepped_s": w.stepped_s, "discovery": w.discovery}
+        if w.marker is not None:
+            d["marker"] = [w.marker.calls_in, w.marker.in_s, w.marker.calls_out, w.marker.out_s, w.marker.out_probe_s]
+        return d
+
+    return {
+        "exposures": {k: [e.value, e.err, e.measured] for k, e in (("counted", expo.counted), ("timed", expo.timed))},
+        "observations": [{"span_s": o.span_s, "windows": [window(w) for w in o.windows],
+                          "watched_calls": {str(f): n for f, n in o.watched_calls.items()},
+                          "unwatched_s": {str(f): u for f, u in o.unwatched_s.items()}} for o in observations],
+    }
+
+
+def load_observations(doc: dict) -> tuple[list[Observation], Exposures]:
+    def window(d: dict) -> Window:
+        m = d.get("marker")
+        return Window(d["counted_s"], frozenset(d["probed"]), {int(f): n for f, n in d["calls"].items()},
+                      d["probe_s"], MarkerCount(*m) if m else None, d["timed"], d["stepped_s"], d["discovery"])
+
+    ex = doc["exposures"]
+    expo = Exposures(Exposure(*ex["counted"]), Exposure(*ex["timed"]))
+    obs = [Observation(o["span_s"], tuple(window(w) for w in o["windows"]),
+                       {int(f): n for f, n in o["watched_calls"].items()},
+                       {int(f): u for f, u in o["unwatched_s"].items()}) for o in doc["observations"]]
+    return obs, expo

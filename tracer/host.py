@@ -21,7 +21,7 @@ import time
 from typing import Callable, Iterator
 
 from .bpfprog import Program, RawStats
-from .budget import AlignedPolicy
+from .budget import SCOUT_INTERVAL_S, AlignedPolicy
 from .calibrate import Calibration
 from .classify import waiting_ids
 from .model import ProcessSnapshot
@@ -231,6 +231,8 @@ class HostSession:
         for t in self.tracees.values():
             t.begin()
         plan = self.policy.plan()
+        if plan.full_scan:
+            interval_s = min(interval_s, SCOUT_INTERVAL_S)
         t_start = time.monotonic()
         self._window_rows = []
         if self._held:

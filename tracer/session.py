@@ -21,6 +21,7 @@ from gputrace.base.errors import BpfUnavailable, NoLibcuda, NoSuchProcess
 from gputrace.base.procs import alive, stop_point
 
 from .bpfprog import Program
+from .budget import SCOUT_INTERVAL_S
 from .calibrate import Calibration, calibrate
 from .model import Interval, ProcessSnapshot
 from .probes import Probes
@@ -203,6 +204,8 @@ class Session:
         interval_s = interval_s or self.options.interval_s
         exact = self.options.exact
         plan = self.policy.plan()
+        if plan.full_scan:
+            interval_s = min(interval_s, SCOUT_INTERVAL_S)
         t_start = time.monotonic()
         self.tracee.begin()
         self._window_rows = []

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import itertools
 import math
 import os
 import time
+from pathlib import Path
 from typing import Mapping, Sequence
+
+import orjson
 
 from gputrace.base.procs import alive, comm
 
@@ -240,7 +244,7 @@ class Tracee:
             # of its own (only it, and the other watched ones that cost nothing, probed).
             cost = n * self.costs[f].entry_ns * 1e-9
             w = est.Window(dt, frozenset({f}), {f: n}, cost,
-                           stepped_s=cost if self.probes.kinds.get(f) == "stepped" else 0.0)
+                           stepped_s=cost if self.probes.kinds.get(f) == "stepped" else 0.0, discovery=True)
             windows.append(w)
         if end_rows is not None:
             prev = end_rows
@@ -411,7 +415,16 @@ class Tracee:
     def summary(self) -> ProcessSnapshot:
         """The whole session as one snapshot: each function's calls over the session's time (exact
         where it was watched, each window's rate for the time it stands for), with its uncertainty
-        (tracer/estimator.py)."""
+        (tracer/estimator.py).
+
+        With GPUTRACE_OBSERVATIONS set to a directory, the observations behind it are written
+        there as `obs-PID.json` (bench/audit_gpu.py checks estimators against the truth with them)."""
+        where = os.environ.get("GPUTRACE_OBSERVATIONS")
+        if where and self.keep:
+            doc = est.dump_observations(self.observations, self.exposure())
+            doc["functions"] = {str(f): fn.name for f, fn in self.ids.items()}
+            with contextlib.suppress(OSError):
+                Path(where, f"obs-{self.pid}.json").write_bytes(orjson.dumps(doc))
         return self._snapshot(self.observations, row_deltas(self._prev, self._first, self.ids), self.elapsed_s,
                               self.window_s,
                               self.target_cpu_s if self._cpu_known and self.observations else None,
