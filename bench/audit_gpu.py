@@ -110,12 +110,20 @@ def attach_phase(job: Job, seconds: float, out: Path) -> tuple[dict, dict]:
     """`gputrace attach -p` for `seconds` during a job phase that covers it: (phase, report)."""
     global EXPECT_STARTUP_S
     length = seconds + EXPECT_STARTUP_S + 1.5
+    # The estimator's inputs come back beside the report (`--reestimate` works the rates out again
+    # from them with the estimator as it is now).
+    obs_dir = out.parent / (out.stem + ".obs")
+    obs_dir.mkdir(exist_ok=True)
     cli = subprocess.Popen(["gputrace", "attach", "-p", str(job.pid), "-d", str(seconds), "--json", "-q",
-                            "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env=os.environ | {"GPUTRACE_OBSERVATIONS": str(obs_dir)})
     ph = job.run(length, stamps=True)
     err = cli.communicate()[1]
     if cli.returncode:
         raise SystemExit(f"attach failed ({cli.returncode}): {err[-2000:]}")
+    for f in obs_dir.glob("obs-*.json"):
+        f.rename(out.with_suffix(".obs.json"))
+    obs_dir.rmdir() if not any(obs_dir.iterdir()) else None
     rep = orjson.loads(out.read_bytes())
     started = rep["attach"]["started_monotonic_s"]
     EXPECT_STARTUP_S = max(EXPECT_STARTUP_S, started - ph["t0"] + 0.5)
@@ -168,7 +176,7 @@ def tracer_pairs(job: Job, seconds: float, reps: int, dirpath: Path, tag: str, u
         a1 = a0 + s["interval_s"]
         session_steps = bisect.bisect_left(t["stamps"], a1) - bisect.bisect_left(t["stamps"], a0)
         rows.append({
-            "attach_s": seconds, "rep": r,
+            "attach_s": seconds, "rep": r, "attach_file": f"{job.name}-attach-{tag}-{r}.json",
             "untraced_steps_per_s": ref, "untraced_before_after": [before["steps_per_s"], after["steps_per_s"]],
             "traced_steps_per_s": t["steps_per_s"], "phase_s": t["seconds"], "session_s": s["interval_s"],
             "session_steps_per_s": session_steps / s["interval_s"] if s["interval_s"] else None,
@@ -244,10 +252,29 @@ def emulation_pairs(job: Job, costs: list[float], seconds: float, cycles: int = 
     return rows
 
 
-def analyze(doc: dict) -> dict:
-    """The figures of one job's document (also run by --reanalyze)."""
+def reestimated(p: dict, d: Path) -> dict:
+    """Pair p with its rates worked out again by the estimator as it is now, from the observations
+    its attach wrote (p as it is where there are none)."""
+    f = d / p.get("attach_file", "-")
+    obs_path = f.with_suffix(".obs.json")
+    if not obs_path.exists():
+        return p
+    from gputrace.tracer import estimator as est
+    doc = orjson.loads(obs_path.read_bytes())
+    obs, expo = est.load_observations(doc)
+    names = doc["functions"]
+    out = est.estimate(obs, expo)
+    return p | {"rates": {names[str(f)]: [e.rate_hz, e.err_hz] for f, e in out.items()}, "reestimated": True}
+
+
+def analyze(doc: dict, d: Path | None = None) -> dict:
+    """The figures of one job's document (also run by --reanalyze; with `d`, the rates are worked
+    out again from the observations saved there: --reestimate)."""
     out: dict = {"job": doc["job"]}
     pairs = doc["tracer_pairs"]
+    if d is not None:
+        pairs = [reestimated(p, d) for p in pairs]
+        out["reestimated"] = sum(bool(p.get("reestimated")) for p in pairs)
     by_len: dict = {}
     for p in pairs:
         by_len.setdefault(p["attach_s"], []).append(p)
@@ -346,9 +373,11 @@ def main() -> int:
     ap.add_argument("--long", default="mlp,gpt2", help="jobs that also get the 20 s and 60 s attaches")
     ap.add_argument("--reps5", type=int, default=3, help="pairs with 5 s attaches, jobs in --long")
     ap.add_argument("--reps5-short", type=int, default=2, help="pairs with 5 s attaches, the other jobs")
-    ap.add_argument("--costs", default="500,2000,10000", help="emulated costs, ns a call")
+    ap.add_argument("--costs", default="500,2000,10000", help="emulated costs, ns a call ('none': no emulated layer)")
     ap.add_argument("--emulate-s", type=float, default=3.0, help="emulated seconds per cost and selection")
     ap.add_argument("--reanalyze", action="store_true", help="only work the figures out again from --out")
+    ap.add_argument("--reestimate", action="store_true",
+                    help="with --reanalyze: the rates from the saved observations, by the estimator as it is now")
     args = ap.parse_args()
     d = Path(args.out)
     d.mkdir(parents=True, exist_ok=True)
@@ -371,7 +400,8 @@ def main() -> int:
                 pairs += tracer_pairs(job, 20.0, 1, d, "20", 10.0)
                 pairs += tracer_pairs(job, 60.0, 1, d, "60", 10.0)
             doc["tracer_pairs"] = pairs
-            doc["emulation"] = emulation_pairs(job, [float(c) for c in args.costs.split(",")], args.emulate_s)
+            doc["emulation"] = ([] if args.costs == "none" else
+                                emulation_pairs(job, [float(c) for c in args.costs.split(",")], args.emulate_s))
             job.close()
             doc["wall_s"] = time.monotonic() - t0
             path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
@@ -380,7 +410,9 @@ def main() -> int:
     for path in sorted(d.glob("*.json")):
         if path.name == "summary.json" or "-attach-" in path.name:
             continue
-        summary[path.stem] = analyze(orjson.loads(path.read_bytes()))
+        if path.name.endswith(".obs.json"):
+            continue
+        summary[path.stem] = analyze(orjson.loads(path.read_bytes()), d if args.reestimate else None)
     (d / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     for name, s in summary.items():
         tr = "; ".join(f"{L}s {100 * v['slowdown']['median']:+.2f}% (local {100 * v['slowdown_local']['median']:+.2f}%, "
