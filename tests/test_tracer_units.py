@@ -19,7 +19,7 @@ from gputrace.registry import parse_budget
 from gputrace.base.errors import UsageError
 from gputrace.tracer import bpfprog
 from gputrace.tracer.audit import INDIRECT_MAX, PRESETS, audit, make_preset
-from gputrace.tracer.budget import WRITE_S, Policy
+from gputrace.tracer.budget import PLAN_SHARE, WRITE_S, Policy
 from gputrace.tracer.calibrate import Calibration, ProbeCost, probe_kind
 from gputrace.tracer.classify import CLASS_ORDER, FunctionClass
 from gputrace.tracer.model import ClassTotals, FunctionStats, Interval, ProcessSnapshot
@@ -68,12 +68,12 @@ def expected_cost_per_s(rates: dict[int, float], costs: dict[int, ProbeCost], ti
 @pytest.mark.parametrize("budget, interval", [(0.01, 1.0), (0.05, 2.0), (0.2, 0.5)])
 def test_first_window_is_a_full_scan_half_the_budget_long(budget, interval):
     """Rates unknown: the scout's length alone bounds its cost (a job doing nothing but hit probes
-    loses the window, no more), and the other half of the budget is for its edges."""
+    loses the window, no more), and the other half of the planned budget is for its edges."""
     p = policy({0: SUB, 1: SYNC}, {0: CHEAP, 1: STEPPED}, budget=budget, interval_s=interval)
     plan = p.plan()
     assert plan.attach and plan.full_scan and plan.probe == frozenset({0, 1})
     ((offset, w),) = plan.windows
-    assert w == pytest.approx(budget * interval / 2) and offset == 0.0  # at once: nothing counts calls before it
+    assert w == pytest.approx(PLAN_SHARE * budget * interval / 2) and offset == 0.0  # at once: nothing counts calls before it
     assert plan.timed == frozenset({1})  # counted probes cost least; the synchronization is timed for the wait
     assert p.watch_set() == frozenset({0, 1})  # nothing seen yet: everything stays watched
 
@@ -96,10 +96,11 @@ def test_planned_windows_keep_their_expected_cost_within_the_budget_and_use_it(e
     plan = p.plan()
     assert plan.attach and len(plan.windows) == 2
     assert plan.timed == frozenset(classes)  # the interval after the scout times everything
-    assert window_cost(p, plan) == pytest.approx(budget * interval, rel=1e-6)
+    # The windows spend the planned share; the rest of the budget is the margin for what plans miss.
+    assert window_cost(p, plan) == pytest.approx(PLAN_SHARE * budget * interval, rel=1e-6)
     plan = p.plan()  # then the hot one that does not synchronize is only counted
     assert plan.timed == frozenset({1, 2, 3})
-    assert window_cost(p, plan) <= budget * interval * (1 + 1e-9)
+    assert window_cost(p, plan) <= PLAN_SHARE * budget * interval * (1 + 1e-9)
 
 
 def test_two_windows_an_interval_one_in_each_half_with_room_for_their_references():
@@ -121,12 +122,12 @@ def test_the_marker_is_the_most_called_function_whose_reference_costs_a_quarter_
 
 
 def test_a_window_second_costs_the_job_at_most_a_second():
-    """Probes at 5 probe-seconds a second cannot take more than the window: it is budget x interval / 2
-    long (two windows), not a fifth of that."""
+    """Probes at 5 probe-seconds a second cannot take more than the window: it is the planned budget
+    x interval / 2 long (two windows), not a fifth of that."""
     p = scouted({0: SUB}, {0: STEPPED}, {0: 10_000}, budget=0.01, interval_s=1.0, min_window_s=0.001)
     plan = p.plan()
     assert p.window_cost_per_s(plan.probe, plan.timed) == 1.0
-    assert all(w == pytest.approx((0.01 - 2 * 2 * WRITE_S) / 2, rel=1e-6) for _, w in plan.windows)
+    assert all(w == pytest.approx((PLAN_SHARE * 0.01 - 2 * 2 * WRITE_S) / 2, rel=1e-6) for _, w in plan.windows)
 
 
 def test_windows_grow_at_most_max_growth_per_interval():
@@ -202,8 +203,8 @@ def test_aligned_windows_are_the_least_any_member_affords():
     host = aligned({1: 10_000.0, 2: 1_000.0, 3: 50_000.0})
     plan = host.plan()
     for pid, p in host.members.items():  # no member's expected cost exceeds its budget
-        assert window_cost(p, plan) <= 0.01 * (1 + 1e-9), pid
-    assert window_cost(host.members[3], plan) == pytest.approx(0.01, rel=1e-6)  # the busiest decides
+        assert window_cost(p, plan) <= PLAN_SHARE * 0.01 * (1 + 1e-9), pid
+    assert window_cost(host.members[3], plan) == pytest.approx(PLAN_SHARE * 0.01, rel=1e-6)  # the busiest decides
 
 
 def test_a_member_that_joins_holds_the_windows_to_its_scout_until_measured():
