@@ -49,6 +49,13 @@ int gt_entry(struct pt_regs *ctx)
     u64 id = bpf_get_current_pid_tgid();
     struct gt_config cfg = gt_config_now();
     struct gt_stats *s = gt_stats_of(id >> 32, func);
+    if (cookie & GT_COOKIE_KEPT) {
+        /* Seen called, but called so rarely that counting every call costs less than sampling it
+         * would tell: counted exactly, and not flagged (it is where user space wants it). */
+        if (s)
+            __sync_fetch_and_add(&s->watched, 1);
+        return 0;
+    }
     if (cookie & GT_COOKIE_WATCH) {
         /* A function no window probes, called: counted (exactly: the link stays attached) and
          * flagged, so user space moves it into the windows before it costs much. */

@@ -11,6 +11,7 @@
 #define GT_COOKIE_MARKER (1ULL << 33) /* the marker's own link: counts only between windows */
 #define GT_COOKIE_STEPPED (1ULL << 34) /* the probed instruction is single-stepped: the dearer hit */
 #define GT_COOKIE_WATCH (1ULL << 35)  /* the watch link: functions not yet seen called, probed all the time */
+#define GT_COOKIE_KEPT (1ULL << 36)   /* on the watch link for good: called, but cheap enough to count every call */
 
 #ifndef GT_MAX_STATS
 #define GT_MAX_STATS 16384        /* (process, function) pairs */

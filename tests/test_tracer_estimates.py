@@ -154,6 +154,24 @@ def test_a_hot_function_first_called_mid_run_is_counted_within_2_s(finishing_job
     assert abs(est - true) <= err, rows[name]
 
 
+def test_a_rare_function_is_counted_every_call_and_a_hot_one_sampled(finishing_job, tmp_path):
+    """cuDeviceGetAttribute once per 5-ms step costs next to nothing to count every call: after the
+    first windows it stays on the watch link, and the report's figure for it is its count (no
+    uncertainty); the hot cuCtxGetDevice_v2 beside it is sampled in windows, within its interval."""
+    job, log = finishing_job(["9:getdev=40,attr=1,spin=20000,gpu=5000000"])
+    report = attach_json(job.pid, 5, tmp_path / "r.json")
+    assert job.wait(timeout=60) == 0
+    rows = {r[0]: r for r in check(report, Truth(log), min_hz=100.0)}
+    funcs = {f["name"]: f for f in report["summary"]["functions"]}
+    attr, hot = funcs["cuDeviceGetAttribute"], funcs["cuCtxGetDevice_v2"]
+    assert hot["rate_err_hz"] > 0  # sampled
+    name, true, est, err = rows["cuDeviceGetAttribute"]
+    assert abs(est - true) <= err + 0.05 * true, rows[name]
+    # Counted on the watch link from its second interval on: only the time before that is sampled.
+    assert attr["calls_estimated"] == pytest.approx(attr["calls_observed"], rel=0.25)
+    assert attr["rate_err_hz"] < 0.25 * attr["rate_hz"]
+
+
 def test_exact_estimates_equal_observed(finishing_job, tmp_path):
     job, log = finishing_job(["8:getdev=10,launch=3,sync=1,spin=50000"])
     report = attach_json(job.pid, 2, tmp_path / "r.json", "--exact")

@@ -130,6 +130,32 @@ def test_a_window_second_costs_the_job_at_most_a_second():
     assert all(w == pytest.approx((PLAN_SHARE * 0.01 - 2 * 2 * WRITE_S) / 2, rel=1e-6) for _, w in plan.windows)
 
 
+def test_the_cheapest_functions_are_counted_every_call_instead_of_sampled():
+    """A function called a few hundred times a second costs next to nothing to count every call,
+    and windows of a few ms read it poorly (on the H200, GPT-2's 1-6k/s functions, called in one
+    burst a step, read -60..-78% after 5 s). Such functions stay on the watch link, counted exactly,
+    up to KEEP_SHARE of the planned budget; never a synchronization (its time is the wait), never a
+    hot one; one whose rate grows goes back into the windows; a kept one is never retired."""
+    from gputrace.tracer.budget import KEEP_SHARE
+
+    classes = {0: SUB, 1: QUERY, 2: STATE, 3: SYNC}
+    calls = {0: 1000, 1: 2, 2: 1, 3: 1}  # in the 5-ms scout: 200k/s, 400/s, 200/s, 200/s
+    p = scouted(classes, {f: CHEAP for f in classes}, calls)
+    p.observe_exposure(1.0)
+    p.observe(1, {f: n / 0.005 for f, n in calls.items()}, calls)
+    assert p.kept == frozenset({1, 2})
+    assert sum(p.keep_cost_per_s(f) for f in p.kept) <= KEEP_SHARE * PLAN_SHARE * p.budget
+    plan = p.plan()
+    assert plan.probe == frozenset({0, 3}) and p.watch_set() >= {1, 2}
+    for _ in range(p.idle_windows + 1):  # windows in which they were not called: they cost nothing idle
+        p.observe(2, {0: 200_000.0, 3: 200.0}, {0: 1000, 3: 1})
+    assert not p.retire_idle() & {1, 2} and p.kept == frozenset({1, 2})
+    p.observe_kept({1: 5_000.0})  # busier now: counting all of it would cost too much
+    p.observe(2, {0: 200_000.0, 3: 200.0}, {0: 1000, 3: 1})
+    assert p.kept == frozenset({2}) and 1 in p.plan().probe
+    assert not policy(classes, {f: CHEAP for f in classes}, keep_share=0.0).kept
+
+
 def test_windows_grow_at_most_max_growth_per_interval():
     """An idle job makes long windows cheap; if it turns busy the next window must not be long already."""
     p = scouted({0: QUERY}, {0: CHEAP}, {0: 1}, max_growth=2.0, scout_s=0.005)

@@ -48,6 +48,7 @@ COOKIE_TIMED = _H["GT_COOKIE_TIMED"]
 COOKIE_MARKER = _H["GT_COOKIE_MARKER"]
 COOKIE_STEPPED = _H["GT_COOKIE_STEPPED"]
 COOKIE_WATCH = _H["GT_COOKIE_WATCH"]
+COOKIE_KEPT = _H["GT_COOKIE_KEPT"]
 CLOSED, OPEN, OUTSIDE = _H["GT_CLOSED"], _H["GT_OPEN"], _H["GT_OUTSIDE"]
 ERROR_NAMES = tuple(n.removeprefix("GT_ERR_").lower()
                     for n, _ in sorted(((k, v) for k, v in _H.items() if k.startswith("GT_ERR_") and k != "GT_ERR_COUNT"),

@@ -58,6 +58,11 @@ SCOUT_INTERVAL_S = 0.2
 # on the launch-bound jobs at 5-s attaches (bench/results/audit-h200.md, third round), so planning
 # to the whole budget overran it. The rest is the margin for that.
 PLAN_SHARE = 0.6
+# The share of the planned budget that may go on counting every call of functions cheap enough for
+# it (`Policy.kept`): a function called a few thousand times a second in bursts once a step (most of
+# a training step's driver calls but the two or three hottest) is read to +-70% from windows of a
+# few milliseconds, and counting all its calls costs a fraction of a per mille of the job.
+KEEP_SHARE = 0.2
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ class Policy:
         every: int = 1,
         waiting: frozenset[int] = frozenset(),
         rng: random.Random | None = None,
+        keep_share: float = KEEP_SHARE,
     ) -> None:
         self.classes = dict(classes)
         # Functions whose time is wait (classify.waits: synchronization, synchronous copies): timed
@@ -111,7 +117,9 @@ class Policy:
         self.max_skip = max_skip
         self.rng = rng or random.Random()
         self.exact = budget >= 1.0
-        self.seen: set[int] = set()             # probed in windows (called); the rest are watched
+        self.seen: set[int] = set()             # called: probed in windows, or kept; the rest are watched
+        self.kept: frozenset[int] = frozenset()  # seen, but counted every call on the watch link instead
+        self.keep_share = keep_share
         self.idle: dict[int, int] = {}          # seen function -> windows in a row without a call
         self.rates: dict[int, float] = {}       # calls/s, untraced, as last estimated
         self.exposure = EXPOSURE_MAX            # what planning multiplies calibrated costs by
@@ -141,13 +149,31 @@ class Policy:
     def probe_set(self) -> frozenset[int]:
         if self.exact or self.windows == 0:
             return frozenset(self.classes)
-        return frozenset(self.seen)
+        return frozenset(self.seen) - self.kept
 
     def watch_set(self) -> frozenset[int]:
-        """Functions to keep on the watch link: every one no window probes."""
+        """Functions to keep on the watch link: every one no window probes (the kept ones among them)."""
         if self.exact:
             return frozenset()
-        return frozenset(self.classes) - self.seen
+        return (frozenset(self.classes) - self.seen) | self.kept
+
+    def keep_cost_per_s(self, f: int) -> float:
+        """Expected job seconds a second that counting every call of f costs."""
+        return self.exposure * self.rates.get(f, 0.0) * self.costs[f].entry_ns * 1e-9
+
+    def choose_kept(self) -> frozenset[int]:
+        """The seen functions, cheapest first, whose calls together cost at most `keep_share` of the
+        planned budget to count all the time; never one whose time is wait (timed in every window),
+        and never all of them (the windows measure the exposure and time the calls)."""
+        allowed = self.keep_share * PLAN_SHARE * self.budget
+        out: set[int] = set()
+        spent = 0.0
+        for c, f in sorted((self.keep_cost_per_s(f), f) for f in self.seen if f not in self.waiting):
+            if spent + c > allowed or len(out) + 1 >= len(self.seen):
+                break
+            out.add(f)
+            spent += c
+        return frozenset(out)
 
     # --- costs --------------------------------------------------------------------------------
     def window_cost_per_s(self, probe: frozenset[int], timed: frozenset[int]) -> float:
@@ -241,6 +267,8 @@ class Policy:
                 continue  # never called: the scout probes every function, most of which no job calls
             self.rates[f] = r if first or f not in self.rates else 0.5 * (self.rates[f] + r)
         for f in list(self.seen):
+            if f in self.kept:
+                continue  # on the watch link: called or not, it costs only its calls
             if called.get(f, 0):
                 self.idle[f] = 0
             else:
@@ -248,6 +276,14 @@ class Policy:
         for f, n in called.items():
             if n and f not in self.seen:
                 self.see(f, rates.get(f, 0.0))
+        if self.keep_share > 0 and not self.exact:
+            self.kept = self.choose_kept()
+
+    def observe_kept(self, rates: Mapping[int, float]) -> None:
+        """The kept functions' rates over the last interval, from their exact counts."""
+        for f, r in rates.items():
+            if f in self.kept:
+                self.rates[f] = r
 
     def see(self, f: int, rate_hz: float) -> None:
         """`f` has been called: probe it in windows from now on."""
@@ -257,7 +293,7 @@ class Policy:
 
     def retire_idle(self) -> frozenset[int]:
         """Seen functions not called for `idle_windows` windows: back to the watch link."""
-        gone = frozenset(f for f in self.seen if self.idle.get(f, 0) >= self.idle_windows)
+        gone = frozenset(f for f in self.seen if f not in self.kept and self.idle.get(f, 0) >= self.idle_windows)
         for f in gone:
             self.seen.discard(f)
             self.idle.pop(f, None)

@@ -140,7 +140,7 @@ class HostSession:
                 continue  # exited before its first interval
             o = self.options
             t = Tracee(pid, self.probes, budget=o.budget, interval_s=o.interval_s, exact=o.exact,
-                       prev=stats.get(pid), keep=self.keep)
+                       prev=stats.get(pid), keep=self.keep, keep_cheap=False)
             t.comm_every = 10  # 50 processes' comm every second is 50 file reads for nothing
             self.tracees[pid] = t
             self._pidfds[pid] = fd

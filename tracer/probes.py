@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import links
-from .bpfprog import COOKIE_MARKER, COOKIE_STEPPED, COOKIE_TIMED, COOKIE_WATCH, Program
+from .bpfprog import COOKIE_KEPT, COOKIE_MARKER, COOKIE_STEPPED, COOKIE_TIMED, COOKIE_WATCH, Program
 from .calibrate import Calibration, probe_kind
 from .symbols import Function
 
@@ -86,6 +86,7 @@ class Probes:
         self.marker_link: links.Link | None = None
         self.watch_links: dict[int, links.Link] = {}  # shard -> its link
         self.watched: frozenset[int] = frozenset()
+        self.kept: frozenset[int] = frozenset()  # on the watch link for good: counted, never flagged as new
         self._watch_since = time.monotonic()
         self._seen_mark = 0
         self.opened_at: float | None = None
@@ -126,14 +127,16 @@ class Probes:
         """One of the watch links (None: none attached)."""
         return next(iter(self.watch_links.values()), None)
 
-    def set_watch(self, ids: frozenset[int]) -> None:
+    def set_watch(self, ids: frozenset[int], kept: frozenset[int] = frozenset()) -> None:
         """Keeps exactly `ids` on the watch link. It is WATCH_SHARDS links (function id modulo): a
         function moving off it rebuilds one shard, a new link first and then the old one closed, so
         the functions on both are never off it (their breakpoints stay: no writes for them).
         Rebuilding all ~680 at once took the job's memory-map lock ~680 times while the function
-        that moved was still trapping at full rate."""
+        that moved was still trapping at full rate. `kept` (a part of `ids`): functions called
+        already that stay on it, counted every call and not reported as new."""
         ids = frozenset(ids)
-        changed = ids ^ self.watched
+        kept = frozenset(kept) & ids
+        changed = (ids ^ self.watched) | (kept ^ self.kept)
         if not changed:
             return
         old_links = []
@@ -141,14 +144,14 @@ class Probes:
             members = sorted(f for f in ids if f % WATCH_SHARDS == shard)
             old = self.watch_links.pop(shard, None)
             if members:
-                self.watch_links[shard] = self._attach(members, [self.cookie(i) | COOKIE_WATCH for i in members],
-                                                       retprobe=False)
+                cookies = [self.cookie(i) | (COOKIE_KEPT if i in kept else COOKIE_WATCH) for i in members]
+                self.watch_links[shard] = self._attach(members, cookies, retprobe=False)
             if old is not None:
                 old_links.append(old)
         now = time.monotonic()
         self._tally_unwatched(now)
         self.log.writes += len(changed)
-        self.watched = ids
+        self.watched, self.kept = ids, kept
         links.close_together(old_links)
         self._seen_mark = self.program.seen_hits()
         self._poll_t = time.monotonic()
@@ -325,4 +328,4 @@ class Probes:
         self.marker_end()
         links.close_together(list(self.watch_links.values()))
         self.watch_links.clear()
-        self.watched = frozenset()
+        self.watched = self.kept = frozenset()

@@ -176,7 +176,7 @@ class Session:
                 if n > 0 and ws.counted_s > 0:
                     self.policy.see(f, n / ws.counted_s)
             self._seen_rows, self._seen_t = rows, time.monotonic()
-            self.probes.set_watch(self.policy.watch_set())
+            self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
 
     def _on_seen(self, since: float) -> None:
         """A watched function was called (in the last `since` seconds): move it (and any other)
@@ -185,7 +185,7 @@ class Session:
         now = time.monotonic()
         dt = max(min(now - self._seen_t, since), 1e-3)
         fresh = {}
-        for f in self.probes.watched:
+        for f in self.probes.watched - self.probes.kept:
             st = rows.get(f)
             if st is None:
                 continue
@@ -198,7 +198,7 @@ class Session:
             self.policy.see(f, n / dt)
             self.probes.log.discovered.setdefault(self.pid, []).append((f, dt, n))
         if fresh:
-            self.probes.set_watch(self.policy.watch_set())
+            self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
 
     def step(self, index: int, interval_s: float | None = None) -> Interval:
         interval_s = interval_s or self.options.interval_s
@@ -229,7 +229,7 @@ class Session:
         snap = self.tracee.account(span, log, self._window_rows, self._read())
         if not exact and not self.exited:
             self.policy.retire_idle()
-            self.probes.set_watch(self.policy.watch_set())
+            self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
         return Interval(index, t_start - self.started, span, window, (snap,), self.program.read_errors(),
                         tuple((w.t0, w.t1) for w in log.windows if w.t1 > 0))
 

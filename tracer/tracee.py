@@ -132,14 +132,17 @@ def row_deltas(now: Mapping[int, RawStats], then: Mapping[int, RawStats], ids) -
 
 class Tracee:
     def __init__(self, pid: int, probes: Probes, *, budget: float, interval_s: float, exact: bool,
-                 prev: Mapping[int, RawStats] | None = None, keep: bool = True) -> None:
+                 prev: Mapping[int, RawStats] | None = None, keep: bool = True, keep_cheap: bool = True) -> None:
         self.pid = pid
         self.probes = probes
         self.ids, self.costs, self.calibration = probes.ids, probes.costs, probes.calibration
         waiting = waiting_ids(self.ids)
         self.traces_waits = bool(waiting)  # else (--functions) the wait is not measured
         self.budget, self.exact = budget, exact
-        self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s, waiting=waiting)
+        # keep_cheap: the cheapest functions counted every call on the watch link (Policy.kept);
+        # not host-wide, where one set of links serves every process.
+        self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s, waiting=waiting,
+                             **({} if keep_cheap else {"keep_share": 0.0}))
         self.comm = comm(pid)
         # The maps may already hold counts of this pid (a reused program, a process hit before it
         # was found): start from them.
@@ -276,6 +279,8 @@ class Tracee:
                 eff = expo.effective_s(w)
                 for f in w.probed:
                     rates.setdefault(f, []).append(w.calls.get(f, 0) / eff)
+            if self.policy.kept and span > 0:
+                self.policy.observe_kept({f: gained[f].watched / span for f in self.policy.kept if f in gained})
             self.policy.observe(len(windows), {f: sum(r) / len(r) for f, r in rates.items()},
                                 {f: n for w in windows for f, n in w.calls.items()})
             known = [e.value + e.err for e in (expo.counted, expo.timed) if e.measured]
