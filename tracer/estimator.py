@@ -14,18 +14,16 @@ marker measures (`Exposure`: the share of the calibrated probe time the job lost
 windows). Until it has, the exposure is known only to lie between 0 and `EXPOSURE_MAX`, and that
 range is part of the stated uncertainty.
 
-Over a run of intervals, a function's windows are pooled by the time they counted (a 5-ms window
-that caught a burst weighs 5 ms, not a whole interval), and the intervals are cut where its rate
-changed (binary segmentation against the windows' own dispersion; an interval whose windows counted
-far less than the others is pooled with the next). Each run's pooled rate stands for its time off
-the watch link.
+Inside an interval, a function's windows are pooled by the time they counted (a 5-ms window that
+caught a burst weighs 5 ms, not as much as a 100-ms one); an interval whose windows counted far
+less than the others' (the scout's) is pooled with the next. Each interval's rate stands for its
+time off the watch link and that of the windowless intervals after it.
 
-The uncertainty of an estimate (95%) adds: counts (quasi-Poisson: the windows' counts vary as much
-as they are seen to inside intervals, which for a job whose calls come in bursts is about the
-burst's size), where between two windows a rate that changed did so, the exposure's share (the same
-for every sampled rate), and never less than how the windows' rates vary from one to the next with
-each standing for its span (a phase that fell between two windows shows only there; with Student's
-t for few windows).
+The uncertainty of an estimate (95%): counts (quasi-Poisson: the windows' counts vary as much as
+they are seen to inside intervals, which for a job whose calls come in bursts is about the burst's
+size), never less than how the windows' rates vary from one to the next with each standing for its
+span (a phase that fell between two windows shows only there; with Student's t for few windows),
+plus the exposure's share (the same for every sampled rate).
 """
 
 from __future__ import annotations
@@ -39,8 +37,6 @@ from typing import Iterable, Mapping, Sequence
 # bench/results/tracer-costs-h200.md).
 EXPOSURE_MAX = 3.0
 EFFECTIVE_FLOOR = 0.05  # a window never stands for less than this share of its length
-# The chi-square a split of a function's intervals into two rates must pass, plus 2 ln(intervals).
-SPLIT_CHI2 = 6.0
 SMALL_UNIT = 0.5  # an interval whose windows counted less than this share of the typical one's is pooled with the next
 
 
@@ -191,43 +187,25 @@ class _Unit:
         self.rates.append(n / e)
 
 
-def _chi2_median(dof: int) -> float:
-    """The median of a chi-square variable (Wilson-Hilferty)."""
-    return dof * (1 - 2 / (9 * dof)) ** 3
-
-
-def _dispersion(units: Sequence[_Unit]) -> tuple[float, int, float]:
-    """How much more the windows' counts vary than Poisson counts would (phi, at least 1), the
-    degrees of freedom behind it, and a robust phi for telling a change of rate from noise.
-
-    From the windows inside each interval where it has two or more (a change between intervals
-    does not count); else from one interval to the next (a change of phase counts once). A job whose
-    calls come in bursts has phi about the burst's size, whatever the windows' lengths: a short
-    window that caught a burst is then no surprise. The robust one is the median interval's (a
-    change of rate inside one interval inflates the pooled phi, which would hide it and every other
-    change from the split; the pooled one is what the uncertainty uses)."""
+def _dispersion(units: Sequence[_Unit]) -> tuple[float, int]:
+    """How much more the windows' counts vary than Poisson counts would (phi, at least 1), and the
+    degrees of freedom behind it: from the windows inside each interval where it has two or more
+    (a change between intervals does not count); else from one interval to the next (a change of
+    phase counts once). A job whose calls come in bursts has phi about the burst's size, whatever
+    the windows' lengths: a short window that caught a burst is then no surprise."""
     chi, dof = 0.0, 0
-    each: list[float] = []
     for a in units:
         if a.k >= 2 and a.n > 0:
-            c = a.s2 * a.e / a.n - a.n
-            chi += c
+            chi += a.s2 * a.e / a.n - a.n
             dof += a.k - 1
-            each.append(c / _chi2_median(a.k - 1))
     if dof == 0:
         for a, b in zip(units, units[1:]):
             n, e = a.n + b.n, a.e + b.e
             if n > 0:
                 r = n / e
-                c = (a.n / a.e - b.n / b.e) ** 2 / (r * (1 / a.e + 1 / b.e))
-                chi += c
+                chi += (a.n / a.e - b.n / b.e) ** 2 / (r * (1 / a.e + 1 / b.e))
                 dof += 1
-                each.append(c / _chi2_median(1))
-    if not dof:
-        return 1.0, 0, 1.0
-    each.sort()
-    robust = each[len(each) // 2] if len(each) % 2 else 0.5 * (each[len(each) // 2 - 1] + each[len(each) // 2])
-    return max(1.0, chi / dof), dof, max(1.0, robust)
+    return (max(1.0, chi / dof) if dof else 1.0), dof
 
 
 def _collapse(units: list[_Unit]) -> list[_Unit]:
@@ -260,51 +238,17 @@ def _merged(a: _Unit, b: _Unit) -> _Unit:
                  False, a.rates + b.rates)
 
 
-def _segments(units: Sequence[_Unit], phi: float) -> list[tuple[int, int]]:
-    """The runs of intervals over which the function's rate did not change: binary segmentation,
-    a split where the two sides' pooled rates differ beyond what phi allows (a threshold that grows
-    with the candidates, so that a long steady session is not cut up by chance)."""
-    out: list[tuple[int, int]] = []
-    todo = [(0, len(units))]
-    while todo:
-        a, b = todo.pop()
-        m = b - a
-        if m < 2:
-            out.append((a, b))
-            continue
-        n_all = sum(x.n for x in units[a:b])
-        e_all = sum(x.e for x in units[a:b])
-        r = n_all / e_all
-        if r <= 0:
-            out.append((a, b))
-            continue
-        best, at = 0.0, None
-        n_l = e_l = 0.0
-        for j in range(a, b - 1):
-            n_l += units[j].n
-            e_l += units[j].e
-            n_r, e_r = n_all - n_l, e_all - e_l
-            if e_l <= 0 or e_r <= 0:
-                continue
-            stat = (n_l / e_l - n_r / e_r) ** 2 / (phi * r * (1 / e_l + 1 / e_r))
-            if stat > best:
-                best, at = stat, j + 1
-        if at is None or best <= SPLIT_CHI2 + 2 * math.log(m):
-            out.append((a, b))
-        else:
-            todo += [(a, at), (at, b)]
-    return sorted(out)
-
-
 def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
              carry: Mapping[int, Carried] | None = None) -> dict[int, Estimate]:
     """Estimates for every function counted in `observations` (chronological).
 
-    A function's time off the watch link is stood for by the windows that sampled it: the
-    intervals are cut into runs over which its rate did not change (`_segments`), and each run's
-    rate is its windows' calls over their counting time, pooled (a short window weighs what it
-    counted, not one interval's worth). `carry`: per function, the rate of the last windows before
-    these observations, for intervals at their start that have none (a recent view's first ones)."""
+    A function's time off the watch link is stood for by the windows that sampled it, interval by
+    interval: each interval's rate is its windows' calls over their counting time, pooled (a short
+    window weighs what it counted), and stands for that interval and the windowless ones after it.
+    Intervals are not pooled with each other: the budget shortens windows where rates are high, so
+    pooling by counting time would weigh busy stretches less than their time (read 9-20% low on the
+    H200). `carry`: per function, the rate of the last windows before these observations, for
+    intervals at their start that have none (a recent view's first ones)."""
     span = sum(o.span_s for o in observations)
     funcs: set[int] = set()
     for o in observations:
@@ -356,7 +300,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 carried_u += u
             else:
                 unmeasured += u
-        sampled = var = rel_sys = var_change = half_walk = 0.0
+        sampled = var = rel_sys = half_walk = 0.0
         last = carry.get(f) if carry else None
         if last is not None and carried_u > 0:
             sampled += last.rate_hz * carried_u
@@ -364,49 +308,31 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         windows = sum(x.k for x in units)
         dof = 0
         if units:
-            # Runs of intervals with windows of their own; an interval whose only rate is its
-            # discovery span stands alone (pooled with its neighbours, that span, long and read low
-            # for a function just started, would outweigh their windows).
+            # Intervals whose windows counted far less than the others are pooled with the next;
+            # an interval whose only rate is a discovery span is never pooled (that span, long
+            # and read low for a function just started, would outweigh the windows).
             runs: list[list[_Unit]] = [[]]
             for x in units:
                 if x.alone:
                     runs += [[x], []]
                 else:
                     runs[-1].append(x)
-            runs = [_collapse(r) for r in runs if r]
-            phi, dof, phi_split = _dispersion([x for r in runs for x in r if not x.alone])
-            segments = [r[a:b] if not r[0].alone else r for r in runs
-                        for a, b in (_segments(r, phi_split) if not r[0].alone else [(0, 1)])]
-            for sa, sb in zip(segments, segments[1:]):
-                # Where the rate changed between two runs is known only to lie between the last
-                # window of one and the first of the next: the time in between may be either's.
-                ra = sum(x.n for x in sa) / sum(x.e for x in sa)
-                rb = sb[0].n / sb[0].e
-                var_change += (0.95 * abs(rb - ra) * (sa[-1].u + sb[0].span) / 2) ** 2
-            # The windows' rates from one to the next, each set standing for its span: how far a
-            # run's rate can be from the truth when the job changes between windows in ways no
-            # split resolves (a phase that fell between two windows). The interval is never
-            # narrower than that says.
-            rates = [r for seg in segments for x in seg for r in x.rates]
+            units = [x for r in runs if r for x in (r if r[0].alone else _collapse(r))]
+            phi, dof = _dispersion([x for x in units if not x.alone])
+            # The windows' rates from one to the next, each set standing for its span: how far an
+            # interval's rate can be from the truth when the job changes between windows (a phase
+            # that fell between two windows shows only there). The interval is never narrower.
+            rates = [r for x in units for r in x.rates]
             k = len(rates)
             if k >= 2:
                 ssd = sum((b - a) ** 2 for a, b in zip(rates, rates[1:]))
-                spans_sq = sum(x.u * x.u for seg in segments for x in seg)
+                spans_sq = sum(x.u * x.u for x in units)
                 half_walk = t975(k - 1) * math.sqrt(ssd / (2 * (k - 1)) * spans_sq)
-            for seg in segments:
-                n = sum(x.n for x in seg)
-                e = sum(x.e for x in seg)
-                u = sum(x.u for x in seg)
-                r = n / e
-                phi_s = phi
-                if len(seg) >= 2 and n > 0:
-                    # Drift inside the run that the split did not resolve shows as dispersion
-                    # between its intervals.
-                    chi = sum((x.n - r * x.e) ** 2 / (r * x.e) for x in seg)
-                    phi_s = max(phi, chi / (len(seg) - 1))
-                sampled += r * u
-                var += phi_s * max(n, 1) / (e * e) * u * u
-                rel_sys += sum(x.sys for x in seg) / e * r * u
+            for x in units:
+                r = x.n / x.e
+                sampled += r * x.u
+                var += phi * max(x.n, 1) / (x.e * x.e) * x.u * x.u
+                rel_sys += x.sys / x.e * r * x.u
         measured = max(0.0, span - unmeasured)
         total = exact + sampled
         rate = total / measured if measured > 0 else 0.0
@@ -415,7 +341,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
             # whole of what it stands for, which is what t with no degree of freedom says.
             half = sampled
         else:
-            half = max(math.hypot((t975(dof) if dof else 1.96) * math.sqrt(var), math.sqrt(var_change)), half_walk)
+            half = max((t975(dof) if dof else 1.96) * math.sqrt(var), half_walk)
         half += rel_sys
         out[f] = Estimate(
             calls_observed=observed,
