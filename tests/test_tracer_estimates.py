@@ -172,6 +172,20 @@ def test_a_rare_function_is_counted_every_call_and_a_hot_one_sampled(finishing_j
     assert attr["rate_err_hz"] < 0.25 * attr["rate_hz"]
 
 
+def test_rarer_functions_called_once_a_step_read_within_their_interval(finishing_job, tmp_path):
+    """A step of 0.5 ms on the GPU with 40 device getters and five other functions once each: the
+    getters make most of the probe cost, so the five get a longer window of their own (or are
+    counted in full), and each reads within its interval and within 15% of its count."""
+    job, log = finishing_job(["9:getdev=40,attr=1,current=1,state=1,capturing=1,event=1,spin=20000,gpu=500000"])
+    report = attach_json(job.pid, 5, tmp_path / "r.json")
+    assert job.wait(timeout=60) == 0
+    rows = {r[0]: r for r in check(report, Truth(log), min_hz=100.0)}
+    for name in ("cuDeviceGetAttribute", "cuCtxGetCurrent", "cuDevicePrimaryCtxGetState", "cuStreamIsCapturing",
+                 "cuEventRecord"):
+        _, true, est, err = rows[name]
+        assert abs(est - true) <= err and abs(est - true) <= 0.15 * true, rows[name]
+
+
 def test_exact_estimates_equal_observed(finishing_job, tmp_path):
     job, log = finishing_job(["8:getdev=10,launch=3,sync=1,spin=50000"])
     report = attach_json(job.pid, 2, tmp_path / "r.json", "--exact")

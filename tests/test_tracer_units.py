@@ -58,7 +58,12 @@ def window_cost(p: Policy, plan) -> float:
         {f: r for f, r in p.rates.items() if f in plan.probe}, p.costs, plan.timed))
     ref = 0.0 if plan.marker is None else min(1.0, p.exposure * p.rates[plan.marker] * p.costs[plan.marker].entry_ns * 1e-9)
     writes = len(plan.windows) * 2 * (len(plan.probe) + (plan.marker is not None)) * WRITE_S
-    return sum(w * (per_window + ref) for _, w in plan.windows) + writes
+    cost = sum(w * (per_window + ref) for _, w in plan.windows) + writes
+    if plan.rare is not None:  # the rarer functions' own window
+        cost += plan.rare[1] * min(1.0, p.exposure * expected_cost_per_s(
+            {f: r for f, r in p.rates.items() if f in plan.rare_probe}, p.costs, plan.rare_timed))
+        cost += 2 * len(plan.rare_probe) * WRITE_S
+    return cost
 
 
 def expected_cost_per_s(rates: dict[int, float], costs: dict[int, ProbeCost], timed: frozenset[int]) -> float:
@@ -132,10 +137,10 @@ def test_a_window_second_costs_the_job_at_most_a_second():
 
 def test_the_cheapest_functions_are_counted_every_call_instead_of_sampled():
     """A function called a few hundred times a second costs next to nothing to count every call,
-    and windows of a few ms read it poorly (on the H200, GPT-2's 1-6k/s functions, called in one
-    burst a step, read -60..-78% after 5 s). Such functions stay on the watch link, counted exactly,
-    up to KEEP_SHARE of the planned budget; never a synchronization (its time is the wait), never a
-    hot one; one whose rate grows goes back into the windows; a kept one is never retired."""
+    and windows of a few ms read it poorly. Such functions stay on the watch link, counted exactly,
+    up to KEEP_SHARE of the planned budget (the windows still time them); never a synchronization
+    (its time is the wait), never a hot one; one whose rate grows leaves the watch link; a kept one
+    is never retired."""
     from gputrace.tracer.budget import KEEP_SHARE
 
     classes = {0: SUB, 1: QUERY, 2: STATE, 3: SYNC}
@@ -145,15 +150,38 @@ def test_the_cheapest_functions_are_counted_every_call_instead_of_sampled():
     p.observe(1, {f: n / 0.005 for f, n in calls.items()}, calls)
     assert p.kept == frozenset({1, 2})
     assert sum(p.keep_cost_per_s(f) for f in p.kept) <= KEEP_SHARE * PLAN_SHARE * p.budget
-    plan = p.plan()
-    assert plan.probe == frozenset({0, 3}) and p.watch_set() >= {1, 2}
+    plan = p.plan()  # still timed in the windows (their counts there are the same calls again)
+    assert plan.probe == frozenset(classes) and plan.timed >= {1, 2} and p.watch_set() >= {1, 2}
     for _ in range(p.idle_windows + 1):  # windows in which they were not called: they cost nothing idle
         p.observe(2, {0: 200_000.0, 3: 200.0}, {0: 1000, 3: 1})
     assert not p.retire_idle() & {1, 2} and p.kept == frozenset({1, 2})
     p.observe_kept({1: 5_000.0})  # busier now: counting all of it would cost too much
     p.observe(2, {0: 200_000.0, 3: 200.0}, {0: 1000, 3: 1})
-    assert p.kept == frozenset({2}) and 1 in p.plan().probe
+    assert p.kept == frozenset({2}) and 1 not in p.watch_set()
     assert not policy(classes, {f: CHEAP for f in classes}, keep_share=0.0).kept
+
+
+def test_the_rarer_functions_get_a_longer_window_of_their_own():
+    """Beside a function at 200k calls/s, windows are milliseconds long; five functions at 3k/s each
+    (a tenth of the cost together) get one window of their own in the interval's last quarter, many
+    times longer, and the plan still spends the planned budget, no more."""
+    from gputrace.tracer.budget import RARE_SLOT
+
+    classes = {0: SUB, 1: QUERY, 2: QUERY, 3: STATE, 4: STATE, 5: QUERY}
+    calls = {0: 1000, 1: 15, 2: 15, 3: 15, 4: 15, 5: 15}  # in the 5-ms scout: 200k/s, then 3k/s each
+    p = scouted(classes, {f: CHEAP for f in classes}, calls, keep_share=0.0)
+    p.observe_exposure(1.0)
+    p.observe(1, {f: n / 0.005 for f, n in calls.items()}, calls)
+    plan = p.plan()
+    assert plan.rare is not None and plan.rare_probe == frozenset({1, 2, 3, 4, 5})
+    at, length = plan.rare
+    assert length > 10 * max(w for _, w in plan.windows)
+    assert (1 - RARE_SLOT) * p.interval_s <= at and at + length <= p.interval_s
+    assert all(o + w <= (1 - RARE_SLOT) * p.interval_s for o, w in plan.windows)
+    assert window_cost(p, plan) == pytest.approx(PLAN_SHARE * p.budget * p.interval_s, rel=1e-6)
+    # One function alone is never split off; none at all where nothing but the hot one is called.
+    q = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 1000}, keep_share=0.0)
+    assert q.plan().rare is None
 
 
 def test_windows_grow_at_most_max_growth_per_interval():

@@ -63,6 +63,15 @@ PLAN_SHARE = 0.6
 # a training step's driver calls but the two or three hottest) is read to +-70% from windows of a
 # few milliseconds, and counting all its calls costs a fraction of a per mille of the job.
 KEEP_SHARE = 0.2
+# The share of the planned budget for a window that probes only the rarer functions, apart from the
+# few hottest that make most of a window's cost (`Policy.rare_set`), when they cost at most
+# RARE_MAX_COST of what the whole set does: so many times longer than the other windows, it counts
+# whole steps of a job whose rarer calls come once a step (GPT-2's 1-6k/s functions read -50..-78%
+# from windows of 3-5 ms on the H200), and its own probes slow the job too little for the exposure
+# to matter. It lies in the last RARE_SLOT of each interval.
+RARE_SHARE = 0.3
+RARE_MAX_COST = 0.1
+RARE_SLOT = 0.25
 
 
 @dataclass(frozen=True)
@@ -73,10 +82,15 @@ class Plan:
     probe: frozenset[int]     # functions attached in the windows
     marker: int | None = None  # the function probed alone just before each window, as its reference
     full_scan: bool = False
+    # After the windows, one longer window that probes only the rarer functions (`Policy.rare_set`),
+    # at its offset and length, or none.
+    rare: tuple[float, float] | None = None
+    rare_probe: frozenset[int] = frozenset()
+    rare_timed: frozenset[int] = frozenset()
 
     @property
     def window_s(self) -> float:
-        return sum(w for _, w in self.windows)
+        return sum(w for _, w in self.windows) + (self.rare[1] if self.rare else 0.0)
 
 
 NO_WINDOW = Plan(False, (), frozenset(), frozenset())
@@ -101,6 +115,7 @@ class Policy:
         waiting: frozenset[int] = frozenset(),
         rng: random.Random | None = None,
         keep_share: float = KEEP_SHARE,
+        rare_share: float = RARE_SHARE,
     ) -> None:
         self.classes = dict(classes)
         # Functions whose time is wait (classify.waits: synchronization, synchronous copies): timed
@@ -120,6 +135,7 @@ class Policy:
         self.seen: set[int] = set()             # called: probed in windows, or kept; the rest are watched
         self.kept: frozenset[int] = frozenset()  # seen, but counted every call on the watch link instead
         self.keep_share = keep_share
+        self.rare_share = rare_share
         self.idle: dict[int, int] = {}          # seen function -> windows in a row without a call
         self.rates: dict[int, float] = {}       # calls/s, untraced, as last estimated
         self.exposure = EXPOSURE_MAX            # what planning multiplies calibrated costs by
@@ -128,6 +144,7 @@ class Policy:
         self.windows = 0                        # windows observed
         self.intervals = 0
         self.last_window_s = 0.0
+        self.last_rare_s = 0.0
         self.skip = 0
         # Windows an interval (where each can be min_window_s long), and a window only every
         # `every` intervals, paid for by all of them: host-wide, each window's attach and detach
@@ -147,9 +164,12 @@ class Policy:
         return frozenset(f for f in self.classes if self.rates.get(f, 0.0) < self.hot_hz or f in self.waiting)
 
     def probe_set(self) -> frozenset[int]:
+        """Every function in the scout; after it, those seen called. The kept ones are among them:
+        their calls are counted on the watch link, and the windows time them (the window's count of
+        them is the same calls again, which the estimator leaves out)."""
         if self.exact or self.windows == 0:
             return frozenset(self.classes)
-        return frozenset(self.seen) - self.kept
+        return frozenset(self.seen)
 
     def watch_set(self) -> frozenset[int]:
         """Functions to keep on the watch link: every one no window probes (the kept ones among them)."""
@@ -175,6 +195,25 @@ class Policy:
             spent += c
         return frozenset(out)
 
+    def rare_set(self, probe: frozenset[int], timed: frozenset[int]) -> frozenset[int]:
+        """The probed functions left once the hottest (by cost, most first) make up all but
+        RARE_MAX_COST of the windows' cost: empty where that leaves nothing, or nothing above 100
+        calls a second (none worth a window of its own)."""
+        if self.rare_share <= 0 or len(probe) < 2:
+            return frozenset()
+        cost = {f: self.rates.get(f, 0.0) * self.costs[f].cost_ns(f in timed) for f in probe}
+        total = sum(cost.values())
+        if total <= 0:
+            return frozenset()
+        left = set(probe)
+        for f in sorted(probe, key=lambda f: -cost[f]):
+            if sum(cost[g] for g in left) <= RARE_MAX_COST * total:
+                break
+            left.discard(f)
+        if len(left) == len(probe) or not any(self.rates.get(f, 0.0) >= 100.0 for f in left):
+            return frozenset()
+        return frozenset(left)
+
     # --- costs --------------------------------------------------------------------------------
     def window_cost_per_s(self, probe: frozenset[int], timed: frozenset[int]) -> float:
         """Expected job seconds lost per second of window: at most one (a job slowed to a stop for
@@ -196,12 +235,12 @@ class Policy:
         return max(ok)[1] if ok else None
 
     def affordable_s(self, probe: frozenset[int], timed: frozenset[int], marker: int | None, n: int,
-                     intervals: int = 1) -> float:
-        """The length of each of `n` windows (with their references) that `intervals` intervals' budget
-        pays for. Before its first window, whose rates are not known: the scout's length."""
+                     intervals: int = 1, share: float = 1.0) -> float:
+        """The length of each of `n` windows (with their references) that `share` of `intervals`
+        intervals' budget pays for. Before its first window, whose rates are not known: the scout's length."""
         if self.windows == 0:
             return self.scout_s() / n
-        allowed = PLAN_SHARE * self.budget * self.interval_s * intervals - self.extra_s
+        allowed = share * (PLAN_SHARE * self.budget * self.interval_s * intervals - self.extra_s)
         fixed = n * 2 * (len(probe) + (1 if marker is not None else 0)) * WRITE_S
         per_s = n * (self.window_cost_per_s(probe, timed) + self.marker_cost_per_s(marker))
         if allowed - fixed <= 0:
@@ -233,10 +272,26 @@ class Policy:
             return NO_WINDOW
         marker = self.choose_marker(probe, timed)
         n = self.per_interval if self.interval_s >= 0.2 else 1
-        w = self.affordable_s(probe, timed, marker, n, self.every)
+        rare = self.rare_set(probe - self.kept, timed) if self.interval_s >= 0.2 else frozenset()
+        rare_w = 0.0
+        if rare:
+            rare_timed = timed & rare
+            rare_w = self.affordable_s(rare, rare_timed, None, 1, self.every, self.rare_share)
+            rare_w = min(rare_w, 0.8 * RARE_SLOT * self.interval_s)
+            if self.last_rare_s and self.max_growth:
+                rare_w = min(rare_w, self.max_growth * self.last_rare_s)
+            if rare_w < self.min_window_s:
+                rare, rare_w = frozenset(), 0.0
+        share = 1.0
+        if rare:
+            # What the rare window does not spend (it is capped by its slot) goes to the others.
+            spend = rare_w * self.window_cost_per_s(rare, rare_timed) + 2 * len(rare) * WRITE_S
+            allowed = PLAN_SHARE * self.budget * self.interval_s * self.every - self.extra_s
+            share = max(0.0, 1.0 - spend / allowed) if allowed > 0 else 0.0
+        w = self.affordable_s(probe, timed, marker, n, self.every, share)
         while n > 1 and w < self.min_window_s:
             n -= 1
-            w = self.affordable_s(probe, timed, marker, n, self.every)
+            w = self.affordable_s(probe, timed, marker, n, self.every, share)
         if w < self.min_window_s:
             # Even one window costs more than an interval's budget: one every k intervals, paid for
             # by all k. Never for good: rates and exposure are measured again in the next one.
@@ -247,12 +302,17 @@ class Policy:
             w = max(self.min_window_s, self.affordable_s(probe, timed, marker, 1, k))
         if self.last_window_s and self.max_growth:
             w = min(w, self.max_growth * self.last_window_s)
-        half = self.interval_s / n
+        span = self.interval_s * (1.0 - RARE_SLOT) if rare else self.interval_s
+        half = span / n
         w = min(w, half / (3 if marker is not None else 2))  # room for the reference before it
         self.last_window_s = w
         lead = w if marker is not None else 0.0
         windows = tuple((k * half + lead + self.rng.uniform(0.0, half - lead - w), w) for k in range(n))
-        return Plan(True, windows, timed, probe, marker)
+        if not rare:
+            return Plan(True, windows, timed, probe, marker)
+        self.last_rare_s = rare_w
+        at = span + self.rng.uniform(0.0, RARE_SLOT * self.interval_s - rare_w)
+        return Plan(True, windows, timed, probe, marker, rare=(at, rare_w), rare_probe=rare, rare_timed=timed & rare)
 
     # --- what was measured --------------------------------------------------------------------
     def observe(self, windows: int, rates: Mapping[int, float], called: Mapping[int, int]) -> None:
@@ -319,10 +379,10 @@ class AlignedPolicy(Policy):
         super().__init__(classes, costs, **kw)
         self.members: dict[int, Policy] = {}
 
-    def affordable_s(self, probe, timed, marker, n, intervals=1) -> float:
+    def affordable_s(self, probe, timed, marker, n, intervals=1, share=1.0) -> float:
         if not self.members:
             return math.inf  # no one to charge: the links cost nothing
-        return min(p.affordable_s(probe, timed, marker, n, intervals) for p in self.members.values())
+        return min(p.affordable_s(probe, timed, marker, n, intervals, share) for p in self.members.values())
 
     def window_cost_per_s(self, probe, timed) -> float:
         return max((p.window_cost_per_s(probe, timed) for p in self.members.values()), default=0.0)

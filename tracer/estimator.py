@@ -287,11 +287,16 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
             observed += c
             exact += c
             mine = d.get(f)
-            if mine is not None:
-                mine.u, mine.span = 0.0, o.span_s
-                units.append(mine)
-                observed += mine.n
             u = min(o.unwatched_s.get(f, 0.0), o.span_s)  # the tally may run a little past the span
+            if mine is not None:
+                if u <= 0 and c:
+                    # Probed in a window while on the watch link throughout (a kept function, timed
+                    # with the rest): the window counted the same calls again.
+                    mine = None
+                else:
+                    mine.u, mine.span = 0.0, o.span_s
+                    units.append(mine)
+                    observed += mine.n
             if u <= 0:
                 continue
             if units:

@@ -48,7 +48,8 @@ class HostSession:
         # intervals' budget pays for.
         self.policy = AlignedPolicy(self.probes.classes, self.probes.costs, budget=options.budget,
                                     interval_s=options.interval_s, per_interval=1,
-                                    every=1 if options.exact else 2, waiting=waiting_ids(self.probes.ids))
+                                    every=1 if options.exact else 2, waiting=waiting_ids(self.probes.ids),
+                                    keep_share=0.0, rare_share=0.0)
         self.probes.on_seen = self._on_seen
         # Every 100 ms rather than 20: each look wakes this thread, and top's own CPU is what it costs.
         self.probes.poll_s = 0.1

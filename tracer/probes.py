@@ -140,19 +140,21 @@ class Probes:
         if not changed:
             return
         old_links = []
-        for shard in sorted({f % WATCH_SHARDS for f in changed}):
-            members = sorted(f for f in ids if f % WATCH_SHARDS == shard)
-            old = self.watch_links.pop(shard, None)
-            if members:
-                cookies = [self.cookie(i) | (COOKIE_KEPT if i in kept else COOKIE_WATCH) for i in members]
-                self.watch_links[shard] = self._attach(members, cookies, retprobe=False)
-            if old is not None:
-                old_links.append(old)
+        try:
+            for shard in sorted({f % WATCH_SHARDS for f in changed}):
+                members = sorted(f for f in ids if f % WATCH_SHARDS == shard)
+                old = self.watch_links.pop(shard, None)
+                if old is not None:
+                    old_links.append(old)  # closed once the new ones are on (or one failed: the process is gone)
+                if members:
+                    cookies = [self.cookie(i) | (COOKIE_KEPT if i in kept else COOKIE_WATCH) for i in members]
+                    self.watch_links[shard] = self._attach(members, cookies, retprobe=False)
+        finally:
+            links.close_together(old_links)
         now = time.monotonic()
         self._tally_unwatched(now)
         self.log.writes += len(changed)
         self.watched, self.kept = ids, kept
-        links.close_together(old_links)
         self._seen_mark = self.program.seen_hits()
         self._poll_t = time.monotonic()
 
@@ -268,9 +270,11 @@ class Probes:
             self._end_window(WindowSpan(counted, self.probed, plan.timed))
             return counted
         total = 0.0
+        gone = False
         for offset, length in plan.windows:
             lead = length if plan.marker is not None else 0.0
             if not self.waiting(wait, t_start + offset - lead - time.monotonic()):
+                gone = True
                 break
             t0 = time.monotonic()
             outside = 0.0
@@ -279,12 +283,22 @@ class Probes:
                 if not self.waiting(wait, lead):
                     self.outside_end()
                     self.marker_end()
+                    gone = True
                     break
                 outside = self.outside_end()
             self._current = WindowSpan(0.0, plan.probe, plan.timed, plan.marker, outside, t0)
             self.attach(plan.timed, plan.probe)
             self.waiting(wait, length)
             total += self._finish_window()
+        rare = plan.rare
+        if rare is not None and not gone and rare[0] + rare[1] <= interval_s:
+            # The rarer functions alone, in a longer window of their own.
+            offset, length = rare
+            if self.waiting(wait, t_start + offset - time.monotonic()):
+                self._current = WindowSpan(0.0, plan.rare_probe, plan.rare_timed, None, 0.0, time.monotonic())
+                self.attach(plan.rare_timed, plan.rare_probe)
+                self.waiting(wait, length)
+                total += self._finish_window()
         self.waiting(wait, t_start + interval_s - time.monotonic())
         return total
 

@@ -229,7 +229,10 @@ class Session:
         snap = self.tracee.account(span, log, self._window_rows, self._read())
         if not exact and not self.exited:
             self.policy.retire_idle()
-            self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
+            try:
+                self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
+            except NoSuchProcess:
+                self.exited = True  # it ended after the interval's last look: the report stands
         return Interval(index, t_start - self.started, span, window, (snap,), self.program.read_errors(),
                         tuple((w.t0, w.t1) for w in log.windows if w.t1 > 0))
 
