@@ -1,11 +1,11 @@
 """How long to keep probes attached each interval, and which functions to probe and time, within a budget.
 
 The budget is a share of the job's time (`--budget`, default 1%): the most the tracer may slow it,
-whatever its threads do. The windows are planned to spend `PLAN_SHARE` of it; the rest is the margin
-for what no plan sees (measured on the H200: the job lost up to 1.5x what the plan accounted). A probe hit costs the thread that makes the call; nothing can hide more
+whatever its threads do. A probe hit costs the thread that makes the call; nothing can hide more
 than all of it, so keeping the expected probe time per interval under `budget x interval` keeps
 the slowdown under the budget, for a job whose calls are all on its critical path as for one that
-waits.
+waits. The windows are planned to spend `PLAN_SHARE` of it; the rest is the margin for what no
+plan sees (on the H200 the job lost up to 1.6x what the plan accounted).
 
 What an interval costs the job:
 - the windows: the rate of every probed function x its calibrated hit cost (timed or counted) x
@@ -59,9 +59,8 @@ SCOUT_INTERVAL_S = 0.2
 # to the whole budget overran it. The rest is the margin for that.
 PLAN_SHARE = 0.6
 # The share of the planned budget that may go on counting every call of functions cheap enough for
-# it (`Policy.kept`): a function called a few thousand times a second in bursts once a step (most of
-# a training step's driver calls but the two or three hottest) is read to +-70% from windows of a
-# few milliseconds, and counting all its calls costs a fraction of a per mille of the job.
+# it (`Policy.kept`): a function called a few hundred times a second, once a step, is read poorly
+# from windows of a few milliseconds, and counting all its calls costs a fraction of a per mille.
 KEEP_SHARE = 0.2
 # The share of the planned budget for a window that probes only the rarer functions, apart from the
 # few hottest that make most of a window's cost (`Policy.rare_set`), when they cost at most
@@ -294,7 +293,8 @@ class Policy:
             w = self.affordable_s(probe, timed, marker, n, self.every, share)
         if w < self.min_window_s:
             # Even one window costs more than an interval's budget: one every k intervals, paid for
-            # by all k. Never for good: rates and exposure are measured again in the next one.
+            # by all k (and no rare window). Never for good: rates and exposure are measured again.
+            rare, rare_w = frozenset(), 0.0
             k = self.every
             while k < self.max_skip + 1 and self.affordable_s(probe, timed, marker, 1, k) < self.min_window_s:
                 k += self.every
