@@ -175,7 +175,7 @@ def test_a_rare_function_is_counted_every_call_and_a_hot_one_sampled(finishing_j
 def test_rarer_functions_called_once_a_step_read_within_their_interval(finishing_job, tmp_path):
     """A step of 0.5 ms on the GPU with 40 device getters and five other functions once each: the
     getters make most of the probe cost, so the five get a longer window of their own (or are
-    counted in full), and each reads within its interval and within 15% of its count."""
+    counted in full), and each reads within its interval and within 25% of its count."""
     job, log = finishing_job(["9:getdev=40,attr=1,current=1,state=1,capturing=1,event=1,spin=20000,gpu=500000"])
     report = attach_json(job.pid, 5, tmp_path / "r.json")
     assert job.wait(timeout=60) == 0
@@ -183,7 +183,7 @@ def test_rarer_functions_called_once_a_step_read_within_their_interval(finishing
     for name in ("cuDeviceGetAttribute", "cuCtxGetCurrent", "cuDevicePrimaryCtxGetState", "cuStreamIsCapturing",
                  "cuEventRecord"):
         _, true, est, err = rows[name]
-        assert abs(est - true) <= err and abs(est - true) <= 0.15 * true, rows[name]
+        assert abs(est - true) <= err and abs(est - true) <= 0.25 * true, rows[name]
 
 
 def test_exact_estimates_equal_observed(finishing_job, tmp_path):

@@ -162,16 +162,19 @@ def test_the_cheapest_functions_are_counted_every_call_instead_of_sampled():
 
 
 def test_the_rarer_functions_get_a_longer_window_of_their_own():
-    """Beside a function at 200k calls/s, windows are milliseconds long; five functions at 3k/s each
-    (a tenth of the cost together) get one window of their own in the interval's last quarter, many
-    times longer, and the plan still spends the planned budget, no more."""
+    """Beside a function at 200k calls/s, windows are milliseconds long; five functions at 1k/s each
+    (under a tenth of the cost together, timed) get one window of their own in the interval's last quarter, many
+    times longer (not in the interval that times every function), and the plan still spends the
+    planned budget, no more."""
     from gputrace.tracer.budget import RARE_SLOT
 
     classes = {0: SUB, 1: QUERY, 2: QUERY, 3: STATE, 4: STATE, 5: QUERY}
-    calls = {0: 1000, 1: 15, 2: 15, 3: 15, 4: 15, 5: 15}  # in the 5-ms scout: 200k/s, then 3k/s each
+    calls = {0: 1000, 1: 5, 2: 5, 3: 5, 4: 5, 5: 5}  # in the 5-ms scout: 200k/s, then 1k/s each
     p = scouted(classes, {f: CHEAP for f in classes}, calls, keep_share=0.0)
     p.observe_exposure(1.0)
     p.observe(1, {f: n / 0.005 for f, n in calls.items()}, calls)
+    plan = p.plan()  # the interval that times every function: its windows take the whole budget
+    assert plan.timed == frozenset(classes) and plan.rare is None
     plan = p.plan()
     assert plan.rare is not None and plan.rare_probe == frozenset({1, 2, 3, 4, 5})
     at, length = plan.rare

@@ -144,6 +144,7 @@ class Policy:
         self.intervals = 0
         self.last_window_s = 0.0
         self.last_rare_s = 0.0
+        self.since_retime: int | None = None    # intervals with windows since one timed every function
         self.skip = 0
         # Windows an interval (where each can be min_window_s long), and a window only every
         # `every` intervals, paid for by all of them: host-wide, each window's attach and detach
@@ -153,10 +154,13 @@ class Policy:
 
     # --- what the windows probe ---------------------------------------------------------------
     def _timed(self) -> frozenset[int]:
-        """Every function in the interval after the scout and every `retime_every`-th after it;
-        in the others, all but the hot ones that do not wait. The scout times only the waiting
-        functions: counted probes cost the least, and its counts are what it is for."""
-        if self.exact or (self.windows > 0 and self.intervals % self.retime_every == 2 % self.retime_every):
+        """Every function in the first windows after the scout and in every `retime_every`-th
+        interval with windows after that (an interval the budget leaves without a window passes
+        the turn on: the hottest functions' per-call times come only from these); in the others,
+        all but the hot ones that do not wait. The scout times only the waiting functions: counted
+        probes cost the least, and its counts are what it is for."""
+        if self.exact or (self.windows > 0 and (self.since_retime is None
+                                                or self.since_retime >= self.retime_every - 1)):
             return frozenset(self.classes)
         if self.windows == 0:
             return frozenset(f for f in self.classes if f in self.waiting)
@@ -183,11 +187,18 @@ class Policy:
     def choose_kept(self) -> frozenset[int]:
         """The seen functions, cheapest first, whose calls together cost at most `keep_share` of the
         planned budget to count all the time; never one whose time is wait (timed in every window),
-        and never all of them (the windows measure the exposure and time the calls)."""
+        and never all of them (the windows measure the exposure and time the calls). Those kept
+        already stay while all of them cost at most twice that (each change rebuilds a watch link,
+        and the rates it goes by are noisy)."""
         allowed = self.keep_share * PLAN_SHARE * self.budget
-        out: set[int] = set()
-        spent = 0.0
-        for c, f in sorted((self.keep_cost_per_s(f), f) for f in self.seen if f not in self.waiting):
+        candidates = [f for f in self.seen if f not in self.waiting]
+        cost = {f: self.keep_cost_per_s(f) for f in candidates}
+        stay = frozenset(f for f in self.kept if f in cost)
+        if stay and sum(cost[f] for f in stay) <= 2 * allowed and len(stay) < len(self.seen):
+            out, spent = set(stay), sum(cost[f] for f in stay)
+        else:
+            out, spent = set(), 0.0
+        for c, f in sorted((cost[f], f) for f in candidates if f not in out):
             if spent + c > allowed or len(out) + 1 >= len(self.seen):
                 break
             out.add(f)
@@ -253,6 +264,13 @@ class Policy:
         return max(self.min_window_s, PLAN_SHARE * self.budget * self.interval_s / 2)
 
     def plan(self) -> Plan:
+        plan = self._plan()
+        if plan.attach and plan.windows and not plan.full_scan and not self.exact:
+            all_timed = plan.timed == frozenset(self.classes)
+            self.since_retime = 0 if all_timed else (self.since_retime or 0) + 1
+        return plan
+
+    def _plan(self) -> Plan:
         self.intervals += 1
         timed, probe = self._timed(), self.probe_set()
         if self.exact:
@@ -271,7 +289,10 @@ class Policy:
             return NO_WINDOW
         marker = self.choose_marker(probe, timed)
         n = self.per_interval if self.interval_s >= 0.2 else 1
-        rare = self.rare_set(probe - self.kept, timed) if self.interval_s >= 0.2 else frozenset()
+        # Not in the interval that times every function: its windows are the dearest, and the only
+        # ones that time the hottest functions, whose per-call time the interval's CPU figures need.
+        retime = timed == frozenset(self.classes)
+        rare = self.rare_set(probe - self.kept, timed) if self.interval_s >= 0.2 and not retime else frozenset()
         rare_w = 0.0
         if rare:
             rare_timed = timed & rare
