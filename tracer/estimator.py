@@ -176,11 +176,13 @@ class _Unit:
     u: float = 0.0       # time off the watch link this unit stands for: its interval's and the windowless ones after it
     span: float = 0.0    # its interval's length
     alone: bool = False  # its only window is a discovery span
+    counted: float = 0.0  # the windows' counting time (e is that less the probes' share)
     rates: list[float] = field(default_factory=list)
 
-    def add(self, n: int, e: float, rel: float) -> None:
+    def add(self, n: int, e: float, rel: float, counted: float) -> None:
         self.n += n
         self.e += e
+        self.counted += counted
         self.k += 1
         self.s2 += n * n / e
         self.sys += rel * e
@@ -214,14 +216,16 @@ def _collapse(units: list[_Unit]) -> list[_Unit]:
     that caught a burst must not stand for its whole interval."""
     if len(units) < 2:
         return units
-    typical = sorted(x.e for x in units)[len(units) // 2]
+    # By the time the windows were open, not their effective time: a window the probes nearly
+    # stopped the job in is short in effective time but no less of a sample of its interval.
+    typical = sorted(x.counted for x in units)[len(units) // 2]
     out: list[_Unit] = []
     pending: _Unit | None = None
     for x in units:
         if pending is not None:
             x = _merged(pending, x)
             pending = None
-        if x.e < SMALL_UNIT * typical:
+        if x.counted < SMALL_UNIT * typical:
             pending = x
             continue
         out.append(x)
@@ -235,7 +239,7 @@ def _collapse(units: list[_Unit]) -> list[_Unit]:
 
 def _merged(a: _Unit, b: _Unit) -> _Unit:
     return _Unit(a.n + b.n, a.e + b.e, a.k + b.k, a.s2 + b.s2, a.sys + b.sys, a.u + b.u, a.span + b.span,
-                 False, a.rates + b.rates)
+                 False, a.counted + b.counted, a.rates + b.rates)
 
 
 def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
@@ -269,7 +273,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 a = into.get(f)
                 if a is None:
                     a = into[f] = _Unit()
-                a.add(calls.get(f, 0), eff, rel)
+                a.add(calls.get(f, 0), eff, rel, w.counted_s)
         for f, a in last_resort.items():
             if f not in acc:
                 a.alone = True
@@ -369,7 +373,7 @@ def last_rates(observations: Sequence[Observation], expo: Exposures) -> dict[int
                 continue
             eff = expo.effective_s(w)
             for f in w.probed:
-                by_f.setdefault(f, _Unit()).add(w.calls.get(f, 0), eff, 0.0)
+                by_f.setdefault(f, _Unit()).add(w.calls.get(f, 0), eff, 0.0, w.counted_s)
         for f, a in by_f.items():
             phi = max(1.0, (a.s2 * a.e / a.n - a.n) / (a.k - 1)) if a.k >= 2 and a.n > 0 else 1.0
             out[f] = Carried(a.n / a.e, phi * max(a.n, 1) / (a.e * a.e))
