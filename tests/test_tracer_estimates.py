@@ -172,10 +172,12 @@ def test_a_rare_function_is_counted_every_call_and_a_hot_one_sampled(finishing_j
     assert attr["rate_err_hz"] < 0.25 * attr["rate_hz"]
 
 
-def test_rarer_functions_called_once_a_step_read_within_their_interval(finishing_job, tmp_path):
-    """A step of 0.5 ms on the GPU with 40 device getters and five other functions once each: the
-    getters make most of the probe cost, so the five get a longer window of their own (or are
-    counted in full), and each reads within its interval and within 25% of its count."""
+def test_functions_called_once_a_step_beside_hot_getters_read_within_their_interval(finishing_job, tmp_path):
+    """A step of 0.5 ms on the GPU with 40 device getters and five other functions once each: each of
+    the five reads within its interval and within 25% of its count, whatever the policy does with
+    them (sampled, in a window of their own, or counted in full). On this machine it passes without
+    the rare window too (tested: RARE_SHARE = 0); the rare window's planning is tested in
+    test_tracer_units.py, its benefit only on the H200."""
     job, log = finishing_job(["9:getdev=40,attr=1,current=1,state=1,capturing=1,event=1,spin=20000,gpu=500000"])
     report = attach_json(job.pid, 5, tmp_path / "r.json")
     assert job.wait(timeout=60) == 0

@@ -29,7 +29,7 @@ plus the exposure's share (the same for every sampled rate).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterable, Mapping, Sequence
 
 # The most a probe's calibrated time is multiplied by in a real job: hits in a large process miss
@@ -238,8 +238,8 @@ def _collapse(units: list[_Unit]) -> list[_Unit]:
 
 
 def _merged(a: _Unit, b: _Unit) -> _Unit:
-    return _Unit(a.n + b.n, a.e + b.e, a.k + b.k, a.s2 + b.s2, a.sys + b.sys, a.u + b.u, a.span + b.span,
-                 False, a.counted + b.counted, a.rates + b.rates)
+    """Two intervals' windows as one (sums field by field; a merged unit is never a discovery alone)."""
+    return _Unit(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(_Unit) if f.name != "alone"})
 
 
 def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
