@@ -163,20 +163,23 @@ def test_the_cheapest_functions_are_counted_every_call_instead_of_sampled():
 
 def test_the_rarer_functions_get_a_longer_window_of_their_own():
     """Beside a function at 200k calls/s, windows are milliseconds long; five functions at 1k/s each
-    (under a tenth of the cost together, timed) get one window of their own in the interval's last quarter, many
-    times longer (not in the interval that times every function), and the plan still spends the
+    (under a tenth of the cost together) get one window of their own in the interval's last quarter,
+    many times longer (not in the interval that times every function); it counts them without
+    timing but for the wait, the other windows leave them to it, and the plan still spends the
     planned budget, no more."""
     from gputrace.tracer.budget import RARE_SLOT
 
-    classes = {0: SUB, 1: QUERY, 2: QUERY, 3: STATE, 4: STATE, 5: QUERY}
+    classes = {0: SUB, 1: QUERY, 2: QUERY, 3: STATE, 4: STATE, 5: SYNC}
     calls = {0: 1000, 1: 5, 2: 5, 3: 5, 4: 5, 5: 5}  # in the 5-ms scout: 200k/s, then 1k/s each
     p = scouted(classes, {f: CHEAP for f in classes}, calls, keep_share=0.0)
     p.observe_exposure(1.0)
     p.observe(1, {f: n / 0.005 for f, n in calls.items()}, calls)
     plan = p.plan()  # the interval that times every function: its windows take the whole budget
-    assert plan.timed == frozenset(classes) and plan.rare is None
+    assert plan.timed == frozenset(classes) and plan.rare is None and plan.probe == frozenset(classes)
     plan = p.plan()
     assert plan.rare is not None and plan.rare_probe == frozenset({1, 2, 3, 4, 5})
+    assert plan.rare_timed == frozenset({5})  # the wait is timed in every window; the rest counted
+    assert plan.probe == frozenset({0})
     at, length = plan.rare
     assert length > 10 * max(w for _, w in plan.windows)
     assert (1 - RARE_SLOT) * p.interval_s <= at and at + length <= p.interval_s
@@ -185,6 +188,28 @@ def test_the_rarer_functions_get_a_longer_window_of_their_own():
     # One function alone is never split off; none at all where nothing but the hot one is called.
     q = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 1000}, keep_share=0.0)
     assert q.plan().rare is None
+
+
+def test_a_rare_window_one_interval_cannot_pay_for_comes_every_few_intervals():
+    """Where one interval's share buys less than RARE_MIN_S of the rarer functions, their window
+    comes every k-th interval, k times as long (the count of a burst a step is off by its edges: one
+    long window beats k short ones), and every interval's windows stay within the planned budget on
+    average; the other windows leave the rarer functions to it in the intervals between."""
+    from gputrace.tracer.budget import RARE_MAX_EVERY, RARE_MIN_S
+
+    classes = {0: SUB, 1: QUERY, 2: QUERY, 3: STATE, 4: STATE, 5: QUERY}
+    calls = {0: 1000, 1: 10, 2: 10, 3: 10, 4: 10, 5: 10}  # 200k/s, then 2k/s each: 5% of the cost
+    p = scouted(classes, {f: CHEAP for f in classes}, calls, keep_share=0.0, retime_every=100, budget=0.002)
+    p.observe_exposure(1.0)
+    p.plan()  # the interval that times every function (it costs the next one's budget: no window)
+    plans = [x for x in (p.plan() for _ in range(13)) if x.attach]
+    held = [i for i, x in enumerate(plans) if x.rare is not None]
+    k = held[1] - held[0]
+    assert 1 < k <= RARE_MAX_EVERY and all(b - a == k for a, b in zip(held, held[1:]))
+    assert all(plans[i].rare[1] >= RARE_MIN_S * 0.99 or plans[i].rare[1] >= 0.8 * 0.25 for i in held)
+    assert all(x.probe == frozenset({0}) and x.rare_set == frozenset({1, 2, 3, 4, 5}) for x in plans)
+    spent = sum(window_cost(p, x) for x in plans[held[0] + 1:held[-1] + 1])
+    assert spent == pytest.approx(PLAN_SHARE * p.budget * p.interval_s * (held[-1] - held[0]), rel=0.02)
 
 
 def test_windows_grow_at_most_max_growth_per_interval():
@@ -237,7 +262,9 @@ def test_hot_functions_are_timed_only_every_retime_interval():
 def test_a_function_not_called_for_idle_windows_goes_back_to_the_watch_link():
     p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 100, 1: 10}, idle_windows=4)
     for _ in range(2):
-        p.observe(2, {0: 2e4}, {0: 100})  # function 1 no longer called
+        p.observe(2, {0: 2e4, 1: 0.0}, {0: 100})  # function 1 probed, no longer called
+    p.observe(2, {0: 2e4}, {0: 100})  # not probed (left to a rare window): not idle for that
+    assert p.idle[1] == 4
     assert p.retire_idle() == frozenset({1})
     assert p.probe_set() == frozenset({0}) and p.watch_set() == frozenset({1}) and 1 not in p.rates
 

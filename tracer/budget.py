@@ -66,11 +66,19 @@ KEEP_SHARE = 0.2
 # few hottest that make most of a window's cost (`Policy.rare_set`), when they cost at most
 # RARE_MAX_COST of what the whole set does: so many times longer than the other windows, it counts
 # whole steps of a job whose rarer calls come once a step (GPT-2's 1-6k/s functions read -50..-78%
-# from windows of 3-5 ms on the H200), and its own probes slow the job too little for the exposure
-# to matter. It lies in the last RARE_SLOT of each interval.
-RARE_SHARE = 0.3
+# from windows of 3-5 ms on the H200, and -34..+70% from rare windows of 12-25 ms, about one step
+# each: a window sees one burst or two), and its own probes slow the job too little for the
+# exposure to matter. It counts without timing (but the waits): the rarer functions are timed in
+# the interval that times every function, and counted probes cost half. The other windows of an
+# interval that has one leave the rarer functions to it. It lies in the last RARE_SLOT of the
+# interval; where one interval's share pays for less than RARE_MIN_S, it comes every few
+# intervals (at most RARE_MAX_EVERY), paid for by all of them: the error of a burst count is its
+# edges, so one long window beats several short ones.
+RARE_SHARE = 0.4
 RARE_MAX_COST = 0.1
 RARE_SLOT = 0.25
+RARE_MIN_S = 0.1
+RARE_MAX_EVERY = 4
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,9 @@ class Plan:
     rare: tuple[float, float] | None = None
     rare_probe: frozenset[int] = frozenset()
     rare_timed: frozenset[int] = frozenset()
+    # The rarer functions the other windows leave to the rare window, this interval or a later one
+    # (it comes every few intervals where one's share pays for too short a window).
+    rare_set: frozenset[int] = frozenset()
 
     @property
     def window_s(self) -> float:
@@ -144,6 +155,8 @@ class Policy:
         self.intervals = 0
         self.last_window_s = 0.0
         self.last_rare_s = 0.0
+        self.rare_due = 0                       # intervals with a rare set since the last rare window
+        self.rare_spend = 0.0                   # what the rare window spends, per interval it comes every
         self.since_retime: int | None = None    # intervals with windows since one timed every function
         self.skip = 0
         # Windows an interval (where each can be min_window_s long), and a window only every
@@ -211,7 +224,8 @@ class Policy:
         calls a second (none worth a window of its own)."""
         if self.rare_share <= 0 or len(probe) < 2:
             return frozenset()
-        cost = {f: self.rates.get(f, 0.0) * self.costs[f].cost_ns(f in timed) for f in probe}
+        # As each would be probed in a window of its kind: counted, the waits timed.
+        cost = {f: self.rates.get(f, 0.0) * self.costs[f].cost_ns(f in self.waiting) for f in probe}
         total = sum(cost.values())
         if total <= 0:
             return frozenset()
@@ -287,40 +301,55 @@ class Policy:
             return NO_WINDOW
         if (self.intervals - 1) % self.every:
             return NO_WINDOW
-        marker = self.choose_marker(probe, timed)
         n = self.per_interval if self.interval_s >= 0.2 else 1
         # Not in the interval that times every function: its windows are the dearest, and the only
         # ones that time the hottest functions, whose per-call time the interval's CPU figures need.
         retime = timed == frozenset(self.classes)
         rare = self.rare_set(probe - self.kept, timed) if self.interval_s >= 0.2 and not retime else frozenset()
-        rare_w = 0.0
+        rare_w, rare_timed, held = 0.0, frozenset(), False
         if rare:
-            rare_timed = timed & rare
-            rare_w = self.affordable_s(rare, rare_timed, None, 1, self.every, self.rare_share)
-            rare_w = min(rare_w, 0.8 * RARE_SLOT * self.interval_s)
+            rare_timed = rare & self.waiting
+            self.rare_due += 1
+            # The fewest intervals whose share pays for a window of RARE_MIN_S (capped by its slot).
+            cap = 0.8 * RARE_SLOT * self.interval_s
+            k = 1
+            while k < RARE_MAX_EVERY and self.affordable_s(
+                    rare, rare_timed, None, 1, self.every * k, self.rare_share) < min(RARE_MIN_S, cap):
+                k += 1
+            rare_w = min(cap, self.affordable_s(rare, rare_timed, None, 1, self.every * k, self.rare_share))
             if self.last_rare_s and self.max_growth:
-                rare_w = min(rare_w, self.max_growth * self.last_rare_s)
+                rare_w = min(rare_w, self.max_growth ** max(1, self.rare_due) * self.last_rare_s)
             if rare_w < self.min_window_s:
                 rare, rare_w = frozenset(), 0.0
+            else:
+                held = self.rare_due >= k
+                # Set aside every interval for the window every k-th: what it spends, spread over them.
+                spend = rare_w * self.window_cost_per_s(rare, rare_timed) + 2 * len(rare) * WRITE_S
+                self.rare_spend = spend / k
+        if not rare and not retime:
+            self.rare_due, self.rare_spend = 0, 0.0  # (the interval that times every function holds it over)
+        hot = probe - rare
         share = 1.0
         if rare:
             # What the rare window does not spend (it is capped by its slot) goes to the others.
-            spend = rare_w * self.window_cost_per_s(rare, rare_timed) + 2 * len(rare) * WRITE_S
             allowed = PLAN_SHARE * self.budget * self.interval_s * self.every - self.extra_s
-            share = max(0.0, 1.0 - spend / allowed) if allowed > 0 else 0.0
-        w = self.affordable_s(probe, timed, marker, n, self.every, share)
+            share = max(0.0, 1.0 - self.rare_spend / allowed) if allowed > 0 else 0.0
+        marker = self.choose_marker(hot, timed)
+        w = self.affordable_s(hot, timed, marker, n, self.every, share)
         while n > 1 and w < self.min_window_s:
             n -= 1
-            w = self.affordable_s(probe, timed, marker, n, self.every, share)
+            w = self.affordable_s(hot, timed, marker, n, self.every, share)
         if w < self.min_window_s:
             # Even one window costs more than an interval's budget: one every k intervals, paid for
             # by all k (and no rare window). Never for good: rates and exposure are measured again.
-            rare, rare_w = frozenset(), 0.0
+            rare, rare_w, held, hot = frozenset(), 0.0, False, probe
+            self.rare_due, self.rare_spend = 0, 0.0
+            marker = self.choose_marker(hot, timed)
             k = self.every
-            while k < self.max_skip + 1 and self.affordable_s(probe, timed, marker, 1, k) < self.min_window_s:
+            while k < self.max_skip + 1 and self.affordable_s(hot, timed, marker, 1, k) < self.min_window_s:
                 k += self.every
             self.skip = k - self.every
-            w = max(self.min_window_s, self.affordable_s(probe, timed, marker, 1, k))
+            w = max(self.min_window_s, self.affordable_s(hot, timed, marker, 1, k))
         if self.last_window_s and self.max_growth:
             w = min(w, self.max_growth * self.last_window_s)
         span = self.interval_s * (1.0 - RARE_SLOT) if rare else self.interval_s
@@ -329,16 +358,18 @@ class Policy:
         self.last_window_s = w
         lead = w if marker is not None else 0.0
         windows = tuple((k * half + lead + self.rng.uniform(0.0, half - lead - w), w) for k in range(n))
-        if not rare:
-            return Plan(True, windows, timed, probe, marker)
-        self.last_rare_s = rare_w
+        if not held:
+            return Plan(True, windows, timed, hot, marker, rare_set=rare)
+        self.last_rare_s, self.rare_due = rare_w, 0
         at = span + self.rng.uniform(0.0, RARE_SLOT * self.interval_s - rare_w)
-        return Plan(True, windows, timed, probe, marker, rare=(at, rare_w), rare_probe=rare, rare_timed=timed & rare)
+        return Plan(True, windows, timed, hot, marker, rare=(at, rare_w), rare_probe=rare, rare_timed=rare_timed,
+                    rare_set=rare)
 
     # --- what was measured --------------------------------------------------------------------
     def observe(self, windows: int, rates: Mapping[int, float], called: Mapping[int, int]) -> None:
-        """After an interval with `windows` windows: the functions' estimated untraced rates and
-        their calls counted in the windows (`called`; probed functions absent were not called)."""
+        """After an interval with `windows` windows: the functions' estimated untraced rates (every
+        function its windows probed) and their calls counted in the windows (`called`; probed
+        functions absent were not called)."""
         if windows <= 0:
             return
         first = self.windows == 0
@@ -348,8 +379,8 @@ class Policy:
                 continue  # never called: the scout probes every function, most of which no job calls
             self.rates[f] = r if first or f not in self.rates else 0.5 * (self.rates[f] + r)
         for f in list(self.seen):
-            if f in self.kept:
-                continue  # on the watch link: called or not, it costs only its calls
+            if f in self.kept or f not in rates:
+                continue  # on the watch link (it costs only its calls), or not probed this interval
             if called.get(f, 0):
                 self.idle[f] = 0
             else:
