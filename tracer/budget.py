@@ -156,7 +156,7 @@ class Policy:
         self.last_window_s = 0.0
         self.last_rare_s = 0.0
         self.rare_due = 0                       # intervals with a rare set since the last rare window
-        self.rare_spend = 0.0                   # what the rare window spends, per interval it comes every
+        self.rare_held = 0                      # rare windows so far
         self.since_retime: int | None = None    # intervals with windows since one timed every function
         self.skip = 0
         # Windows an interval (where each can be min_window_s long), and a window only every
@@ -220,11 +220,11 @@ class Policy:
 
     def rare_set(self, probe: frozenset[int], timed: frozenset[int]) -> frozenset[int]:
         """The probed functions left once the hottest (by cost, most first) make up all but
-        RARE_MAX_COST of the windows' cost: empty where that leaves nothing, or nothing above 100
-        calls a second (none worth a window of its own)."""
+        RARE_MAX_COST of the windows' cost, less the waits: empty where that leaves nothing, or
+        nothing above 100 calls a second (none worth a window of its own)."""
         if self.rare_share <= 0 or len(probe) < 2:
             return frozenset()
-        # As each would be probed in a window of its kind: counted, the waits timed.
+        # As each would be probed in the rare window: counted (the waits, timed, stay in the others).
         cost = {f: self.rates.get(f, 0.0) * self.costs[f].cost_ns(f in self.waiting) for f in probe}
         total = sum(cost.values())
         if total <= 0:
@@ -234,6 +234,9 @@ class Policy:
             if sum(cost[g] for g in left) <= RARE_MAX_COST * total:
                 break
             left.discard(f)
+        # The waits stay in every window, timed: the slack a layer's cost hides in is their time,
+        # and the audit's lower bound needs it in every interval.
+        left -= self.waiting
         if len(left) == len(probe) or not any(self.rates.get(f, 0.0) >= 100.0 for f in left):
             return frozenset()
         return frozenset(left)
@@ -271,6 +274,14 @@ class Policy:
             return 0.0
         return math.inf if per_s <= 0 else (allowed - fixed) / per_s
 
+    def share_for(self, probe: frozenset[int], timed: frozenset[int], marker: int | None, w: float,
+                  intervals: int = 1) -> float:
+        """The share of `intervals` intervals' budget one window of length w (with its reference) costs."""
+        allowed = PLAN_SHARE * self.budget * self.interval_s * intervals - self.extra_s
+        cost = 2 * (len(probe) + (1 if marker is not None else 0)) * WRITE_S + w * (
+            self.window_cost_per_s(probe, timed) + self.marker_cost_per_s(marker))
+        return cost / allowed if allowed > 0 else math.inf
+
     # --- the plan -----------------------------------------------------------------------------
     def scout_s(self) -> float:
         """The first window: rates unknown, so its length alone bounds its cost (a job that did
@@ -306,34 +317,43 @@ class Policy:
         # ones that time the hottest functions, whose per-call time the interval's CPU figures need.
         retime = timed == frozenset(self.classes)
         rare = self.rare_set(probe - self.kept, timed) if self.interval_s >= 0.2 and not retime else frozenset()
-        rare_w, rare_timed, held = 0.0, frozenset(), False
+        # Counted, but timed in the first and every retime_every-th (their per-call times come from
+        # there and from the interval that times every function, whose short windows seldom see them).
+        # The waits are in it too, timed (as in every window): a few hundred a second are seen in a
+        # long window, seldom in the short ones beside hot functions.
+        waits = probe & self.waiting if rare else frozenset()
+        rare_timed = (rare if self.rare_held % self.retime_every == 0 else frozenset()) | waits
+        rare_probe = rare | waits
+        rare_w, rare_k, share = 0.0, 1, 1.0
         if rare:
-            rare_timed = rare & self.waiting
-            self.rare_due += 1
             # The fewest intervals whose share pays for a window of RARE_MIN_S (capped by its slot).
             cap = 0.8 * RARE_SLOT * self.interval_s
-            k = 1
-            while k < RARE_MAX_EVERY and self.affordable_s(
-                    rare, rare_timed, None, 1, self.every * k, self.rare_share) < min(RARE_MIN_S, cap):
-                k += 1
-            rare_w = min(cap, self.affordable_s(rare, rare_timed, None, 1, self.every * k, self.rare_share))
+            while rare_k < RARE_MAX_EVERY and self.affordable_s(
+                    rare_probe, rare_timed, None, 1, self.every * rare_k, self.rare_share) < min(RARE_MIN_S, cap):
+                rare_k += 1
+            # The other windows need one of min_window_s: the rare window gives way to that (the hot
+            # functions make most of the job's calls).
+            least = min(1.0, self.share_for(probe - rare, timed, self.choose_marker(probe - rare, timed),
+                                            self.min_window_s, self.every))
+            share = max(1.0 - self.rare_share, least)
+            rare_w = min(cap, self.affordable_s(rare_probe, rare_timed, None, 1, self.every * rare_k, 1.0 - share))
             if self.last_rare_s and self.max_growth:
-                rare_w = min(rare_w, self.max_growth ** max(1, self.rare_due) * self.last_rare_s)
+                rare_w = min(rare_w, self.max_growth ** max(1, self.rare_due + 1) * self.last_rare_s)
             if rare_w < self.min_window_s:
-                rare, rare_w = frozenset(), 0.0
+                rare, rare_w, share = frozenset(), 0.0, 1.0
             else:
-                held = self.rare_due >= k
-                # Set aside every interval for the window every k-th: what it spends, spread over them.
-                spend = rare_w * self.window_cost_per_s(rare, rare_timed) + 2 * len(rare) * WRITE_S
-                self.rare_spend = spend / k
-        if not rare and not retime:
-            self.rare_due, self.rare_spend = 0, 0.0  # (the interval that times every function holds it over)
-        hot = probe - rare
-        share = 1.0
+                # What the rare window does not spend (it is capped) goes to the others: the set-aside
+                # is what it spends, spread over the intervals it comes every.
+                spend = rare_w * self.window_cost_per_s(rare_probe, rare_timed) + 2 * len(rare_probe) * WRITE_S
+                allowed = PLAN_SHARE * self.budget * self.interval_s * self.every - self.extra_s
+                share = max(least, 1.0 - spend / rare_k / allowed) if allowed > 0 else least
         if rare:
-            # What the rare window does not spend (it is capped by its slot) goes to the others.
-            allowed = PLAN_SHARE * self.budget * self.interval_s * self.every - self.extra_s
-            share = max(0.0, 1.0 - self.rare_spend / allowed) if allowed > 0 else 0.0
+            self.rare_due += 1
+        elif not retime:
+            self.rare_due = 0  # (the interval that times every function holds the count over)
+        # The first at once (a 5-s attach has three intervals for it), then every rare_k-th.
+        held = bool(rare) and (self.rare_due >= rare_k or not self.last_rare_s)
+        hot = probe - rare
         marker = self.choose_marker(hot, timed)
         w = self.affordable_s(hot, timed, marker, n, self.every, share)
         while n > 1 and w < self.min_window_s:
@@ -342,8 +362,7 @@ class Policy:
         if w < self.min_window_s:
             # Even one window costs more than an interval's budget: one every k intervals, paid for
             # by all k (and no rare window). Never for good: rates and exposure are measured again.
-            rare, rare_w, held, hot = frozenset(), 0.0, False, probe
-            self.rare_due, self.rare_spend = 0, 0.0
+            rare, rare_w, held, hot, self.rare_due = frozenset(), 0.0, False, probe, 0
             marker = self.choose_marker(hot, timed)
             k = self.every
             while k < self.max_skip + 1 and self.affordable_s(hot, timed, marker, 1, k) < self.min_window_s:
@@ -361,9 +380,10 @@ class Policy:
         if not held:
             return Plan(True, windows, timed, hot, marker, rare_set=rare)
         self.last_rare_s, self.rare_due = rare_w, 0
+        self.rare_held += 1
         at = span + self.rng.uniform(0.0, RARE_SLOT * self.interval_s - rare_w)
-        return Plan(True, windows, timed, hot, marker, rare=(at, rare_w), rare_probe=rare, rare_timed=rare_timed,
-                    rare_set=rare)
+        return Plan(True, windows, timed, hot, marker, rare=(at, rare_w), rare_probe=rare_probe,
+                    rare_timed=rare_timed, rare_set=rare)
 
     # --- what was measured --------------------------------------------------------------------
     def observe(self, windows: int, rates: Mapping[int, float], called: Mapping[int, int]) -> None:

@@ -259,6 +259,9 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         funcs.update(f for f, n in o.watched_calls.items() if n)
         for w in o.windows:
             funcs.update(f for f, n in w.calls.items() if n)
+        if carry:
+            # Off the watch link and not probed here: the carried rate stands for that time.
+            funcs.update(f for f, u in o.unwatched_s.items() if u > 0 and f in carry and carry[f].rate_hz > 0)
     # Per observation and function, its windows pooled, worked out once per window and function.
     per_obs: list[dict[int, _Unit]] = []
     for o in observations:

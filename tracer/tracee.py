@@ -288,7 +288,9 @@ class Tracee:
             self.policy.observe_extra(unplanned)
         if not snapshot:
             return None
-        return self._snapshot([obs], gained, span, log.counted_s, cpu, cost, {}, view="interval")
+        # Functions no window of this interval probed (left to a rare window of a later one) stand
+        # at the rate their last windows measured, as in the whole attach's estimate.
+        return self._snapshot([obs], gained, span, log.counted_s, cpu, cost, carry_before, view="interval")
 
     def close(self) -> None:
         self._cpu.close()
@@ -325,7 +327,7 @@ class Tracee:
         probed_s = sum(w.counted_s for o in obs for w in o.windows)
         watched_s = sum(o.span_s - max(o.unwatched_s.values(), default=0.0) for o in obs)
         seen = any(w.calls for o in obs for w in o.windows) or any(o.watched_calls for o in obs)
-        if not seen and not carry and probed_s < MIN_ZERO_WINDOW_S and watched_s < MIN_ZERO_WINDOW_S:
+        if not seen and (not carry or view == "interval") and probed_s < MIN_ZERO_WINDOW_S and watched_s < MIN_ZERO_WINDOW_S:
             return (f"no call seen in {probed_s * 1e3:.1f} ms of probing, too short to tell"
                     + (" (the process exited)" if not alive(self.pid) else ""))
         for o in obs:
