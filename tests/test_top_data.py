@@ -236,3 +236,16 @@ def test_shares_read_at_a_glance():
 
     assert [fmt_share(x) for x in (None, 0.0, 1.9e-8, 9.9e-6, 1.5e-5, 8e-5, 0.0075, 0.042, 0.25)] == \
         ["-", "0%", "<0.001%", "<0.001%", "0.0015%", "0.0080%", "0.75%", "4.20%", "25.0%"]
+
+
+def test_an_overhead_with_its_lower_bound_unknown_reads_as_at_most():
+    """Before the wait is measured only the upper bound is known: "≤1.20%", never "-–1.20%"."""
+    from types import SimpleNamespace
+
+    from gputrace.tui.text import overhead_cell
+
+    def row(lower, upper):
+        return SimpleNamespace(audit=lambda preset: SimpleNamespace(slowdown_lower=lower, slowdown_upper=upper))
+
+    assert [overhead_cell(row(lo, up), "shim") for lo, up in
+            ((None, None), (None, 0.012), (None, 2.9e-8), (0.004, 0.012))] == ["-", "≤1.20%", "<0.001%", "0.40%–1.20%"]

@@ -208,6 +208,8 @@ async def test_restore_picks_a_checkpoint(recording):
         await until(pilot, lambda: isinstance(app.screen, RestoreScreen))
         await pilot.press("enter")
         assert isinstance(app.screen, ConfirmScreen)
+        # Where the user acts: a rollback of device memory, the host state running on.
+        assert "Device memory only" in app.screen.question and "host state" in app.screen.question
         await pilot.press("y")
         await until(pilot, lambda: len(app.last_results) == 3)
         assert fake.calls[-1] == ("restore", 4242, "/tmp/fake-ckpt/4242/0")

@@ -23,7 +23,8 @@ QUESTIONS = {
     "checkpoint": "Checkpoint pid {pid} ({comm})? The job is frozen while its device memory is copied out.",
     "suspend": "Suspend pid {pid} ({comm})? Its device memory is moved off the GPU until you resume it.",
     "resume": "Resume pid {pid} ({comm})? Its device memory is brought back to the GPU.",
-    "restore": "Roll pid {pid} ({comm}) back to {ckpt}? Device memory written since is lost.",
+    "restore": "Roll pid {pid} ({comm}) back to {ckpt}? Device memory only: what it wrote there since is lost; "
+               "its host state (step counters, host tensors) is not rolled back.",
     "checkpoint_full": "Checkpoint the whole job, pid {pid} ({comm}): GPU and CPU state (CRIU), to restore here or "
                        "on another machine? It is frozen until the dump is written, then runs on.",
 }

@@ -72,8 +72,14 @@ def overhead_level(r: ProcessRow, preset: str) -> str | None:
 
 
 def overhead_cell(r: ProcessRow, preset: str, now: float | None = None) -> str:
+    """lower–upper; where only the upper bound is known (the wait not measured yet), at most that."""
     a = r.audit(preset)
-    return f"{fmt_share(a.slowdown_lower)}–{fmt_share(a.slowdown_upper)}"
+    if a.slowdown_upper is None:
+        return "-"
+    upper = fmt_share(a.slowdown_upper)
+    if a.slowdown_lower is None:
+        return upper if upper.startswith("<") else f"≤{upper}"
+    return f"{fmt_share(a.slowdown_lower)}–{upper}"
 
 
 # Column key -> (title, cell(row, preset, now), sort key(row, preset)); the table and text share these.
