@@ -571,7 +571,7 @@ def test_nesting_recursion_and_dying_threads(fake_driver, spawned):
         # A thread that died inside cuDie leaves no frame stack behind; the live main thread keeps its own.
         for tid in told["dead_tids"]:
             wait_until(lambda: not os.path.exists(f"/proc/{proc.pid}/task/{tid}"), f"thread {tid} is reaped")
-        threads = {k.value for k in session.program.bpf[b"threads"].keys()}
+        threads = session.program.thread_ids()
         assert told["main_tid"] in threads
         assert not threads & set(told["dead_tids"]), threads
 
