@@ -456,12 +456,13 @@ def prog_load(insns: bytes, prog_type: int, expected_attach_type: int = 0, *, na
         if fd >= 0:
             return fd
         err = -fd
-        _raise_permission(err, f"loading {what}")
     text = log.value.decode(errors="replace")
     reason = verifier_reason(text)
-    raise ProgramRefused(f"the kernel refused {what}: {os.strerror(err)}" + (f" (verifier: {reason})" if reason else ""),
-                         "run `gputrace doctor`; GPUTRACE_BPF=bcc compiles the program here with bcc instead",
-                         log=text, errno_=err)
+    if not reason:  # refused before the verifier ran: EPERM/EACCES then means privileges (the verifier's is EACCES)
+        _raise_permission(err, f"loading {what}")
+    msg = f"the kernel's verifier refused {what}: {reason}" if reason else f"the kernel refused {what}: {os.strerror(err)}"
+    raise ProgramRefused(msg, "report it with this reason; GPUTRACE_BPF=bcc compiles the program here with bcc "
+                         "instead", log=text, errno_=err)
 
 
 def raw_tracepoint_open(prog_fd: int, event: str) -> int:

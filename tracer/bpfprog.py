@@ -154,11 +154,13 @@ ZERO = RawStats(0, 0, 0, 0, 0, 0, ZERO_HIST)
 @dataclass(frozen=True)
 class Origin:
     """Where the loaded program came from: `loader` "object" or "bcc", `detail` a sentence for
-    doctor (which object, or why bcc), `fallback` the reason the object was not used (auto only)."""
+    doctor (which object, or why bcc); `fallback` the reason the object was not used and
+    `fallback_hint` what would make it load (auto only)."""
 
     loader: str
     detail: str
     fallback: str = ""
+    fallback_hint: str = ""
 
 
 class MultiUnsupported(BpfUnavailable):
@@ -223,7 +225,7 @@ class Program:
                     raise BpfUnavailable(f"the BPF program did not load: the precompiled object: {exc.msg}; "
                                          f"bcc: {bcc_exc.msg}", exc.hint) from None
                 self.origin = Origin("bcc", f"bcc run-time compile, because the precompiled object did not load: "
-                                     f"{exc.msg}", fallback=exc.msg)
+                                     f"{exc.msg}", fallback=exc.msg, fallback_hint=exc.hint)
         self.loader = self.origin.loader
         self._stats = self.maps["stats"]
         # The stats rows as the loader built their types (bcc from the C structs, the object loader
@@ -250,7 +252,13 @@ class Program:
         from . import bpfobj
 
         path, how = object_file()
-        obj = bpfobj.BpfObject(path)
+        try:
+            obj = bpfobj.BpfObject(path)
+        except bpfobj.ObjectInvalid as exc:
+            if os.environ.get(OBJECT_ENV):
+                raise bpfobj.ObjectInvalid(exc.msg, f"{OBJECT_ENV} names it: point it at a good object, or unset "
+                                           "it") from None
+            raise
         missing = [n for n in ("gt_entry", "gt_return") if n not in obj.programs]
         missing += [n for n in MAP_NAMES if n not in obj.maps]
         if missing:
