@@ -177,7 +177,7 @@ def trace(args: argparse.Namespace) -> int:
 
     intervals = []
     try:
-        say("compiling the BPF program and calibrating the probe cost ...")
+        say("loading the BPF program and calibrating the probe cost ...")
         session = Session(pid, library, Options(args.interval, budget, patterns, args.attach_mode), warn=say)
         cal = session.calibration
         say(f"probing {len(session.functions)} functions of {library} in pid {pid} ({session.program.mode} links, "
