@@ -1,8 +1,10 @@
 """The wheel's build step beyond pyproject.toml: the shim and the probe-cost calibration target are
-compiled once here and carried in the wheel (`gputrace/shim/prebuilt`, `gputrace/tracer/prebuilt`,
-each with the key of its sources), so that a machine that installs the wheel needs no C compiler to
-run `gputrace run --checkpointable` or `gputrace attach`. The wheel is therefore a platform wheel.
-GPUTRACE_NO_PREBUILD=1 leaves them out (they are then built at first use, as in a checkout)."""
+compiled once here, and the BPF program by clang into a BPF object, all carried in the wheel
+(`gputrace/shim/prebuilt`, `gputrace/tracer/prebuilt`, `gputrace/bpf/prebuilt`, each with the key of
+its sources), so that a machine that installs the wheel needs no C compiler, no bcc and no kernel
+headers to run `gputrace run --checkpointable` or `gputrace attach` (bcc stays the fallback where the
+kernel refuses the object). The wheel is therefore a platform wheel; building it needs a C compiler
+and clang. GPUTRACE_NO_PREBUILD=1 leaves them out (they are then built at first use, as in a checkout)."""
 
 import os
 import subprocess
@@ -23,12 +25,17 @@ PREBUILD = """
 import shutil, sys
 sys.path.insert(0, sys.argv[1])
 from gputrace.base import native
-from gputrace import shim
+from gputrace.base.errors import BuildError
+from gputrace import bpf, shim
 from gputrace.tracer import calibtarget
-for spec in (shim.BUILD, calibtarget.BUILD):
+for spec in (shim.BUILD, calibtarget.BUILD, bpf.OBJECT):
     shutil.rmtree(spec["prebuilt"], ignore_errors=True)
     if sys.argv[2] == "1":
-        print("prebuilt", native.prebuild(spec))
+        try:
+            print("prebuilt", native.prebuild(spec))
+        except BuildError as exc:
+            sys.exit(f"setup.py: {exc.msg}\\nhint: {exc.hint} (or GPUTRACE_NO_PREBUILD=1 for a wheel that builds "
+                     "its native parts at first use)")
 """
 
 

@@ -1,16 +1,19 @@
 """Builds the project's small C components with the system compiler, cached by source hash.
 
 Used for the shim, the tracer's calibration target, simcuda (the simulated driver) and its
-workloads. A build goes to a temporary name and is renamed into place, so concurrent builders never
-see half a file. A wheel carries the shim and the calibration target built ahead of time (`prebuild`,
+workloads, and (with `target="bpf"`, by clang) for the tracer's BPF object. A build goes to a
+temporary name and is renamed into place, so concurrent builders never see half a file. A wheel
+carries the shim, the calibration target and the BPF object built ahead of time (`prebuild`,
 run by setup.py): `build` takes a prebuilt copy whose key matches its sources and options, and only
 compiles (needing a compiler) where there is none, as in a checkout.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -38,7 +41,32 @@ def find_cc() -> str:
     )
 
 
-def _args(shared: bool, soname: str | None, cflags: Sequence[str]) -> list[str]:
+def find_clang() -> str:
+    """clang for BPF objects: $GPUTRACE_CLANG, else clang, else the newest versioned clang-N on PATH."""
+    env = os.environ.get("GPUTRACE_CLANG")
+    if env:
+        if shutil.which(env):
+            return env
+        raise BuildError(f"GPUTRACE_CLANG={env} is not an executable", "point it at clang, or unset it")
+    if shutil.which("clang"):
+        return "clang"
+    found = []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        for path in glob.glob(os.path.join(d, "clang-[0-9]*")):
+            m = re.fullmatch(r"clang-(\d+)", os.path.basename(path))
+            if m and os.access(path, os.X_OK):
+                found.append((int(m.group(1)), path))
+    if found:
+        return max(found)[1]
+    raise BuildError("no clang found (tried $GPUTRACE_CLANG, clang, clang-N): the BPF object needs it",
+                     "install it: apt-get install clang (Debian/Ubuntu)")
+
+
+def _args(shared: bool, soname: str | None, cflags: Sequence[str], target: str | None = None) -> list[str]:
+    if target == "bpf":  # a relocatable BPF object, with BTF (-g): what tracer/bpfobj.py loads
+        return ["-target", "bpf", "-O2", "-g", "-Wall", *cflags, "-c"]
+    if target is not None:
+        raise ValueError(f"unknown build target {target!r}")
     args = ["-O2", "-g", "-Wall", "-fPIC", *cflags]
     if shared:
         args += ["-shared"]
@@ -48,10 +76,11 @@ def _args(shared: bool, soname: str | None, cflags: Sequence[str]) -> list[str]:
 
 
 def source_key(name: str, sources: Sequence[Path], *, shared: bool = False, soname: str | None = None,
-               cflags: Sequence[str] = (), ldflags: Sequence[str] = (), headers: Sequence[Path] = ()) -> str:
+               cflags: Sequence[str] = (), ldflags: Sequence[str] = (), headers: Sequence[Path] = (),
+               target: str | None = None) -> str:
     """What a build is made of (sources, headers, options), whichever compiler makes it."""
     h = hashlib.sha256()
-    for part in (name, *_args(shared, soname, cflags), *ldflags):
+    for part in (name, *_args(shared, soname, cflags, target), *ldflags):
         h.update(part.encode() + b"\0")
     for src in (*sources, *headers):
         h.update(Path(src).read_bytes())
@@ -81,16 +110,19 @@ def build(
     ldflags: Sequence[str] = (),
     headers: Sequence[Path] = (),
     prebuilt: Path | None = None,
+    target: str | None = None,
 ) -> Path:
     """`prebuilt/<name>` if its key matches, else compile `sources` into `<cache>/<hash>/<name>`
-    and return its path (cached)."""
+    and return its path (cached). `target="bpf"`: a BPF object, compiled by clang."""
     spec = dict(name=name, sources=sources, shared=shared, soname=soname, cflags=cflags, ldflags=ldflags,
                 headers=headers, prebuilt=prebuilt)
+    if target is not None:
+        spec["target"] = target
     if is_prebuilt(spec):
         return Path(prebuilt) / name
-    cc = find_cc()
+    cc = find_clang() if target == "bpf" else find_cc()
     h = hashlib.sha256()
-    args = _args(shared, soname, cflags)
+    args = _args(shared, soname, cflags, target)
     for part in (cc, name, *args, *ldflags):
         h.update(part.encode() + b"\0")
     for src in (*sources, *headers):

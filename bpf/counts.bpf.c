@@ -2,20 +2,43 @@
  * the kernel. Attached through uprobe-multi links (or per-probe perf links) whose cookie carries the
  * function id and, in bit 32, whether this function is timed (its return probe is attached too).
  *
- * Compiled by bcc; options come in as -D flags (GT_MAX_STATS, GT_MAX_THREADS). */
-#include <uapi/linux/ptrace.h>
-#include <linux/sched.h>
+ * One source, two compilers (compat.h): bcc at run time, options as -D flags (GT_MAX_STATS,
+ * GT_MAX_THREADS); or plain clang ahead of time with -DGT_BPF_OBJECT, into the object the wheel
+ * carries, whose map sizes the loader sets (tracer/bpfobj.py). */
+#include "compat.h"
 #include "gputrace.h"
 
-BPF_HASH(stats, struct gt_key, struct gt_stats, GT_MAX_STATS);
-BPF_TABLE("lru_hash", u32, struct gt_thread, threads, GT_MAX_THREADS);
-BPF_ARRAY(errors, u64, GT_ERR_COUNT);
-BPF_ARRAY(config, struct gt_config, 1);
-BPF_ARRAY(seen, u64, 1);
+GT_MAP(hash, stats, struct gt_key, struct gt_stats, GT_MAX_STATS);
+GT_MAP(lru_hash, threads, u32, struct gt_thread, GT_MAX_THREADS);
+GT_MAP(array, errors, int, u64, GT_ERR_COUNT);
+GT_MAP(array, config, int, struct gt_config, 1);
+GT_MAP(array, seen, int, u64, 1);
+GT_LICENSE
+
+/* The map operations the program makes, written out for each compiler (see compat.h). */
+#ifndef GT_BPF_OBJECT
+static __always_inline struct gt_stats *stats_lookup(struct gt_key *k) { return stats.lookup(k); }
+static __always_inline void stats_insert(struct gt_key *k, struct gt_stats *v) { stats.insert(k, v); }
+static __always_inline struct gt_thread *threads_lookup(u32 *k) { return threads.lookup(k); }
+static __always_inline void threads_insert(u32 *k, struct gt_thread *v) { threads.insert(k, v); }
+static __always_inline void threads_delete(u32 *k) { threads.delete(k); }
+static __always_inline u64 *errors_lookup(u32 *k) { return errors.lookup(k); }
+static __always_inline struct gt_config *config_lookup(u32 *k) { return config.lookup(k); }
+static __always_inline u64 *seen_lookup(u32 *k) { return seen.lookup(k); }
+#else
+static __always_inline struct gt_stats *stats_lookup(struct gt_key *k) { return bpf_map_lookup_elem(&stats, k); }
+static __always_inline void stats_insert(struct gt_key *k, struct gt_stats *v) { bpf_map_update_elem(&stats, k, v, BPF_NOEXIST); }
+static __always_inline struct gt_thread *threads_lookup(u32 *k) { return bpf_map_lookup_elem(&threads, k); }
+static __always_inline void threads_insert(u32 *k, struct gt_thread *v) { bpf_map_update_elem(&threads, k, v, BPF_NOEXIST); }
+static __always_inline void threads_delete(u32 *k) { bpf_map_delete_elem(&threads, k); }
+static __always_inline u64 *errors_lookup(u32 *k) { return bpf_map_lookup_elem(&errors, k); }
+static __always_inline struct gt_config *config_lookup(u32 *k) { return bpf_map_lookup_elem(&config, k); }
+static __always_inline u64 *seen_lookup(u32 *k) { return bpf_map_lookup_elem(&seen, k); }
+#endif
 
 static __always_inline void gt_error(u32 which)
 {
-    u64 *v = errors.lookup(&which);
+    u64 *v = errors_lookup(&which);
     if (v)
         __sync_fetch_and_add(v, 1);
 }
@@ -23,12 +46,12 @@ static __always_inline void gt_error(u32 which)
 static __always_inline struct gt_stats *gt_stats_of(u32 tgid, u32 func)
 {
     struct gt_key key = {.tgid = tgid, .func = func};
-    struct gt_stats *s = stats.lookup(&key);
+    struct gt_stats *s = stats_lookup(&key);
     if (s)
         return s;
     struct gt_stats zero = {};
-    stats.insert(&key, &zero);
-    s = stats.lookup(&key);
+    stats_insert(&key, &zero);
+    s = stats_lookup(&key);
     if (!s)
         gt_error(GT_ERR_STATS_FULL);
     return s;
@@ -37,12 +60,12 @@ static __always_inline struct gt_stats *gt_stats_of(u32 tgid, u32 func)
 static __always_inline struct gt_config gt_config_now(void)
 {
     u32 zero = 0;
-    struct gt_config *c = config.lookup(&zero);
+    struct gt_config *c = config_lookup(&zero);
     struct gt_config none = {};
     return c ? *c : none;
 }
 
-int gt_entry(struct pt_regs *ctx)
+GT_UPROBE int gt_entry(struct pt_regs *ctx)
 {
     u64 cookie = bpf_get_attach_cookie(ctx);
     u32 func = cookie & GT_COOKIE_FUNC_MASK;
@@ -60,7 +83,7 @@ int gt_entry(struct pt_regs *ctx)
         /* A function no window probes, called: counted (exactly: the link stays attached) and
          * flagged, so user space moves it into the windows before it costs much. */
         u32 zero = 0;
-        u64 *n = seen.lookup(&zero);
+        u64 *n = seen_lookup(&zero);
         if (n)
             __sync_fetch_and_add(n, 1);
         if (s)
@@ -89,7 +112,7 @@ int gt_entry(struct pt_regs *ctx)
     u32 kind = (cookie & GT_COOKIE_STEPPED) ? 2 : 0;
     if (!(cookie & GT_COOKIE_TIMED)) {
         /* Counted only: still charge its probe to the timed call it is made from, if any. */
-        struct gt_thread *p = threads.lookup(&tid);
+        struct gt_thread *p = threads_lookup(&tid);
         if (p && p->depth && p->gen == cfg.gen) {
             u32 top = (p->depth - 1) & (GT_MAX_DEPTH - 1);
             p->frames[top].inner_ns += cfg.hit_ns[kind & 3];
@@ -98,11 +121,11 @@ int gt_entry(struct pt_regs *ctx)
     }
 
     u32 gen = cfg.gen;
-    struct gt_thread *t = threads.lookup(&tid);
+    struct gt_thread *t = threads_lookup(&tid);
     if (!t) {
         struct gt_thread fresh = {.gen = gen};
-        threads.insert(&tid, &fresh);
-        t = threads.lookup(&tid);
+        threads_insert(&tid, &fresh);
+        t = threads_lookup(&tid);
         if (!t) {
             gt_error(GT_ERR_THREADS_FULL);
             return 0;
@@ -130,13 +153,13 @@ int gt_entry(struct pt_regs *ctx)
     return 0;
 }
 
-int gt_return(struct pt_regs *ctx)
+GT_UPROBE int gt_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 func = bpf_get_attach_cookie(ctx) & GT_COOKIE_FUNC_MASK;
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
-    struct gt_thread *t = threads.lookup(&tid);
+    struct gt_thread *t = threads_lookup(&tid);
     if (!t || t->depth == 0 || t->gen != gt_config_now().gen) {
         /* Still a hit the target paid for (a return link's edge): a cost, like a closed entry. */
         gt_error(GT_ERR_UNPAIRED);
@@ -194,9 +217,9 @@ int gt_return(struct pt_regs *ctx)
 
 /* A thread that dies inside a timed call leaves its frames behind; a new thread that reuses the id
  * must not inherit them. Raw tracepoint: needs no tracefs. */
-RAW_TRACEPOINT_PROBE(sched_process_exit)
+GT_RAW_TRACEPOINT(sched_process_exit)
 {
     u32 tid = (u32)bpf_get_current_pid_tgid();
-    threads.delete(&tid);
+    threads_delete(&tid);
     return 0;
 }

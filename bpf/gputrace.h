@@ -1,6 +1,7 @@
 /* Keys and values shared by the BPF programs (counts.bpf.c) and user space (tracer/bpfprog.py), the
  * one definition of both: user space reads the GT_* numbers and enum gt_error from this file, and the
- * map layouts from the types bcc builds from these structs, checked field by field at load. */
+ * map layouts from the types its loader builds from these structs (bcc from the C, the precompiled
+ * object's loader from its BTF), checked field by field at load. */
 #ifndef GPUTRACE_H
 #define GPUTRACE_H
 

@@ -8,6 +8,11 @@ Environment (mainly so tests can degrade one thing without breaking the host):
   GPUTRACE_KERNEL_HEADERS  kernel headers directory to check instead of /lib/modules/$(uname -r)/build
   GPUTRACE_TRACEFS         tracefs mount point to check instead of /sys/kernel/tracing, /sys/kernel/debug/tracing
   GPUTRACE_BCC_PATH        where bcc is looked for (see gputrace.base.bccload)
+  GPUTRACE_BPF             auto, object or bcc: how the tracer's BPF program is loaded (see gputrace.tracer.bpfprog)
+  GPUTRACE_BPF_OBJECT      a BPF object file to load instead of the one built from bpf/
+
+Where the precompiled BPF object loads (the bpf-program check), bcc and kernel headers are only its
+fallback's needs: their checks then WARN rather than FAIL.
 """
 
 from __future__ import annotations
@@ -188,7 +193,8 @@ class _Doctor:
     def __init__(self) -> None:
         self.results: dict[str, Check] = {}
         self.bcc = None
-        self.bpf = None  # the compiled bcc program, reused by the multi-link check
+        self.bpf = None  # the compiled bcc program of the bcc-compile check
+        self.program_origin = None  # the bpf-program check's Program.origin
         self.libc: tuple[str, int] | None = None
         self.libcuda: str | None = None
 
@@ -203,6 +209,7 @@ class _Doctor:
             ("bcc-compile", self.bcc_compile),
             ("uprobes", self.uprobes),
             ("uprobe-multi", self.uprobe_multi),
+            ("bpf-program", self.bpf_program),
             ("libcuda", self.libcuda_check),
             ("nvidia-driver", self.driver),
             ("checkpoint-api", self.checkpoint_api),
@@ -371,22 +378,44 @@ class _Doctor:
         from gputrace.tracer.links import BPF_TRACE_UPROBE_MULTI, multi_supported
 
         self.needs("bpf-syscall", WARN)
-        self.needs("bcc-compile", WARN)
         path, off = self.libc_target()
         fallback = "falls back to per-probe attach; detach takes ~0.1 s per probe"
+        map_fd = _map_create_array()
+        if map_fd < 0:
+            raise OSError(-map_fd, f"bpf(BPF_MAP_CREATE): {os.strerror(-map_fd)}")
         try:
-            with _captured_output():  # libbcc prints the verifier's complaint itself
-                fn = self.bpf.load_func(b"gputrace_doctor", self.bcc.BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
-        except TypeError:
-            return Check("", WARN, f"this bcc cannot load programs for multi links (load_func has no attach_type): {fallback}",
-                         "a newer bcc (0.25 or later) can")
-        except Exception as exc:  # bcc's own plain Exception: the kernel refused the attach type
-            return Check("", WARN, f"{_useful_line(str(exc), str(exc))}: {fallback}",
-                         "multi-uprobe links need Linux 6.6 or later")
-        ok, why = multi_supported(fn.fd, path, off)
+            try:
+                prog_fd = _prog_load(_counter_prog(map_fd), expected_attach_type=BPF_TRACE_UPROBE_MULTI)
+            except OSError as exc:  # the kernel refused the attach type
+                return Check("", WARN, f"a program for multi links does not load: {exc.strerror}: {fallback}",
+                             "multi-uprobe links need Linux 6.6 or later")
+            try:
+                ok, why = multi_supported(prog_fd, path, off)
+            finally:
+                os.close(prog_fd)
+        finally:
+            os.close(map_fd)
         if ok:
             return Check("", OK, f"{why} (getpid in {os.path.basename(path)})")
         return Check("", WARN, f"{why}: {fallback}", "multi-uprobe links need Linux 6.6 or later with CONFIG_UPROBES")
+
+    def bpf_program(self) -> Check:
+        """Loads the tracer's own program as attach would, and says which way it came: the precompiled
+        object, or bcc's run-time compile and why."""
+        from gputrace.tracer.bpfprog import Program
+
+        self.needs("bpf-syscall", FAIL)
+        multi = self.results.get("uprobe-multi")
+        mode = "multi" if multi is not None and multi.status == OK else "perf"
+        with _captured_output():  # bcc, where it is the way, prints clang's and the verifier's chatter
+            prog = Program(mode)
+        origin = prog.origin
+        prog.close()
+        self.program_origin = origin
+        if not origin.fallback:
+            return Check("", OK, f"{origin.detail}, loaded for {mode} links")
+        return Check("", WARN, origin.detail.replace("\n", " ")[:500],
+                     f"{origin.fallback_hint}; meanwhile the tracer falls back to bcc")
 
     def libcuda_check(self) -> Check:
         from gputrace.tracer import targets
@@ -495,6 +524,14 @@ def run_checks() -> tuple[Check, ...]:
             d.results[name] = _run_one(name, fn)
     finally:
         d.cleanup()
+    if d.program_origin is not None and d.program_origin.loader == "object":
+        # The precompiled object loaded: bcc, its compiler and the kernel headers only serve its fallback.
+        for name in ("kernel-headers", "bcc", "bcc-compile"):
+            c = d.results.get(name)
+            if c is not None and c.status == FAIL:
+                hint = f"{c.hint}; " if c.hint else ""
+                d.results[name] = Check(name, WARN, c.detail, f"{hint}only the bcc fallback needs this: the "
+                                        "precompiled BPF object is in use (see bpf-program)")
     t, multi = d.results.get("tracefs"), d.results.get("uprobe-multi")
     if t and t.status == WARN and t.detail.startswith("no tracefs") and multi and multi.status != OK:
         # Without multi links bcc's per-probe path is all there is, and it needs tracefs.

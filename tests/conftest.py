@@ -11,16 +11,22 @@ import pytest
 # --- tracer tests (test_tracer.py): a host that can load BPF, and processes that never outlive a test -------------
 
 def bpf_skip_reason() -> str | None:
-    """Why BPF tests cannot run here, or None when they can (root and an importable bcc)."""
+    """Why BPF tests cannot run here, or None when they can (root, and the precompiled BPF object or an
+    importable bcc to load the tracer's program with)."""
     if os.geteuid() != 0:
         return "needs root for BPF programs and uprobes"
     from gputrace.base.bccload import import_bcc
     from gputrace.base.errors import BpfUnavailable
+    from gputrace.tracer.bpfprog import object_file
 
     try:
-        import_bcc()
-    except BpfUnavailable as exc:
-        return f"bcc cannot be imported: {exc.msg}"
+        object_file()
+        return None
+    except BpfUnavailable as no_object:
+        try:
+            import_bcc()
+        except BpfUnavailable as exc:
+            return f"neither way of loading the BPF program works: {no_object.msg}; bcc cannot be imported: {exc.msg}"
     return None
 
 

@@ -61,7 +61,7 @@ def test_an_unwritable_jsonl_path_fails_before_tracing(tmp_path):
     r = subprocess.run(CLI + ["attach", "--jsonl", "-o", str(tmp_path / "no" / "such" / "dir.jsonl"), "--"] + argv,
                        capture_output=True, text=True, timeout=60, env=simcuda.env())
     assert r.returncode != 0 and "cannot write" in r.stderr, r.stderr
-    assert "compiling the BPF program" not in r.stderr  # refused before anything started
+    assert "loading the BPF program" not in r.stderr  # refused before anything started
 
 
 def test_a_bare_budget_fraction_is_echoed_as_a_percentage():

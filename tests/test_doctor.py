@@ -18,7 +18,8 @@ from gputrace.doctor import FAIL, OK, WARN, Check
 # (the commands register into gputrace.cli); calling main() from the imported module avoids that.
 CLI = [sys.executable, "-c", "import sys; from gputrace.cli import main; sys.exit(main())"]
 HOST_CHECKS = ["privileges", "bpf-syscall", "btf", "tracefs", "kernel-headers", "bcc", "bcc-compile", "uprobes",
-               "uprobe-multi"]
+               "uprobe-multi", "bpf-program"]
+BCC = {"GPUTRACE_BPF": "bcc"}  # the bcc path only: its checks FAIL when what it needs is missing
 GPU_CHECKS = ["libcuda", "nvidia-driver", "checkpoint-api", "criu"]
 BUILD_CHECKS = ["native"]
 
@@ -38,6 +39,17 @@ def run_doctor(*extra: str, env: dict[str, str] | None = None, prefix: list[str]
 
 def by_name(doc: dict) -> dict[str, dict]:
     return {c["name"]: c for c in doc["checks"]}
+
+
+def clang_here() -> bool:
+    from gputrace.base import native
+    from gputrace.base.errors import BuildError
+
+    try:
+        native.find_clang()
+        return True
+    except BuildError:
+        return False
 
 
 def bcc_importable_here() -> bool:
@@ -63,7 +75,12 @@ def test_every_host_check_is_ok_here():
     assert list(checks) == HOST_CHECKS + GPU_CHECKS + BUILD_CHECKS
     assert checks["native"]["status"] == OK and "compiled at first use" in checks["native"]["detail"]  # a checkout
     for name in HOST_CHECKS:
+        if name == "bpf-program" and not clang_here():
+            continue  # no object to load without clang: bcc's fallback, a WARN
         assert checks[name]["status"] == OK, checks[name]
+    if clang_here():
+        assert checks["bpf-program"]["detail"].startswith("precompiled object "), checks["bpf-program"]
+        assert "built here by clang at first use" in checks["bpf-program"]["detail"]  # a checkout
     for name in GPU_CHECKS:
         assert checks[name]["status"] in (OK, WARN), checks[name]
     assert rc == 0
@@ -99,19 +116,92 @@ def test_bcc_hidden():
     probe = subprocess.run([sys.executable, "-c", "import bcc"], capture_output=True)
     if probe.returncode == 0:
         pytest.skip(f"{sys.executable} imports bcc by itself; it cannot be hidden")
-    rc, doc, _ = run_doctor(env={"GPUTRACE_BCC_PATH": ""})
+    rc, doc, _ = run_doctor(env={"GPUTRACE_BCC_PATH": "", **BCC})
     checks = by_name(doc)
     assert checks["bcc"]["status"] == FAIL
     assert "not installed" in checks["bcc"]["detail"]
     assert "python3-bpfcc" in checks["bcc"]["hint"]
     assert checks["bcc-compile"] == {"name": "bcc-compile", "status": FAIL, "detail": "skipped: needs bcc",
                                      "hint": "see the bcc check above"}
-    assert checks["uprobe-multi"]["status"] == WARN and "skipped" in checks["uprobe-multi"]["detail"]
+    assert checks["bpf-program"]["status"] == FAIL and "bcc" in checks["bpf-program"]["detail"]
+    assert rc == 1
+
+
+@pytest.mark.bpf
+@needs_root
+def test_bcc_hidden_with_the_precompiled_object():
+    """Where the precompiled object loads, bcc is only the fallback: missing, it is a WARN, not a FAIL."""
+    probe = subprocess.run([sys.executable, "-c", "import bcc"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip(f"{sys.executable} imports bcc by itself; it cannot be hidden")
+    if not clang_here():
+        pytest.skip("clang is not installed (scripts/setup-host installs it): no BPF object to load")
+    rc, doc, _ = run_doctor(env={"GPUTRACE_BCC_PATH": ""})
+    checks = by_name(doc)
+    assert checks["bpf-program"]["status"] == OK and checks["bpf-program"]["detail"].startswith("precompiled object")
+    for name in ("bcc", "bcc-compile"):
+        assert checks[name]["status"] == WARN, checks[name]
+        assert "only the bcc fallback needs this" in checks[name]["hint"], checks[name]
+    assert "python3-bpfcc" in checks["bcc"]["hint"]
+    assert checks["uprobe-multi"]["status"] == OK  # needs no bcc
+    assert all(checks[n]["status"] != FAIL for n in HOST_CHECKS)
+    assert rc == (1 if any(c["status"] == FAIL for c in doc["checks"]) else 0)
+
+
+@pytest.mark.bpf
+@needs_root
+@pytest.mark.parametrize("case", ["corrupt", "missing", "refused", "no-clang"])
+def test_an_object_that_cannot_load_falls_back_to_bcc_and_doctor_says_why(case, tmp_path):
+    if not bcc_importable_here():
+        pytest.skip("bcc is not installed: there is no fallback to show")
+    env: dict[str, str] = {}
+    if case == "corrupt":
+        (tmp_path / "counts.bpf.o").write_bytes(b"\x7fELF" + b"\0" * 60)
+        env["GPUTRACE_BPF_OBJECT"] = str(tmp_path / "counts.bpf.o")
+        why = "is not a BPF object gputrace can load"
+    elif case == "missing":
+        env["GPUTRACE_BPF_OBJECT"] = str(tmp_path / "absent.bpf.o")
+        why = "cannot read the BPF object"
+    elif case == "refused":
+        if not clang_here():
+            pytest.skip("clang is not installed: no object to refuse")
+        from bpfobjtest import REFUSED, build_test_object
+
+        env["GPUTRACE_BPF_OBJECT"] = str(build_test_object(tmp_path, "refused", REFUSED))
+        why = "the kernel's verifier refused gt_entry of refused.bpf.o: "
+    else:  # a checkout where nothing came prebuilt and there is no clang to build the object
+        (tmp_path / "bin").mkdir()
+        env.update(PATH=str(tmp_path / "bin"), GPUTRACE_CACHE=str(tmp_path / "cache"))
+        why = "no precompiled BPF object in this install, and it cannot be built here: no clang found"
+    rc, doc, err = run_doctor(env=env)
+    c = by_name(doc)["bpf-program"]
+    assert c["status"] == WARN, c
+    assert c["detail"].startswith("bcc run-time compile, because the precompiled object did not load: "), c
+    assert why in c["detail"] and "\n" not in c["detail"], c
+    assert "falls back to bcc" in c["hint"], c
+    if case == "refused":
+        assert "map_value_or_null" in c["detail"], c  # the verifier's own words
+    if case == "no-clang":
+        assert "apt-get install clang" in c["hint"] and "platform wheel" in c["hint"], c
+    assert err == ""
+    # Forced to the object, the same reason is a FAIL.
+    rc, doc, _ = run_doctor(env={**env, "GPUTRACE_BPF": "object"})
+    c = by_name(doc)["bpf-program"]
+    assert c["status"] == FAIL and why in c["detail"] and "GPUTRACE_BPF=object" in c["detail"], c
+    assert rc == 1
+
+
+def test_an_unknown_gputrace_bpf_is_a_fail_with_a_hint():
+    rc, doc, _ = run_doctor(env={"GPUTRACE_BPF": "llvm"})
+    c = by_name(doc)["bpf-program"]
+    if c["detail"].startswith("skipped"):
+        pytest.skip("BPF is not available to this user")
+    assert c["status"] == FAIL and "GPUTRACE_BPF='llvm'" in c["detail"] and "object or bcc" in c["hint"], c
     assert rc == 1
 
 
 def test_headers_missing():
-    rc, doc, _ = run_doctor(env={"GPUTRACE_KERNEL_HEADERS": "/nonexistent"})
+    rc, doc, _ = run_doctor(env={"GPUTRACE_KERNEL_HEADERS": "/nonexistent", **BCC})
     checks = by_name(doc)
     h = checks["kernel-headers"]
     assert h["status"] == FAIL and "/nonexistent does not exist" in h["detail"]
@@ -121,8 +211,21 @@ def test_headers_missing():
     assert rc == 1
 
 
+@pytest.mark.bpf
+@needs_root
+def test_headers_missing_are_a_warn_where_the_object_loads():
+    if not clang_here():
+        pytest.skip("clang is not installed (scripts/setup-host installs it): no BPF object to load")
+    rc, doc, _ = run_doctor(env={"GPUTRACE_KERNEL_HEADERS": "/nonexistent"})
+    checks = by_name(doc)
+    assert checks["bpf-program"]["status"] == OK, checks["bpf-program"]
+    h = checks["kernel-headers"]
+    assert h["status"] == WARN and "/nonexistent does not exist" in h["detail"], h
+    assert "scripts/setup-host" in h["hint"] and "only the bcc fallback needs this" in h["hint"]
+
+
 def test_headers_without_include_dir(tmp_path):
-    rc, doc, _ = run_doctor(env={"GPUTRACE_KERNEL_HEADERS": str(tmp_path)})
+    rc, doc, _ = run_doctor(env={"GPUTRACE_KERNEL_HEADERS": str(tmp_path), **BCC})
     h = by_name(doc)["kernel-headers"]
     assert h["status"] == FAIL and h["detail"] == f"{tmp_path} has no include/"
     assert rc == 1
@@ -134,7 +237,7 @@ def test_compile_failure_is_one_useful_line(tmp_path):
     if not bcc_importable_here():
         pytest.skip("bcc is not installed")
     (tmp_path / "include").mkdir()  # headers that pass a glance but cannot compile anything
-    rc, doc, err = run_doctor(env={"BCC_KERNEL_SOURCE": str(tmp_path)})
+    rc, doc, err = run_doctor(env={"BCC_KERNEL_SOURCE": str(tmp_path), **BCC})
     c = by_name(doc)["bcc-compile"]
     assert c["status"] == FAIL
     assert "\n" not in c["detail"], c
@@ -183,7 +286,8 @@ def test_not_root():
 def test_help_has_examples_and_environment():
     p = subprocess.run(CLI + ["doctor", "--help"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0
-    for s in ("examples:", "gputrace doctor --json", "GPUTRACE_KERNEL_HEADERS", "GPUTRACE_TRACEFS", "GPUTRACE_BCC_PATH"):
+    for s in ("examples:", "gputrace doctor --json", "GPUTRACE_KERNEL_HEADERS", "GPUTRACE_TRACEFS", "GPUTRACE_BCC_PATH",
+              "GPUTRACE_BPF=auto|object|bcc", "GPUTRACE_BPF_OBJECT"):
         assert s in p.stdout
 
 

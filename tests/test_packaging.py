@@ -1,6 +1,7 @@
 """The wheel: built from the repository, installed into a fresh virtualenv, every layer importable under
 `gputrace.*` with its C sources, nothing generic left at the top of site-packages; and, with its
-prebuilt shim and calibration target, `run --checkpointable` and `attach` working with no C compiler."""
+prebuilt shim, calibration target and BPF object, `run --checkpointable` and `attach` working with no C
+compiler, no clang and no bcc."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ["gputrace.cli", "gputrace.base.errors", "gputrace.hostview.live", "gputrace.exporter.metrics", "gputrace.tracer.session", "gputrace.checkpointer", "gputrace.shim", "gputrace.tui",
          "gputrace.bpf", "gputrace.simcuda"]
-DATA = [("gputrace.bpf", "counts.bpf.c"), ("gputrace.bpf", "gputrace.h"), ("gputrace.tracer", "calib.c"),
+DATA = [("gputrace.bpf", "counts.bpf.c"), ("gputrace.bpf", "gputrace.h"), ("gputrace.bpf", "compat.h"),
+        ("gputrace.tracer", "calib.c"),
         ("gputrace.simcuda", "libcuda.c"), ("gputrace.shim", "shim.c")]
 
 
@@ -41,7 +43,8 @@ def test_wheel_installs_into_a_fresh_venv(installed, tmp_path: Path) -> None:
         names = z.namelist()
         lic = [n for n in names if n.endswith("LICENSE") and ".dist-info/" in n]
         assert lic and "Apache License" in z.read(lic[0]).decode() and "Version 2.0" in z.read(lic[0]).decode()
-        for lib in ("gputrace/shim/prebuilt/libgputrace_shim.so", "gputrace/tracer/prebuilt/libgputrace_calib.so"):
+        for lib in ("gputrace/shim/prebuilt/libgputrace_shim.so", "gputrace/tracer/prebuilt/libgputrace_calib.so",
+                    "gputrace/bpf/prebuilt/counts.bpf.o"):
             assert lib in names and lib + ".key" in names
     assert wheel.name.endswith("-py3-none-linux_" + __import__("platform").machine() + ".whl"), wheel.name
     py = venv / "bin" / "python"
@@ -64,12 +67,16 @@ def test_wheel_installs_into_a_fresh_venv(installed, tmp_path: Path) -> None:
 
 
 def _no_compiler_env(tmp_path: Path) -> dict:
-    """No C compiler reachable (PATH names an empty directory, no $CC) and an empty build cache."""
+    """No C compiler or clang reachable (PATH names an empty directory, no $CC, $GPUTRACE_CLANG), no bcc
+    (GPUTRACE_BCC_PATH names an empty directory; the fresh venv has none of its own) and an empty build cache."""
     import os
 
-    env = {k: v for k, v in os.environ.items() if k not in ("CC", "PATH")}
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "PATH", "GPUTRACE_CLANG", "GPUTRACE_BPF",
+                                                            "GPUTRACE_BPF_OBJECT")}
     (tmp_path / "bin").mkdir()
-    env.update(PATH=str(tmp_path / "bin"), GPUTRACE_CACHE=str(tmp_path / "cache"))
+    (tmp_path / "no-bcc").mkdir()
+    env.update(PATH=str(tmp_path / "bin"), GPUTRACE_CACHE=str(tmp_path / "cache"),
+               GPUTRACE_BCC_PATH=str(tmp_path / "no-bcc"))
     return env
 
 
@@ -98,8 +105,12 @@ def test_the_wheel_runs_the_shim_and_attaches_without_a_compiler(installed, tmp_
     assert r.returncode == 0, r.stderr
     rep = orjson.loads(out.read_bytes())
     assert rep["summary"]["calls_hz"] > 0
+    assert rep["attach"]["program"] == "object"  # the wheel's BPF object: there is no bcc here
     # Nothing was compiled: the shim and the calibration target came from the wheel, as doctor says.
     assert not (tmp_path / "cache" / "native").exists(), list((tmp_path / "cache").rglob("*"))
     doc = orjson.loads(subprocess.run([gt, "doctor", "--json"], env=env, capture_output=True, cwd=tmp_path).stdout)
     native = next(c for c in doc["checks"] if c["name"] == "native")
     assert native["status"] == "OK" and "came built with the wheel" in native["detail"], native
+    prog = next(c for c in doc["checks"] if c["name"] == "bpf-program")
+    assert prog["status"] == "OK" and "(came built with the wheel)" in prog["detail"], prog
+    assert prog["detail"].startswith("precompiled object ") and "site-packages" in prog["detail"], prog

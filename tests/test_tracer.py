@@ -1,7 +1,8 @@
 """The tracer end to end on this host's kernel: `gputrace attach` as a subprocess on simcuda workloads, and a
 Session in-process on a small fake libcuda. Every count is compared with what the traced program says it did.
 
-Needs root and bcc (CI has both); skipped with the reason where either is missing. No test sleeps for a
+Needs root, and the precompiled BPF object (built by clang) or bcc to load the program with (CI has all
+three); skipped with the reason where they are missing. No test sleeps for a
 condition that can be awaited: workloads are held with --wait-stdin / --ready-fd, tracers are awaited on their
 live lines ("[", printed once the probes are attached) and on their exit.
 """
@@ -547,9 +548,27 @@ def wait_until(cond, what: str, limit_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_nesting_recursion_and_dying_threads(fake_driver, spawned):
+@pytest.mark.parametrize("loader", ["object", "bcc"])
+def test_nesting_recursion_and_dying_threads(fake_driver, spawned, loader, monkeypatch):
+    """Once per way of loading the program (the precompiled object, bcc's run-time compile): the same
+    exact counts from both."""
+    from gputrace.base.errors import BuildError
     from gputrace.tracer.session import Options, Session
 
+    if loader == "object":
+        try:
+            native.find_clang()
+        except BuildError:
+            pytest.skip("clang is not installed (scripts/setup-host installs it): no BPF object to load")
+    else:
+        from gputrace.base.bccload import import_bcc
+        from gputrace.base.errors import BpfUnavailable
+
+        try:
+            import_bcc()
+        except BpfUnavailable as exc:
+            pytest.skip(f"bcc cannot be imported: {exc.msg}")
+    monkeypatch.setenv(bpfprog.BPF_ENV, loader)
     lib, exe = fake_driver
     outer, inner, rec, depth, nthreads = 40, 25, 10, 12, 5
     assert depth > bpfprog.MAX_DEPTH
@@ -559,6 +578,7 @@ def test_nesting_recursion_and_dying_threads(fake_driver, spawned):
     spawned.append(proc)
     session = Session(proc.pid, str(lib), Options(interval_s=0.5, budget=1.0))
     try:
+        assert session.program.loader == loader
         ids = {f.name: i for i, f in session.ids.items()}
         assert set(ids) == {"cuInner", "cuOuter", "cuRecurse", "cuDie"}
         errors0 = session.program.read_errors()
@@ -571,7 +591,7 @@ def test_nesting_recursion_and_dying_threads(fake_driver, spawned):
         # A thread that died inside cuDie leaves no frame stack behind; the live main thread keeps its own.
         for tid in told["dead_tids"]:
             wait_until(lambda: not os.path.exists(f"/proc/{proc.pid}/task/{tid}"), f"thread {tid} is reaped")
-        threads = {k.value for k in session.program.bpf[b"threads"].keys()}
+        threads = session.program.thread_ids()
         assert told["main_tid"] in threads
         assert not threads & set(told["dead_tids"]), threads
 
@@ -581,7 +601,7 @@ def test_nesting_recursion_and_dying_threads(fake_driver, spawned):
         assert proc.wait() == 0
         raw = {f: st for (tgid, f), st in session.program.read_stats().items() if tgid == proc.pid}
         errors = {k: v - errors0[k] for k, v in session.program.read_errors().items()}
-        # The batched read (parsed with struct) gives what bcc's row-by-row ctypes read gives.
+        # The batched read (parsed with struct) gives what the row-by-row ctypes read gives.
         assert session.program._batch is not None
         session.program._batch, session.program._rows = None, {}
         assert {f: st for (tgid, f), st in session.program.read_stats().items() if tgid == proc.pid} == raw

@@ -3,6 +3,15 @@
 `mode` fixes how the programs attach: "multi" loads them for uprobe-multi links (expected attach type
 BPF_TRACE_UPROBE_MULTI), "perf" for per-probe perf links; the kernel refuses to mix the two, so a
 fallback means loading again.
+
+The program comes one of two ways, the same programs and maps either way (bpf/compat.h):
+  object  the precompiled ELF object (bpf/__init__.py: built into the wheel, or at first use by
+          clang in a checkout), loaded with raw syscalls by tracer/bpfobj.py: no bcc, no compiler,
+          no kernel headers needed
+  bcc     compiled here at run time by bcc, against the kernel's headers
+$GPUTRACE_BPF picks: "auto" (the default: the object, and bcc where the object is missing or the
+kernel refuses it), "object" or "bcc" (that one only). $GPUTRACE_BPF_OBJECT names an object file
+to load instead of the built one. `Program.origin` says which came and why.
 """
 
 from __future__ import annotations
@@ -19,9 +28,15 @@ from pathlib import Path
 from typing import Sequence
 
 from gputrace.base.bccload import import_bcc
-from gputrace.base.errors import BpfUnavailable
+from gputrace.base.errors import BpfUnavailable, BuildError, PermissionDenied
 
 from . import links
+from .bpfmaps import Map
+
+BPF_ENV = "GPUTRACE_BPF"
+OBJECT_ENV = "GPUTRACE_BPF_OBJECT"
+LOADERS = ("auto", "object", "bcc")
+MAP_NAMES = ("stats", "threads", "errors", "config", "seen")
 
 def source_dir() -> Path:
     return Path(str(resources.files("gputrace.bpf")))
@@ -54,16 +69,16 @@ ERROR_NAMES = tuple(n.removeprefix("GT_ERR_").lower()
                     for n, _ in sorted(((k, v) for k, v in _H.items() if k.startswith("GT_ERR_") and k != "GT_ERR_COUNT"),
                                        key=lambda kv: kv[1]))
 _BATCH = 1024  # rows per lookup-batch syscall
-# The integer types bcc gives struct fields (u32, u64, ...), under whichever alias ctypes uses.
+# The integer types the loaders give struct fields (u32, u64, ...), under whichever alias ctypes uses.
 _CTYPE_CODES = {ctypes.c_uint32: "I", ctypes.c_int32: "i", ctypes.c_uint64: "Q", ctypes.c_int64: "q",
                 ctypes.c_ulonglong: "Q", ctypes.c_longlong: "q"}
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A map's key or value as bcc built it from the C definition, for reading batches of rows in
-    one C call a row (struct.unpack) rather than through ctypes' field accessors: the format and,
-    per field, its slice of the unpacked tuple. Checked field by field (offset and type) against the
+    """A map's key or value as its loader typed it (bcc from the C definition, the object loader
+    from the object's BTF), for reading batches of rows in one C call a row (struct.unpack) rather
+    than through ctypes' field accessors: the format and, per field, its slice of the unpacked tuple. Checked field by field (offset and type) against the
     ctypes type, so a change to the header that user space does not follow fails at load."""
 
     struct: struct.Struct
@@ -136,43 +151,166 @@ ZERO_HIST = (0,) * HIST_SLOTS
 ZERO = RawStats(0, 0, 0, 0, 0, 0, ZERO_HIST)
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where the loaded program came from: `loader` "object" or "bcc", `detail` a sentence for
+    doctor (which object, or why bcc); `fallback` the reason the object was not used and
+    `fallback_hint` what would make it load (auto only)."""
+
+    loader: str
+    detail: str
+    fallback: str = ""
+    fallback_hint: str = ""
+
+
+class MultiUnsupported(BpfUnavailable):
+    """The kernel loads the program, but not for uprobe-multi links: bcc would fare no better."""
+
+
+def loader_choice() -> str:
+    want = os.environ.get(BPF_ENV, "").strip().lower() or "auto"
+    if want not in LOADERS:
+        raise BpfUnavailable(f"{BPF_ENV}={os.environ[BPF_ENV]!r} is not one of {', '.join(LOADERS)}",
+                             f"unset {BPF_ENV} (auto: the precompiled object, bcc where it cannot load), or set it "
+                             "to object or bcc")
+    return want
+
+
+def object_file() -> tuple[Path, str]:
+    """The BPF object to load and how it came: $GPUTRACE_BPF_OBJECT, the wheel's prebuilt copy, or
+    built here by clang (cached). BpfUnavailable says why there is none."""
+    from gputrace import bpf as bpfsrc
+    from gputrace.base import native
+
+    env = os.environ.get(OBJECT_ENV)
+    if env:
+        return Path(env), f"{OBJECT_ENV}={env}"
+    if native.is_prebuilt(bpfsrc.OBJECT):
+        return native.build(**bpfsrc.OBJECT), "came built with the wheel"
+    try:
+        path = native.build(**bpfsrc.OBJECT)
+    except BuildError as exc:
+        reason = exc.msg.splitlines()[0] if exc.msg.startswith("no clang") else \
+            next((ln.strip() for ln in exc.msg.splitlines() if "error" in ln), exc.msg.splitlines()[-1])
+        raise BpfUnavailable(f"no precompiled BPF object in this install, and it cannot be built here: {reason}",
+                             "install gputrace from its platform wheel (it carries the object), or install clang "
+                             "(apt-get install clang) to build it at first use") from None
+    return path, "built here by clang at first use, cached"
+
+
 class Program:
     def __init__(self, mode: str = "multi", *, max_stats: int = 16384, max_threads: int = 16384) -> None:
         if mode not in ("multi", "perf"):
             raise ValueError(mode)
         self.mode = mode
-        bcc = import_bcc()
-        src = source_dir() / "counts.bpf.c"
-        cflags = [f"-I{source_dir()}", f"-DGT_MAX_STATS={max_stats}", f"-DGT_MAX_THREADS={max_threads}"]
-        try:
-            self.bpf = bcc.BPF(src_file=str(src).encode(), cflags=cflags)
-            attach_type = links.BPF_TRACE_UPROBE_MULTI if mode == "multi" else -1
-            self.entry_fd = self.bpf.load_func(b"gt_entry", bcc.BPF.KPROBE, attach_type=attach_type).fd
-            self.return_fd = self.bpf.load_func(b"gt_return", bcc.BPF.KPROBE, attach_type=attach_type).fd
-        except Exception as exc:  # bcc raises bare Exception for compile and load failures
-            raise BpfUnavailable(
-                f"the BPF program did not compile or load: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}",
-                "run `gputrace doctor`: kernel headers, bcc and BPF support are checked there",
-            ) from None
-        self._stats = self.bpf[b"stats"]
-        # The stats rows as bcc built their types from the C structs; RawStats takes exactly these fields.
-        self._key_layout, self._leaf_layout = Layout.of(self._stats.Key), Layout.of(self._stats.Leaf)
+        self._bcc_prog = None   # bcc's BPF object, on the bcc path
+        self._loaded = None     # bpfobj.Loaded, on the object path
+        choice = loader_choice()
+        sizes = dict(max_stats=max_stats, max_threads=max_threads)
+        if choice == "bcc":
+            self._load_bcc(**sizes)
+            self.origin = Origin("bcc", f"bcc run-time compile ({BPF_ENV}=bcc)")
+        else:
+            try:
+                where = self._load_object(**sizes)
+                self.origin = Origin("object", f"precompiled object {where}")
+            except (PermissionDenied, MultiUnsupported):
+                raise  # bcc would be refused the same way
+            except BpfUnavailable as exc:
+                if choice == "object":
+                    raise BpfUnavailable(f"{exc.msg} ({BPF_ENV}=object: no bcc fallback)", exc.hint) from None
+                try:
+                    self._load_bcc(**sizes)
+                except BpfUnavailable as bcc_exc:
+                    raise BpfUnavailable(f"the BPF program did not load: the precompiled object: {exc.msg}; "
+                                         f"bcc: {bcc_exc.msg}", exc.hint) from None
+                self.origin = Origin("bcc", f"bcc run-time compile, because the precompiled object did not load: "
+                                     f"{exc.msg}", fallback=exc.msg, fallback_hint=exc.hint)
+        self.loader = self.origin.loader
+        self._stats = self.maps["stats"]
+        # The stats rows as the loader built their types (bcc from the C structs, the object loader
+        # from the object's BTF); RawStats takes exactly these fields.
+        self._key_layout, self._leaf_layout = Layout.of(self._stats.key_type), Layout.of(self._stats.value_type)
         want = {f.name for f in dataclasses.fields(RawStats)}
         if set(self._leaf_layout.fields) != want or set(self._key_layout.fields) != {"tgid", "func"}:
+            self.close()
             raise BpfUnavailable(f"the BPF stats map holds {sorted(self._leaf_layout.fields)}, gputrace reads {sorted(want)}",
                                  "reinstall gputrace: its BPF program and its reader are out of step")
         self._batch: object = True  # True: not tried yet; None: unsupported; else the buffers
         self._rows: dict[tuple[int, int], tuple[bytes, RawStats]] = {}  # (tgid, func) -> last bytes read
-        self._errors = self.bpf[b"errors"]
-        self._config = self.bpf[b"config"]
-        self._seen = self.bpf[b"seen"]
-        self._threads = None  # the `threads` table, looked up on first use
+        self._errors = self.maps["errors"]
+        self._config = self.maps["config"]
+        self._seen = self.maps["seen"]
+        self._threads = self.maps["threads"]
         self._thread_ids: frozenset[int] | None = None  # its keys as of the last stats read (thread_ids)
-        # seen_hits() is polled 50 times a second per file: one bpf() lookup into kept buffers,
-        # not bcc's table access (about 10x the cost).
-        self._seen_key, self._seen_val = ctypes.c_int(0), ctypes.c_uint64(0)
+        # seen_hits() is polled 50 times a second per file: one bpf() lookup into kept buffers.
+        self._seen_key, self._seen_val = self._seen.key_type(0), self._seen.value_type(0)
         self.generation = 0
         self.hit_ns = (0, 0, 0, 0)
+
+    def _load_object(self, *, max_stats: int, max_threads: int) -> str:
+        from . import bpfobj
+
+        path, how = object_file()
+        try:
+            obj = bpfobj.BpfObject(path)
+        except bpfobj.ObjectInvalid as exc:
+            if os.environ.get(OBJECT_ENV):
+                raise bpfobj.ObjectInvalid(exc.msg, f"{OBJECT_ENV} names it: point it at a good object, or unset "
+                                           "it") from None
+            raise
+        missing = [n for n in ("gt_entry", "gt_return") if n not in obj.programs]
+        missing += [n for n in MAP_NAMES if n not in obj.maps]
+        if missing:
+            raise bpfobj.ObjectInvalid(f"{path} lacks {', '.join(missing)}: not gputrace's counting program",
+                                       f"reinstall gputrace, or unset {OBJECT_ENV}")
+        attach_type = links.BPF_TRACE_UPROBE_MULTI if self.mode == "multi" else 0
+        try:
+            loaded = obj.load(expected_attach_type=attach_type,
+                              max_entries={"stats": max_stats, "threads": max_threads})
+        except bpfobj.ProgramRefused as exc:
+            if self.mode == "multi" and self._loads_for_perf(obj, bpfobj):
+                raise MultiUnsupported(f"the kernel does not load programs for uprobe-multi links: {exc.msg}",
+                                       "multi-uprobe links need Linux 6.6 or later; perf links are used instead") from None
+            raise
+        self._loaded = loaded
+        self.maps = loaded.maps
+        self.entry_fd, self.return_fd = loaded.progs["gt_entry"], loaded.progs["gt_return"]
+        return f"{path} ({how})"
+
+    @staticmethod
+    def _loads_for_perf(obj, bpfobj) -> bool:
+        """Whether the object's programs load without the multi attach type: then only that was refused."""
+        try:
+            obj.load(expected_attach_type=0, attach_raw_tracepoints=False).close()
+            return True
+        except BpfUnavailable:
+            return False
+
+    def _load_bcc(self, *, max_stats: int, max_threads: int) -> None:
+        bcc = import_bcc()
+        src = source_dir() / "counts.bpf.c"
+        cflags = [f"-I{source_dir()}", f"-DGT_MAX_STATS={max_stats}", f"-DGT_MAX_THREADS={max_threads}"]
+        try:
+            self._bcc_prog = bcc.BPF(src_file=str(src).encode(), cflags=cflags)
+            attach_type = links.BPF_TRACE_UPROBE_MULTI if self.mode == "multi" else -1
+            self.entry_fd = self._bcc_prog.load_func(b"gt_entry", bcc.BPF.KPROBE, attach_type=attach_type).fd
+            self.return_fd = self._bcc_prog.load_func(b"gt_return", bcc.BPF.KPROBE, attach_type=attach_type).fd
+        except Exception as exc:  # bcc raises bare Exception for compile and load failures
+            if self._bcc_prog is not None:
+                self._bcc_prog.cleanup()
+                self._bcc_prog = None
+            raise BpfUnavailable(
+                f"the BPF program did not compile or load: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}",
+                "run `gputrace doctor`: kernel headers, bcc and BPF support are checked there",
+            ) from None
+        # bcc's tables, read through the same raw map access as the object's maps (bcc owns the fds).
+        tables = {name: self._bcc_prog[name.encode()] for name in MAP_NAMES}
+        self.maps = {name: Map(name, t.map_fd, t.Key, t.Leaf) for name, t in tables.items()}
+
+    def map_infos(self) -> dict:
+        """What the kernel says of each map (type, sizes, max_entries, flags), by name."""
+        return {name: m.info() for name, m in self.maps.items()}
 
     def attach(self, path: str, offsets: Sequence[int], cookies: Sequence[int], *, retprobe: bool, pid: int = 0) -> links.Link:
         fd = self.return_fd if retprobe else self.entry_fd
@@ -181,12 +319,12 @@ class Program:
         return links.attach_perf(fd, path, offsets, cookies, retprobe=retprobe, pid=pid if pid > 0 else -1)
 
     def _set_config(self, state: int) -> None:
-        leaf = self._config[ctypes.c_int(0)]
+        leaf = self._config.lookup(0)
         leaf.gen = self.generation
         leaf.open = state
         for i, ns in enumerate(self.hit_ns):
             leaf.hit_ns[i] = int(ns)
-        self._config[ctypes.c_int(0)] = leaf
+        self._config.update(0, leaf)
 
     def set_hit_costs(self, emulated_entry: float, emulated_timed: float, stepped_entry: float, stepped_timed: float) -> None:
         """Calibrated hit costs, taken out of the time of calls that contain traced calls."""
@@ -210,12 +348,10 @@ class Program:
 
     def thread_ids(self) -> set[int]:
         """Thread ids in the `threads` map: every live thread that has made a timed call (entries go
-        when the thread exits). Key by key (bcc's iteration, two syscalls a thread): read only when a
-        caller needs it, and once per read of the stats (every process of a host session asks after
-        the same read: with 50 processes, iterating the map for each was a tenth of top's CPU)."""
+        when the thread exits). Key by key (one syscall a thread): read only when a caller needs
+        it, and once per read of the stats (every process of a host session asks after the same
+        read: with 50 processes, iterating the map for each was a tenth of top's CPU)."""
         if self._thread_ids is None:
-            if self._threads is None:
-                self._threads = self.bpf[b"threads"]
             self._thread_ids = frozenset(k.value for k in self._threads.keys())
         return self._thread_ids
 
@@ -245,10 +381,8 @@ class Program:
         return out
 
     def _read_batched(self) -> dict[int, dict[int, RawStats]]:
-        from bcc.libbcc import lib
-
         if self._batch is True:
-            self._batch = ((self._stats.Key * _BATCH)(), (self._stats.Leaf * _BATCH)())
+            self._batch = ((self._stats.key_type * _BATCH)(), (self._stats.value_type * _BATCH)())
         keys, vals = self._batch
         key_l, leaf_l = self._key_layout, self._leaf_layout
         size, key_size = leaf_l.struct.size, key_l.struct.size
@@ -257,16 +391,11 @@ class Program:
         c, t, tn, on, ne, cl, ou, wa = (leaf_l.index(n) for n in ("calls", "timed", "total_ns", "outer_ns", "nested",
                                                                    "closed", "outside", "watched"))
         hist = leaf_l.fields["hist"]
-        token_in, token_out, count = ctypes.c_uint32(0), ctypes.c_uint32(0), ctypes.c_uint32(0)
+        token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
         out: dict[int, dict[int, RawStats]] = {}
         first, n_rows = True, 0
         while True:
-            count.value = _BATCH
-            res = lib.bpf_lookup_batch(self._stats.map_fd, None if first else ctypes.byref(token_in),
-                                       ctypes.byref(token_out), ctypes.byref(keys), ctypes.byref(vals),
-                                       ctypes.byref(count))
-            err = ctypes.get_errno()
-            n = count.value
+            n, err = self._stats.lookup_batch(None if first else token_in, token_out, keys, vals, _BATCH)
             n_rows += n
             raw = ctypes.string_at(vals, n * size)
             for i, k in enumerate(key_l.struct.iter_unpack(ctypes.string_at(keys, n * key_size))):
@@ -280,7 +409,7 @@ class Program:
                 if tgid_rows is None:
                     tgid_rows = out[key[0]] = {}
                 tgid_rows[key[1]] = cached[1]
-            if res != 0:
+            if err:
                 if err == errno.ENOENT:  # the end of the map
                     break
                 raise OSError(err, os.strerror(err))
@@ -291,22 +420,26 @@ class Program:
 
     def forget(self, keys: Sequence[tuple[int, int]]) -> None:
         for tgid, func in keys:
-            key = self._stats.Key(tgid, func)
-            try:
-                del self._stats[key]
-            except KeyError:
-                pass
+            self._stats.delete(self._stats.key_type(tgid, func))
 
     def seen_hits(self) -> int:
         """Hits on watch links so far, all processes together: one lookup, polled while windows wait."""
-        from bcc.libbcc import lib
-
-        if lib.bpf_lookup_elem(self._seen.map_fd, ctypes.byref(self._seen_key), ctypes.byref(self._seen_val)) != 0:
-            return int(self._seen[ctypes.c_int(0)].value)
+        if not self._seen.lookup_into(self._seen_key, self._seen_val):
+            v = self._seen.lookup(0)
+            return int(v.value) if v is not None else 0
         return self._seen_val.value
 
     def read_errors(self) -> dict[str, int]:
-        return {name: int(self._errors[ctypes.c_int(i)].value) for i, name in enumerate(ERROR_NAMES)}
+        out = {}
+        for i, name in enumerate(ERROR_NAMES):
+            v = self._errors.lookup(i)
+            out[name] = int(v.value) if v is not None else 0
+        return out
 
     def close(self) -> None:
-        self.bpf.cleanup()
+        if self._loaded is not None:
+            self._loaded.close()
+            self._loaded = None
+        if self._bcc_prog is not None:
+            self._bcc_prog.cleanup()
+            self._bcc_prog = None

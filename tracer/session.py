@@ -57,17 +57,32 @@ def select_functions(funcs: Sequence[Function], patterns: Iterable[str]) -> tupl
 def open_program(mode: str, warn: Callable[[str], None]) -> tuple[Program, Calibration]:
     """Loads the program and calibrates with it; in auto mode falls back to per-probe links."""
     if mode in ("auto", "multi"):
-        prog = Program("multi")
         try:
-            return prog, calibrate(prog)
+            prog = Program("multi")
         except BpfUnavailable as exc:
-            prog.close()
             if mode == "multi":
                 raise
-            warn(f"uprobe-multi links unavailable ({exc.msg}); attaching one probe per function, "
-                 "detach will take about 0.1 s per function")
+            prog = None
+            why = exc.msg
+        if prog is not None:
+            _say_origin(prog, warn)
+            try:
+                return prog, calibrate(prog)
+            except BpfUnavailable as exc:
+                prog.close()
+                if mode == "multi":
+                    raise
+                why = exc.msg
+        warn(f"uprobe-multi links unavailable ({why}); attaching one probe per function, "
+             "detach will take about 0.1 s per function")
     prog = Program("perf")
+    _say_origin(prog, warn)
     return prog, calibrate(prog)
+
+
+def _say_origin(prog: Program, warn: Callable[[str], None]) -> None:
+    if prog.origin.fallback:
+        warn(f"the precompiled BPF program did not load ({prog.origin.fallback}); compiled it with bcc instead")
 
 
 class Session:

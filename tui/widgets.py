@@ -66,7 +66,7 @@ class HostHeader(Widget):
 
     def show(self, h: HostSnapshot | None, preset: str, sort: str, reverse: bool, filt: str, state: str) -> None:
         if h is None:
-            self._set([Text(f"gputrace top — {state or 'starting: compiling the BPF program and calibrating ...'}")])
+            self._set([Text(f"gputrace top — {state or 'starting: loading the BPF program and calibrating ...'}")])
             return
         t = Text()
         t.append(h.host, style="bold")

@@ -177,10 +177,11 @@ def trace(args: argparse.Namespace) -> int:
 
     intervals = []
     try:
-        say("compiling the BPF program and calibrating the probe cost ...")
+        say("loading the BPF program and calibrating the probe cost ...")
         session = Session(pid, library, Options(args.interval, budget, patterns, args.attach_mode), warn=say)
         cal = session.calibration
-        say(f"probing {len(session.functions)} functions of {library} in pid {pid} ({session.program.mode} links; "
+        say(f"probing {len(session.functions)} functions of {library} in pid {pid} ({session.program.mode} links, "
+            f"{'precompiled BPF program' if session.program.loader == 'object' else 'BPF program compiled by bcc'}; "
             f"a hit costs {fmt_ns(cal.emulated.entry_ns)}-{fmt_ns(cal.stepped.entry_ns)}, "
             f"a timed call {fmt_ns(cal.emulated.entry_return_ns)}-{fmt_ns(cal.stepped.entry_return_ns)})")
         if patterns and not any(waits(f.name) for f in session.functions):
@@ -231,6 +232,7 @@ def trace(args: argparse.Namespace) -> int:
         attach={
             "started_monotonic_s": session.started,  # CLOCK_MONOTONIC: lines the intervals up with a job's own clock
             "mode": session.program.mode,
+            "program": session.program.loader,  # "object" (precompiled) or "bcc" (compiled here)
             "functions": len(session.functions),
             "windows": len(session.attach_s),
             "attach_s_median": statistics.median(session.attach_s) if session.attach_s else None,

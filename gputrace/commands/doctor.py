@@ -9,7 +9,7 @@ from ..registry import add_json, command
 
 EPILOG = """\
 examples:
-  sudo gputrace doctor                 check this host: privileges, BPF, bcc, uprobes, libcuda, driver
+  sudo gputrace doctor                 check this host: privileges, BPF, bcc, uprobes, the BPF program, libcuda, driver
   sudo gputrace doctor --json | jq '.checks[] | select(.status != "OK")'
 
 output:
@@ -21,6 +21,13 @@ environment:
   GPUTRACE_KERNEL_HEADERS=DIR  check DIR instead of /lib/modules/$(uname -r)/build
   GPUTRACE_TRACEFS=DIR         check DIR instead of /sys/kernel/tracing and /sys/kernel/debug/tracing
   GPUTRACE_BCC_PATH=DIRS       look for bcc only in DIRS (empty: only this interpreter's own path)
+  GPUTRACE_BPF=auto|object|bcc how the BPF program loads: the precompiled object, falling back to bcc's
+                               run-time compile (auto, the default), or only one of the two
+  GPUTRACE_BPF_OBJECT=FILE     load FILE as the precompiled BPF object
+
+bpf-program says which way the tracer's BPF program loads, and why bcc where it is bcc. Where the
+precompiled object loads, the bcc, kernel-headers and bcc-compile checks WARN rather than FAIL:
+only the fallback needs them.
 """
 
 

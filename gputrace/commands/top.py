@@ -78,7 +78,7 @@ def once(args: argparse.Namespace) -> int:
     if args.duration <= 0:
         raise UsageError("--duration must be positive", "e.g. --once -d 3")
     src = _live(args, cumulative=True)
-    print("gputrace: compiling the BPF program and calibrating the probe cost ...", file=sys.stderr, flush=True)
+    print("gputrace: loading the BPF program and calibrating the probe cost ...", file=sys.stderr, flush=True)
     src.start()
     t0, last, initial = time.monotonic(), None, None
     try:
@@ -177,7 +177,7 @@ def record(args: argparse.Namespace) -> int:
         out = open(args.output, "wb")
     except OSError as exc:
         raise GputraceError(f"cannot write {args.output}: {exc.strerror}", "choose a writable path for -o") from None
-    print("gputrace: compiling the BPF program and calibrating the probe cost ...", file=sys.stderr, flush=True)
+    print("gputrace: loading the BPF program and calibrating the probe cost ...", file=sys.stderr, flush=True)
     src.start()  # -d counts from here: seconds of recording, not of setting up
     print(f"gputrace: recording to {args.output} (Ctrl-C ends it) ...", file=sys.stderr, flush=True)
     t0 = time.monotonic()
