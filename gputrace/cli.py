@@ -43,8 +43,23 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(f"--{m.flag.replace('_', '-')}", action="store_true", help=m.help)
             m.configure(p)
         p.set_defaults(_run=cmd.run)
+        if cmd.name in TAKES_COMMAND:
+            # The command to run comes after `--` (main() splits it off before argparse sees it).
+            p.usage = p.format_usage().removeprefix("usage: ").rstrip("\n") + " [-- COMMAND [ARG ...]]"
         parser.subparsers_by_name[cmd.name] = p
     return parser
+
+
+def _without(argv: list[str], extra: list[str]) -> list[str]:
+    """argv less the tokens argparse left over, matched by position from the end (where a stray
+    command lands), not by value: `attach -d 1 sleep 1` keeps the option's 1."""
+    drop: set[int] = set()
+    j = len(extra) - 1
+    for i in range(len(argv) - 1, -1, -1):
+        if j >= 0 and argv[i] == extra[j]:
+            drop.add(i)
+            j -= 1
+    return [a for i, a in enumerate(argv) if i not in drop]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = getattr(args, "command", None)
         if cmd in TAKES_COMMAND and not extra[0].startswith("-"):
             # `gputrace run --checkpointable python train.py`: the command belongs after `--`.
-            shown = " ".join(a for a in argv[1:] if a not in extra)
+            shown = " ".join(_without(argv[1:], extra))
             print(f"error: `{' '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}` is not an option of "
                   f"`gputrace {cmd}`", file=sys.stderr)
             print(f"hint: give the command to {'run' if cmd == 'run' else 'trace'} after `--`: "

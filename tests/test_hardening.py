@@ -470,6 +470,9 @@ def test_bad_numbers_and_empty_patterns_are_refused_by_the_parser(args, text):
                                                 "gputrace run --checkpointable -- sleep 1"),
     (["attach", "--exact", "python3", "train.py"], "hint: give the command to trace after `--`: "
                                                    "gputrace attach --exact -- python3 train.py"),
+    # An option's value equal to a word of the command stays with the option.
+    (["attach", "-d", "1", "sleep", "1"], "hint: give the command to trace after `--`: "
+                                          "gputrace attach -d 1 -- sleep 1"),
 ])
 def test_a_command_given_without_its_double_dash_gets_the_line_to_type(args, hint):
     r = gputrace(*args, timeout=30)
@@ -480,6 +483,13 @@ def test_an_unknown_option_shows_the_commands_own_usage():
     r = gputrace("attach", "--bogus", timeout=30)
     assert r.returncode == 2 and "gputrace attach: error: unrecognized arguments: --bogus" in r.stderr
     assert "[--jsonl]" in r.stderr  # attach's usage, not the top level's
+
+
+@pytest.mark.parametrize("cmd", ["run", "attach"])
+def test_the_usage_line_shows_where_the_command_goes(cmd):
+    r = gputrace(cmd, "--help", timeout=30)
+    usage = r.stdout.split("\n\n")[0]
+    assert r.returncode == 0 and usage.startswith(f"usage: gputrace {cmd}") and "[-- COMMAND [ARG ...]]" in usage
 
 
 def test_run_needs_no_flag_to_preload_the_shim(tmp_path):
