@@ -178,14 +178,14 @@ def copy_timeout(nbytes: int) -> float:
 def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
                timeout_ms: int = 5000, direct: bool = True, progress: store.Progress | None = None) -> CheckpointReport:
     """Checkpoints the device memory of shimmed process `pid` into the new directory `out` (default
-    ./gputrace-ckpt-PID-TIME).  `progress(phase, done, total)` is called with phase "freeze" (once,
+    PID-TIME under store.default_root(), where `top` finds it).  `progress(phase, done, total)` is called with phase "freeze" (once,
     before the gate closes) and "write" (per chunk written).  `direct`: the shim maps and pins the image
     before the freeze and the copies go straight into it (no staging, no CPU copy: on an H200 this
     is what makes the freeze the bus's time, see bench/results/checkpoint-h200.md); where the driver
     cannot pin it, the staging path is used and the report says direct=False.  direct=False: the
     staging path (pinned buffers per lane, then a CPU copy into the image)."""
     t0 = time.monotonic_ns()
-    out = Path(out) if out is not None else Path.cwd() / f"gputrace-ckpt-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+    out = Path(out) if out is not None else store.default_out(pid)
     out = out.absolute()
     store.check_target(out)
     with ShimSession(pid, "checkpoint") as s:

@@ -69,6 +69,27 @@ def disk_error(exc: OSError, where: Path) -> CheckpointError:
     return CheckpointError(f"cannot write {where}: {exc.strerror}", "check the directory's permissions and space")
 
 
+def default_root() -> Path:
+    """Where checkpoints go when no directory is given, for the CLI and `top` alike (each finds the
+    other's): $GPUTRACE_CKPT_DIR, else $XDG_DATA_HOME (or ~/.local/share)/gputrace/checkpoints.
+    Not /tmp: that is often memory, and a checkpoint is the size of the job's device memory."""
+    if os.environ.get("GPUTRACE_CKPT_DIR"):
+        return Path(os.environ["GPUTRACE_CKPT_DIR"])
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "gputrace" / "checkpoints"
+
+
+def default_out(pid: int, *, full: bool = False) -> Path:
+    """A new directory under default_root(), created if missing: PID-TIME (whole-process: full-PID-TIME)."""
+    root = default_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create {root}: {exc.strerror}",
+                              "give a directory with -o, or set GPUTRACE_CKPT_DIR to a writable one") from None
+    return root / f"{'full-' if full else ''}{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+
+
 def check_target(out: Path) -> None:
     if out.exists():
         raise CheckpointError(f"{out} already exists", "give a new directory with -o; a checkpoint never overwrites")

@@ -149,12 +149,10 @@ class NoCheckpointer:
 
 
 def default_checkpoint_dir() -> Path:
-    """Where `top` puts checkpoints: $GPUTRACE_CKPT_DIR, else $XDG_DATA_HOME (or ~/.local/share)/gputrace/checkpoints.
-    Not /tmp: that is often memory, and a checkpoint is the size of the job's device memory."""
-    if os.environ.get("GPUTRACE_CKPT_DIR"):
-        return Path(os.environ["GPUTRACE_CKPT_DIR"])
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "gputrace" / "checkpoints"
+    """Where `top` puts checkpoints: the CLI's default too (gputrace.checkpointer.store.default_root)."""
+    from gputrace.checkpointer.store import default_root
+
+    return default_root()
 
 
 @dataclass(frozen=True)

@@ -70,3 +70,19 @@ def test_cli_refuses_a_damaged_checkpoint(procs, shim_dir, tmp_path):
     r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"))
     assert r.returncode == 10 and "fails its xxh3_64 checksum" in r.stderr
     assert "hint: the checkpoint is damaged; the process was not touched" in r.stderr
+
+
+def test_a_checkpoint_without_o_goes_where_top_finds_it(procs, shim_dir, tmp_path, monkeypatch):
+    """The CLI's default directory is the TUI's: `top` lists (and restores) what `checkpoint -p`
+    wrote without -o."""
+    from gputrace.hostview.checkpoints import CheckpointerAdapter
+
+    monkeypatch.setenv("GPUTRACE_CKPT_DIR", str(tmp_path / "ckpts"))  # created on the way
+    p = start(procs, simcuda.workload("pattern") + ["--size", str(1 << 20)])
+    json.loads(p.stdout.readline())
+    r = gputrace("checkpoint", "-p", str(p.pid), "--json")
+    assert r.returncode == 0, r.stderr
+    path = orjson.loads(r.stdout)["path"]
+    assert path.startswith(str(tmp_path / "ckpts") + "/") and path.rsplit("/", 1)[1].startswith(f"{p.pid}-")
+    listed = CheckpointerAdapter().list_checkpoints(p.pid)
+    assert [c.id for c in listed] == [path], listed

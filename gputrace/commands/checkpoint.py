@@ -11,7 +11,7 @@ from ..progress import Progress
 from ..registry import add_json, add_pid, command, dump_json, gbps, ms, number
 
 CHECKPOINT_EPILOG = """examples:
-  gputrace checkpoint -p 1234                   into ./gputrace-ckpt-1234-TIME
+  gputrace checkpoint -p 1234                   into ~/.local/share/gputrace/checkpoints/1234-TIME (or $GPUTRACE_CKPT_DIR), where top finds it
   gputrace checkpoint -p 1234 -o /ckpt/step100  into a new directory /ckpt/step100
   gputrace checkpoint -p 1234 --json            the report as JSON
   gputrace checkpoint -p 1234 --backend driver  NVIDIA's cuCheckpointProcess* on the same job, to compare
@@ -58,7 +58,7 @@ def _backend(p: argparse.ArgumentParser) -> None:
 
 def configure_checkpoint(p: argparse.ArgumentParser) -> None:
     add_pid(p)
-    p.add_argument("-o", "--output", help="new directory to write (default ./gputrace-ckpt-PID-TIME)")
+    p.add_argument("-o", "--output", help="new directory to write (default PID-TIME under $GPUTRACE_CKPT_DIR, else ~/.local/share/gputrace/checkpoints: where `gputrace top` looks)")
     _backend(p)
     _tuning(p, direct=True)
     add_json(p)
