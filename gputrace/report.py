@@ -71,9 +71,11 @@ class TextRenderer:
             if p.not_measured is not None:
                 out.write(f"[{iv.t_start:7.1f}s] pid {p.pid} {p.comm}: not measured ({p.not_measured})\n")
                 continue
+            over = (p.driver_cpu_s_per_s or 0) > 1.0 or (p.wait_s_per_s or 0) > 1.0
             out.write(
                 f"[{iv.t_start:7.1f}s] pid {p.pid} {p.comm}: {fmt_rate(p.calls_hz)} calls/s  "
-                f"driver CPU {fmt_pct(p.driver_cpu_s_per_s, 1)}  wait {fmt_pct(p.wait_s_per_s, 1)}  "
+                f"driver CPU {fmt_pct(p.driver_cpu_s_per_s, 1)}  wait {fmt_pct(p.wait_s_per_s, 1)}"
+                f"{' (summed over threads)' if over else ''}  "
                 f"probed {fmt_pct(share, 1)} of the interval  tracer {fmt_pct(p.tracer_overhead)} of its time\n"
             )
         out.flush()

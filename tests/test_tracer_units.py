@@ -566,6 +566,28 @@ def test_text_interval_line():
     assert "probed 50.0% of the interval" in line and "tracer 0.16% of its time" in line
 
 
+def test_a_time_in_calls_above_100_percent_says_why_where_it_is_shown():
+    """Two threads each waiting most of a second read wait 180%: the interval line and the final
+    report say it is summed over threads; the TUI's cell is marked Σ (its help says what that is)."""
+    from gputrace.tui.text import COLUMNS, fmt_thread_share
+
+    r = make_report()
+    busy = dataclasses.replace(r.intervals[1].processes[0], wait_s_per_s=1.8)
+    out = io.StringIO()
+    rep.get("text").interval(dataclasses.replace(r.intervals[1], processes=(busy,)), out)
+    assert "wait 180.0% (summed over threads)" in out.getvalue()
+    out = io.StringIO()
+    rep.get("text").interval(r.intervals[1], out)
+    assert "summed over threads" not in out.getvalue()
+    text = render(dataclasses.replace(r, summary=dataclasses.replace(r.summary, wait_s_per_s=1.8)))
+    assert "(above 100%: summed over the threads that make driver calls)" in text
+    assert "(above 100%" not in render(r)
+    assert [fmt_thread_share(x) for x in (None, 0.5, 1.0, 1.163)] == ["-", "50.0%", "100.0%", "116.3%Σ"]
+    from types import SimpleNamespace
+    row = SimpleNamespace(snapshot=SimpleNamespace(wait_s_per_s=1.163, driver_cpu_s_per_s=0.2))
+    assert COLUMNS["wait"][1](row, "shim", 0.0) == "116.3%Σ" and COLUMNS["cpu"][1](row, "shim", 0.0) == "20.0%"
+
+
 def test_text_reports_say_not_measured_rather_than_zero():
     r = make_report()
     blank = dataclasses.replace(r.intervals[1].processes[0], functions=(), driver_cpu_s_per_s=None,

@@ -59,6 +59,11 @@ def fmt_share(x: float | None) -> str:
     return f"{v:.{max(2, 1 - math.floor(math.log10(v)))}f}%"  # two significant digits, never an exponent
 
 
+def fmt_thread_share(x: float | None) -> str:
+    """Seconds a second in driver calls, summed over threads: above 100% marked Σ (the help says why)."""
+    return fmt_pct(x, 1) + ("Σ" if x is not None and x > 1.0 else "")
+
+
 # Thresholds of the predicted upper bound that colour the OVERHEAD cell: under 1% (green), under 5%
 # (yellow), above (red); unknown, uncoloured.
 OVERHEAD_LEVELS = ((0.01, "low"), (0.05, "mid"))
@@ -88,8 +93,8 @@ COLUMNS = {
     "comm": ("COMMAND", lambda r, p, now: r.comm, lambda r, p: r.comm),
     "calls": ("CALLS/S", lambda r, p, now: fmt_rate(r.snapshot.calls_hz), lambda r, p: r.snapshot.calls_hz),
     "trend": ("TREND", lambda r, p, now: sparkline(r.calls_history), None),
-    "cpu": ("DRIVER CPU", lambda r, p, now: fmt_pct(r.snapshot.driver_cpu_s_per_s, 1), lambda r, p: r.snapshot.driver_cpu_s_per_s),
-    "wait": ("WAIT", lambda r, p, now: fmt_pct(r.snapshot.wait_s_per_s, 1), lambda r, p: r.snapshot.wait_s_per_s),
+    "cpu": ("DRIVER CPU", lambda r, p, now: fmt_thread_share(r.snapshot.driver_cpu_s_per_s), lambda r, p: r.snapshot.driver_cpu_s_per_s),
+    "wait": ("WAIT", lambda r, p, now: fmt_thread_share(r.snapshot.wait_s_per_s), lambda r, p: r.snapshot.wait_s_per_s),
     "overhead": ("OVERHEAD", overhead_cell, lambda r, p: (r.audit(p).slowdown_upper, r.audit(p).slowdown_lower)),
     "shim": ("SHIM", lambda r, p, now: "yes" if r.shimmed else "no", lambda r, p: r.shimmed),
     "ckpt": ("LAST CHECKPOINT", lambda r, p, now: fmt_checkpoint(r.last_checkpoint, now),

@@ -88,7 +88,7 @@ OVERHEAD is lower–upper: the predicted slowdown if the layer's added CPU time 
 job waits for the GPU (lower), or shows in full (upper, with what a layer's code costs the caller's
 own). DRIVER CPU and WAIT are shares of one second spent in driver calls that do not wait and in
 those that wait for the GPU (synchronization, synchronous copies); summed over threads, so a job
-whose threads make calls at once can show more than 100%.
+whose threads make calls at once can show more than 100%, marked Σ.
 """
 
 
