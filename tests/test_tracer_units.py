@@ -766,3 +766,20 @@ def test_no_call_in_a_tiny_window_is_not_measured_rather_than_zero(window_s, exp
         assert snap.not_measured is None and snap.calls_hz == 0
     else:
         assert snap.not_measured is not None and "too short to tell" in snap.not_measured
+
+
+def test_a_functions_filter_says_what_it_changes_in_the_audit():
+    """--functions 'cuLaunch*' drops the synchronizations (wait reads not measured) and a narrower
+    filter drops some of them: each is said, with the calls left out."""
+    from types import SimpleNamespace
+
+    from gputrace.commands.attach import filter_warnings
+
+    every = [SimpleNamespace(name=n) for n in ("cuLaunchKernel", "cuStreamSynchronize", "cuEventSynchronize",
+                                                 "cuMemcpyDtoH_v2", "cuCtxGetDevice")]
+    launches = filter_warnings(every, every[:1])
+    assert launches[0].startswith("--functions traces 1 of libcuda's 5 functions")
+    assert "leaves out every call that waits" in launches[1]
+    some = filter_warnings(every, every[:2])
+    assert len(some) == 2 and "(cuEventSynchronize, cuMemcpyDtoH)" in some[1] and "counts only those" in some[1]
+    assert len(filter_warnings(every, every)) == 1

@@ -8,13 +8,15 @@ import shutil
 import signal
 import statistics
 import sys
+from typing import Sequence
 
 from .. import report as rep
 from ..base.errors import GputraceError, UsageError
 from ..base.procs import require_process, require_root
 from ..base.units import fmt_ns
 from ..registry import PID, add_json, command, nonempty, number, parse_budget
-from ..tracer.classify import waits
+from ..tracer.classify import base_name, waits
+from ..tracer.symbols import read_functions
 
 EXAMPLES = """examples:
   gputrace attach -p 1234                      until Ctrl-C, slowing the job at most 1% (the default budget)
@@ -47,6 +49,22 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no per-interval lines on stderr")
     add_json(p)
     add_jsonl(p)
+
+
+def filter_warnings(every: Sequence, kept: Sequence) -> list[str]:
+    """What a --functions filter changes in the audit's inputs, said before tracing starts."""
+    names = {f.name for f in kept}
+    left_waits = sorted({base_name(f.name) for f in every if waits(f.name) and f.name not in names})
+    out = [f"--functions traces {len(names)} of libcuda's {len(every)} functions: the rates, the driver CPU "
+           "time and the audit's bounds are those of the calls it keeps"]
+    if not any(waits(n) for n in names):
+        out.append("--functions leaves out every call that waits for the GPU (synchronization, synchronous "
+                   "copies): the wait time is not measured, nor the audit's lower bound")
+    elif left_waits:
+        shown = ", ".join(left_waits[:4]) + (f" and {len(left_waits) - 4} more" if len(left_waits) > 4 else "")
+        out.append(f"--functions leaves out calls that wait for the GPU ({shown}): the wait time, and so the "
+                   "audit's lower bound, counts only those it keeps")
+    return out
 
 
 def add_jsonl(p: argparse.ArgumentParser) -> None:
@@ -184,9 +202,9 @@ def trace(args: argparse.Namespace) -> int:
             f"{'precompiled BPF program' if session.program.loader == 'object' else 'BPF program compiled by bcc'}; "
             f"a hit costs {fmt_ns(cal.emulated.entry_ns)}-{fmt_ns(cal.stepped.entry_ns)}, "
             f"a timed call {fmt_ns(cal.emulated.entry_return_ns)}-{fmt_ns(cal.stepped.entry_return_ns)})")
-        if patterns and not any(waits(f.name) for f in session.functions):
-            say("--functions leaves out every call that waits for the GPU (synchronization, synchronous "
-                "copies): the wait time is not measured, nor the audit's lower bound")
+        if patterns:
+            for line in filter_warnings(read_functions(library), session.functions):
+                say(line)
         if child:
             session.prime()
             child.release()
