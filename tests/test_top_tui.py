@@ -419,3 +419,8 @@ async def test_the_command_palette_has_gputraces_actions_and_a_screenshot_that_s
         commands["Screenshot"].callback()
         (shot,) = tmp_path.glob("*.svg")
         assert notified == [f"screenshot saved to {shot}"] and "train_big" in shot.read_text()
+        shot.unlink()
+        await pilot.press("ctrl+s")  # the same from its key
+        await pilot.pause()
+        (shot,) = tmp_path.glob("*.svg")
+        assert notified[-1] == f"screenshot saved to {shot}"

@@ -42,7 +42,8 @@ NEEDS_SHIM = frozenset({"checkpoint", "restore", "suspend", "resume"})
 
 class TopApp(App):
     TITLE = "gputrace top"
-    BINDINGS = [Binding("q", "quit", "quit"), Binding("question_mark", "help", "help")]
+    BINDINGS = [Binding("q", "quit", "quit"), Binding("question_mark", "help", "help"),
+                Binding("ctrl+s", "screenshot_file", "screenshot", show=False)]
 
     def __init__(self, source: Source, checkpointer: Checkpointer, preset: str = DEFAULT_PRESET) -> None:
         super().__init__()

@@ -82,7 +82,7 @@ HELP = """\
             each asks first, shows progress below the table, then the freeze time
             w  checkpoint the whole job (GPU and CPU state, CRIU), left running; any process,
                shimmed or not (top takes its own probes off the job while CRIU copies it)
-[b]other[/b]       ?  this help      q  quit      escape  back      ctrl+p  command palette (these actions, a screenshot)
+[b]other[/b]       ?  this help      q  quit      escape  back      ctrl+s  screenshot (SVG)      ctrl+p  command palette
 
 OVERHEAD is lower–upper: the predicted slowdown if the layer's added CPU time hides in the time the
 job waits for the GPU (lower), or shows in full (upper, with what a layer's code costs the caller's
