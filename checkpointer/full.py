@@ -382,8 +382,11 @@ def _is_stopped(pid: int) -> bool:
     return f is not None and f[0] in (b"T", b"t")
 
 
-def verify(path: Path, m: dict) -> None:
-    """Every file the manifest lists: a plain file inside the checkpoint, of its size, with its checksum."""
+def verify(path: Path, m: dict, progress: Progress | None = None) -> None:
+    """Every file the manifest lists: a plain file inside the checkpoint, of its size, with its checksum
+    (`progress("verify", done, total)` in bytes as it goes)."""
+    total = sum(f["bytes"] for f in m["files"])
+    done = 0
     for f in m["files"]:
         p = path / f["path"]
         fd, size = open_regular(p, what="image file")
@@ -395,6 +398,9 @@ def verify(path: Path, m: dict) -> None:
             buf = bytearray(_BLOCK)
             while n := src.readinto(buf):
                 h.update(memoryview(buf)[:n])
+                done += n
+                if progress:
+                    progress("verify", done, total)
         if h.hexdigest() != f[HASH]:
             raise CorruptCheckpoint(f"{p} fails its {HASH} checksum", "the checkpoint is damaged; take a new one")
 
@@ -417,11 +423,12 @@ def _taken_tids(images: Path) -> list[tuple[int, str]]:
     return out
 
 
-def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | None = None) -> FullRestoreReport:
+def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | None = None,
+                 progress: Progress | None = None) -> FullRestoreReport:
     path = Path(path).absolute()
     m = store.read_manifest(path, store.FULL)
     tv = time.monotonic_ns()
-    verify(path, m)
+    verify(path, m, progress)
     verify_ns = time.monotonic_ns() - tv
     c = criu_mod.find()
     if m["criu"].get("allow_uprobes") and not c.allows_uprobes:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from gputrace.base.errors import GputraceError, NotYetAvailable
+from gputrace.base.progress import progress_line
 from gputrace.base.units import fmt_bytes
 from gputrace.checkpointer import uprobes
 
@@ -301,9 +302,13 @@ def label(action: str) -> str:
     return {"checkpoint_full": "whole-job checkpoint"}.get(action, action)
 
 
-def _reporter(progress: Progress) -> Callable[[str, int, int], None]:
-    """The checkpointer's progress(phase, done, total) as the UI's (fraction, text)."""
+def _reporter(progress: Progress, clock: Callable[[], float] = time.monotonic) -> Callable[[str, int, int], None]:
+    """The checkpointer's progress(phase, done, total) as the UI's (fraction, text): the CLI's line,
+    a bar with the bytes, the rate and the time left of the phase."""
+    started: dict[str, float] = {}
+
     def report(phase: str, done: int, total: int) -> None:
-        progress(done / total if total else 0.0, f"{phase} {fmt_bytes(done)} of {fmt_bytes(total)}")
+        t0 = started.setdefault(phase, clock())
+        progress(done / total if total else 0.0, progress_line(phase, done, total, clock() - t0))
 
     return report

@@ -649,3 +649,22 @@ def test_a_restored_process_that_is_not_there_to_drive_says_what_happened(tmp_pa
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_restore_full_verifies_with_progress_in_bytes(tmp_path):
+    """`restore --full` checks every image file before CRIU runs: its progress counts the bytes read."""
+    import xxhash
+
+    from gputrace.checkpointer.full import verify
+    from gputrace.checkpointer.store import HASH
+
+    files = []
+    for name, size in (("a.img", 3 << 20), ("b.img", 5000)):
+        data = os.urandom(size)
+        (tmp_path / name).write_bytes(data)
+        files.append({"path": name, "bytes": size, HASH: xxhash.xxh3_64(data).hexdigest()})
+    seen = []
+    verify(tmp_path, {"files": files}, lambda phase, done, total: seen.append((phase, done, total)))
+    total = (3 << 20) + 5000
+    assert seen[-1] == ("verify", total, total) and all(p == "verify" and t == total for p, _, t in seen)
+    assert [d for _, d, _ in seen] == sorted(d for _, d, _ in seen) and len(seen) > 1

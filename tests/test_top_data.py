@@ -127,7 +127,7 @@ def test_adapter_says_not_available_for_what_the_checkpointer_lacks(tmp_path):
     assert a.available("checkpoint") and not a.available("suspend")
     seen = []
     res = a.checkpoint(7, lambda f, m: seen.append((f, m)))
-    assert seen == [(0.5, "write 5 B of 10 B")]
+    assert seen == [(0.5, "write   [############............]  5 B of 10 B   50%")]
     assert res.freeze_s == 0.5 and res.checkpoint.id.startswith(f"{tmp_path}/7-") and res.checkpoint.size_bytes == 10
     ck = tmp_path / "7-20260101T000000"
     ck.mkdir()
@@ -197,7 +197,8 @@ def test_adapter_whole_job_checkpoint_leaves_it_running_and_reports_the_freeze(t
     assert len(got) == 1 and got[0][0] == 2**22 + 7 and got[0][2] is True
     assert got[0][3] == [2**22 + 7] and held == []  # top's probes were off the job during the checkpoint only
     assert got[0][1].startswith(f"{tmp_path}/full-{2**22 + 7}-")  # not PID-TIME: no restore target for `restore`
-    assert seen[-1] == (0.75, "dump 3 B of 4 B") and "pausing" in seen[0][1]
+    assert seen[-1][0] == 0.75 and seen[-1][1].startswith("dump    [##################......]  3 B of 4 B   75%")
+    assert "pausing" in seen[0][1]
     assert res.action == "checkpoint_full" and res.freeze_s == 0.25 and res.checkpoint is None
     assert "the job runs on" in res.message and "restore --full" in res.message
     assert a.list_checkpoints(7) == []
@@ -249,3 +250,18 @@ def test_an_overhead_with_its_lower_bound_unknown_reads_as_at_most():
 
     assert [overhead_cell(row(lo, up), "shim") for lo, up in
             ((None, None), (None, 0.012), (None, 2.9e-8), (0.004, 0.012))] == ["-", "≤1.20%", "<0.001%", "0.40%–1.20%"]
+
+
+def test_the_uis_progress_is_the_clis_line_with_its_rate_and_time_left():
+    """top's status shows what the CLI's bar shows: bytes, share, rate and time left of the phase."""
+    from gputrace.hostview.checkpoints import _reporter
+
+    now = [100.0]
+    seen = []
+    report = _reporter(lambda f, text: seen.append((f, text)), clock=lambda: now[0])
+    report("write", 0, 4 << 30)
+    now[0] += 1.0
+    report("write", 1 << 30, 4 << 30)
+    f, text = seen[-1]
+    assert f == 0.25 and "1.0 GiB of 4.0 GiB" in text and " 25%" in text
+    assert "1.07 GB/s" in text and "3 s left" in text

@@ -228,7 +228,9 @@ class TopApp(App):
         self.post_message(ActionDone(result))
 
     def on_action_progress(self, msg: ActionProgress) -> None:
-        self._status(f"{label(msg.action)} of pid {msg.pid}: {100 * msg.fraction:.0f}% {msg.text}")
+        # The checkpointer's line has its bar, share, rate and time left; a bare text gets the share.
+        text = msg.text if "%" in msg.text else f"{100 * msg.fraction:.0f}% {msg.text}".rstrip()
+        self._status(f"{label(msg.action)} of pid {msg.pid}: {text}")
 
     def on_action_done(self, msg: ActionDone) -> None:
         r = msg.result

@@ -92,7 +92,13 @@ def restore(args: argparse.Namespace) -> int:
     if args.pid is not None:
         raise UsageError("--full restores the process itself, at its old pid: -p does not apply",
                          "drop -p: gputrace restore --full DIR")
-    r = restore_full(args.dir, gpu_map=parse_gpu_map(args.gpu_map))
+    from ..progress import Progress
+
+    prog = Progress(not args.json and sys.stderr.isatty())
+    try:
+        r = restore_full(args.dir, gpu_map=parse_gpu_map(args.gpu_map), progress=prog)
+    finally:
+        prog.end()
     if args.json:
         dump_json({"schema": 1, **r.to_dict()})
         return 0
