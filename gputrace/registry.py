@@ -136,9 +136,13 @@ def parse_share(text: str, what: str = "budget") -> float:
     return value
 
 
-def parse_budget(text: str) -> float:
-    """`--budget`: the most the tracer may slow the job, a share of its time."""
-    return parse_share(text, "budget")
+def parse_budget(text: str, echo: bool = True) -> float:
+    """`--budget`: the most the tracer may slow the job, a share of its time. A bare fraction (0.5
+    is 50%, not half a percent) is echoed back as the percentage it was read as, on stderr."""
+    value = parse_share(text, "budget")
+    if echo and not text.strip().endswith("%"):
+        print(f"gputrace: --budget {text.strip()} read as {100 * value:g}% of the job's time", file=sys.stderr)
+    return value
 
 
 # --- output ---------------------------------------------------------------------------------------

@@ -485,6 +485,16 @@ def test_an_unknown_option_shows_the_commands_own_usage():
     assert "[--jsonl]" in r.stderr  # attach's usage, not the top level's
 
 
+@pytest.mark.parametrize("cmd, example", [
+    ("attach", "gputrace attach -p 1234"), ("run", "gputrace run"), ("checkpoint", "gputrace checkpoint -p 1234"),
+    ("restore", "gputrace restore -p 1234"), ("suspend", "gputrace suspend -p 1234"),
+    ("resume", "gputrace resume -p 1234"), ("top", "gputrace top"), ("ps", "gputrace ps"),
+    ("doctor", "gputrace doctor"), ("demo", "gputrace demo")])
+def test_every_commands_help_has_examples(cmd, example):
+    r = gputrace(cmd, "--help", timeout=30)
+    assert r.returncode == 0 and "examples:" in r.stdout and example in r.stdout.split("examples:", 1)[1], r.stdout
+
+
 @pytest.mark.parametrize("cmd", ["run", "attach"])
 def test_the_usage_line_shows_where_the_command_goes(cmd):
     r = gputrace(cmd, "--help", timeout=30)

@@ -223,3 +223,21 @@ def test_suspend_to_a_full_disk_keeps_the_job_suspended_in_host_memory(procs, sh
     assert client.status(p.pid)["suspended"]
     resume(p.pid)
     assert ask(p, "sum")["sum"] == ready["sum"]
+
+
+def test_ps_says_a_suspended_job_is_suspended(procs, shim_dir):
+    """`gputrace ps` beside a suspended job: "serving, suspended" in the table, a flag in JSON."""
+    p = start(procs, "--plain", "--size", str(1 << 20))
+    json.loads(p.stdout.readline())
+    suspend(p.pid)
+    try:
+        ps = subprocess.run([sys.executable, "-m", "gputrace", "ps", "--json"], capture_output=True, text=True,
+                            timeout=60)
+        row = next(r for r in json.loads(ps.stdout)["processes"] if r["pid"] == p.pid)
+        assert row["state"] == "serving" and row["suspended"] is True
+        text = subprocess.run([sys.executable, "-m", "gputrace", "ps"], capture_output=True, text=True, timeout=60)
+        line = next(ln for ln in text.stdout.splitlines() if ln.split()[:1] == [str(p.pid)])
+        assert "serving, suspended" in line
+    finally:
+        resume(p.pid)
+    assert not client.status(p.pid)["suspended"]

@@ -783,3 +783,11 @@ def test_a_functions_filter_says_what_it_changes_in_the_audit():
     some = filter_warnings(every, every[:2])
     assert len(some) == 2 and "(cuEventSynchronize, cuMemcpyDtoH)" in some[1] and "counts only those" in some[1]
     assert len(filter_warnings(every, every)) == 1
+
+
+def test_every_command_that_takes_a_budget_echoes_a_bare_fraction(capsys):
+    """attach, demo, top, record and export share parse_budget: 0.5 is 50%, said on stderr once."""
+    assert parse_budget("0.5") == 0.5
+    assert capsys.readouterr().err == "gputrace: --budget 0.5 read as 50% of the job's time\n"
+    assert parse_budget("1%") == pytest.approx(0.01) and capsys.readouterr().err == ""
+    assert parse_budget("0.5", echo=False) == 0.5 and capsys.readouterr().err == ""

@@ -154,9 +154,7 @@ def trace(args: argparse.Namespace) -> int:
     from ..tracer.session import Options, Session
     from ..tracer.targets import libcuda_of, resolve_for_command
 
-    budget = 1.0 if args.exact else parse_budget(args.budget)
-    if not args.exact and not args.budget.strip().endswith("%") and not args.quiet:
-        print(f"gputrace: --budget {args.budget.strip()} read as {100 * budget:g}% of the job's time", file=sys.stderr)
+    budget = 1.0 if args.exact else parse_budget(args.budget, echo=not args.quiet)
     if args.interval <= 0 or (args.duration is not None and args.duration <= 0):
         raise UsageError("--interval and --duration must be positive", "e.g. --interval 1 -d 30")
     argv = args.command_argv
