@@ -265,3 +265,13 @@ def test_the_uis_progress_is_the_clis_line_with_its_rate_and_time_left():
     f, text = seen[-1]
     assert f == 0.25 and "1.0 GiB of 4.0 GiB" in text and " 25%" in text
     assert "1.07 GB/s" in text and "3 s left" in text
+
+
+def test_the_trend_column_is_as_wide_from_the_first_frame_as_after_many():
+    from types import SimpleNamespace
+
+    from gputrace.tui.text import COLUMNS, TREND_WIDTH
+
+    cell = COLUMNS["trend"][1]
+    widths = {len(cell(SimpleNamespace(calls_history=tuple(range(1, n + 1))), "shim", 0.0)) for n in (0, 1, 3, 10, 40)}
+    assert widths == {TREND_WIDTH}

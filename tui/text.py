@@ -29,7 +29,10 @@ def fmt_checkpoint(c: Checkpoint | None, now: float | None = None) -> str:
     return f"{fmt_ago(c.taken_at, now)}, {fmt_bytes(c.size_bytes)}, froze {fmt_ns(c.freeze_s * 1e9 if c.freeze_s is not None else None)}"
 
 
-def sparkline(values: tuple[float, ...], width: int = 10) -> str:
+TREND_WIDTH = 10  # refreshes the TREND column shows
+
+
+def sparkline(values: tuple[float, ...], width: int = TREND_WIDTH) -> str:
     vals = values[-width:]
     if not vals:
         return ""
@@ -92,7 +95,8 @@ COLUMNS = {
     "pid": ("PID", lambda r, p, now: str(r.pid), lambda r, p: r.pid),
     "comm": ("COMMAND", lambda r, p, now: r.comm, lambda r, p: r.comm),
     "calls": ("CALLS/S", lambda r, p, now: fmt_rate(r.snapshot.calls_hz), lambda r, p: r.snapshot.calls_hz),
-    "trend": ("TREND", lambda r, p, now: sparkline(r.calls_history), None),
+    # As wide from the first frame as after ten: a column that widens as history comes shifts the others.
+    "trend": ("TREND", lambda r, p, now: sparkline(r.calls_history).ljust(TREND_WIDTH), None),
     "cpu": ("DRIVER CPU", lambda r, p, now: fmt_thread_share(r.snapshot.driver_cpu_s_per_s), lambda r, p: r.snapshot.driver_cpu_s_per_s),
     "wait": ("WAIT", lambda r, p, now: fmt_thread_share(r.snapshot.wait_s_per_s), lambda r, p: r.snapshot.wait_s_per_s),
     "overhead": ("OVERHEAD", overhead_cell, lambda r, p: (r.audit(p).slowdown_upper, r.audit(p).slowdown_lower)),
