@@ -521,6 +521,108 @@ static int sync_all(const struct collect *c, char *err, size_t errlen)
     return 0;
 }
 
+/* A bounded sync_all, for `drain`: the contexts are synchronized on a thread of its own while the
+ * control thread waits up to the timeout.  A synchronization that does not return in time (work
+ * that waits on another process, a collective whose peer is stopped) is left to end by itself on
+ * that thread, which then exits; until it has, another drain is refused, so there is never more
+ * than one such thread. */
+struct sync_job {
+    struct collect c;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, rc, refs;
+    char err[160];
+};
+
+static atomic_int g_sync_running;
+
+static void sync_job_unref(struct sync_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (last) {
+        pthread_mutex_destroy(&j->mu);
+        pthread_cond_destroy(&j->cv);
+        free(j->c.v);
+        free(j);
+    }
+}
+
+static void *sync_run(void *arg)
+{
+    struct sync_job *j = arg;
+    int rc = sync_all(&j->c, j->err, sizeof j->err);
+    pthread_mutex_lock(&j->mu);
+    j->rc = rc;
+    j->done = 1;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    atomic_store(&g_sync_running, 0);
+    sync_job_unref(j);
+    return NULL;
+}
+
+const char *dump_sync(int timeout_ms, uint64_t *ns)
+{
+    static char err[200];
+    uint64_t t0 = now_ns();
+    *ns = 0;
+    if (!drv_load())
+        return "the driver lacks a function the synchronization needs";
+    int zero = 0;
+    if (!atomic_compare_exchange_strong(&g_sync_running, &zero, 1))
+        return "an earlier synchronization of this process has not returned yet";
+    struct sync_job *j = calloc(1, sizeof *j);
+    if (!j || collect(&j->c) != 0) {
+        if (j)
+            free(j->c.v);
+        free(j);
+        atomic_store(&g_sync_running, 0);
+        return "out of memory";
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    j->refs = 2;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int e = pthread_create(&t, &at, sync_run, j);
+    pthread_attr_destroy(&at);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e) {
+        j->refs = 1;
+        sync_job_unref(j);
+        atomic_store(&g_sync_running, 0);
+        return "cannot start the synchronizing thread";
+    }
+    uint64_t end = t0 + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000u;
+    struct timespec dl = {(time_t)(end / 1000000000u), (long)(end % 1000000000u)};
+    const char *out = NULL;
+    pthread_mutex_lock(&j->mu);
+    while (!j->done)
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &dl) == ETIMEDOUT)
+            break;
+    if (!j->done)
+        out = "timeout";
+    else if (j->rc) {
+        snprintf(err, sizeof err, "%s", j->err);
+        out = err;
+    }
+    pthread_mutex_unlock(&j->mu);
+    sync_job_unref(j);
+    *ns = now_ns() - t0;
+    return out;
+}
+
 static void identity_json(struct sbuf *b, const struct collect *c)
 {
     int v = 0;
