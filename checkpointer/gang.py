@@ -43,7 +43,7 @@ import orjson
 
 from gputrace.base.errors import (CheckpointError, CheckpointMismatch, CorruptCheckpoint,
                                   GputraceError, NoSuchProcess, ShimUnavailable, UsageError)
-from gputrace.base.procs import alive, comm, require_process, stat_fields
+from gputrace.base.procs import alive, comm, require_process, stat_fields, stop_point
 from gputrace.shim import client
 
 from . import image, schema, store
@@ -168,6 +168,7 @@ class Gang:
         self.deadline = time.monotonic() + timeout_s
         self.ranks: list[_Rank] = []
         self.collectives = 0
+        self.aligned = False  # every rank stopped just after launching the same collective
         try:
             for i, p in enumerate(pids):
                 self.ranks.append(_Rank(i, p, ShimSession(p, what)))
@@ -213,7 +214,8 @@ class Gang:
                 results.append(None if exc else f.result())
                 if exc:
                     errors.append((r, exc))
-        if errors:
+        if errors:  # a rank lost says most; then a rank's own failure; a bound passed last
+            errors.sort(key=lambda e: (alive(e[0].pid), isinstance(e[1], GangError), e[0].index))
             r, exc = errors[0]
             if isinstance(exc, GangError):
                 raise exc
@@ -236,7 +238,13 @@ class Gang:
                         "every rank is running again and nothing was kept")
 
     def quiesce(self) -> None:
-        """close, advance, drain: on return every rank is stopped at the same collective, drained."""
+        """close, advance, drain: on return every rank is stopped at the same collective, drained.
+
+        Where the job launches collectives, every rank runs on to just after its launch of the
+        collective after the furthest rank's last one: then each is stopped at the same point of its
+        program, so a job whose device memory is later put back there goes on as it went on from
+        here (`aligned`).  A rank that launches no further collective within half the bound is
+        stopped where it is, and the others at its count: no rank waits on another (not aligned)."""
 
         def close(r: _Rank) -> dict:
             rep = self.expect(r, self.request(r, f"close {min(self.left_ms(r), 1000)}"), "stop")
@@ -244,10 +252,25 @@ class Gang:
             return rep
 
         counts = [rep["collectives"] for rep in self.each(close)]
+        stop_point("gang:closed")
+        self.aligned = False
+        if max(counts) > 0:
+            target = max(counts) + 1
+            budget = max(1, min(self.left_ms(), int(self.timeout_s * 500)))
+
+            def advance(r: _Rank) -> int:
+                rep = self.request(r, f"advance {target} {min(budget, self.left_ms(r))}")
+                if not rep.get("ok") and rep.get("error") == "timeout":
+                    return int(rep.get("collectives", 0))
+                return int(self.expect(r, rep, "stop")["collectives"])
+
+            counts = self.each(advance)
+            self.aligned = min(counts) == target
         self.collectives = target = max(counts)
         behind = [r for r, c in zip(self.ranks, counts) if c < target]
         self.each(lambda r: self.expect(r, self.request(r, f"advance {target} {self.left_ms(r)}"), "stop"), behind)
         self.each(lambda r: self.expect(r, self.request(r, f"drain {self.left_ms(r)}"), "drain"))
+        stop_point("gang:quiesced")
 
     def release(self) -> None:
         """Every gate this gang holds reopened, every suspension it made and did not keep undone."""
@@ -292,6 +315,7 @@ class JobReport:
     action: str  # checkpoint | restore | suspend | resume
     pids: list[int]
     collectives: int  # where every rank was stopped (collectives launched by each)
+    aligned: bool  # each just after its launch of that collective: the same point of its program
     freeze_ns: int  # the first gate closed to the last reopened (suspend: to the last rank released)
     total_ns: int
     ranks: list[dict]  # each rank's reply from its shim, with rank and pid
@@ -355,7 +379,7 @@ def checkpoint(pids: list[int], out: Path | str | None = None, *, timeout_s: flo
                     store.write(tmp / f"rank-{r.index}", fd, nbytes, manifest)
                     rows.append(_rank_row(r, rep, dir=f"rank-{r.index}"))
                 job = {"schema": JOB_SCHEMA, "format": JOB_FORMAT, "complete": True, "created_unix": time.time(),
-                       "host": os.uname().nodename, "collectives": g.collectives,
+                       "host": os.uname().nodename, "collectives": g.collectives, "aligned": g.aligned,
                        "ranks": [{"rank": row["rank"], "pid": row["pid"], "dir": row["dir"], "bytes": row["bytes"]}
                                  for row in rows]}
                 part.write_file(JOB_MANIFEST, orjson.dumps(job, option=orjson.OPT_INDENT_2))
@@ -367,7 +391,7 @@ def checkpoint(pids: list[int], out: Path | str | None = None, *, timeout_s: flo
         finally:
             for fd in fds:
                 os.close(fd)
-    return JobReport("checkpoint", list(pids), g.collectives, freeze_ns, time.monotonic_ns() - t0, rows, str(out))
+    return JobReport("checkpoint", list(pids), g.collectives, g.aligned, freeze_ns, time.monotonic_ns() - t0, rows, str(out))
 
 
 def is_job(path: Path | str) -> bool:
@@ -469,7 +493,7 @@ def restore(path: Path | str, pids: list[int] | None = None, *, timeout_s: float
             for fd in fds:
                 os.close(fd)
     rows = [_rank_row(r, rep) for r, rep in zip(g.ranks, replies)]
-    return JobReport("restore", list(pids), g.collectives, freeze_ns, time.monotonic_ns() - t0, rows, str(path))
+    return JobReport("restore", list(pids), g.collectives, g.aligned, freeze_ns, time.monotonic_ns() - t0, rows, str(path))
 
 
 def suspend(pids: list[int], *, timeout_s: float = DEFAULT_TIMEOUT_S, lanes: int = DEFAULT_LANES,
@@ -509,7 +533,7 @@ def suspend(pids: list[int], *, timeout_s: float = DEFAULT_TIMEOUT_S, lanes: int
             for fd in fds:
                 os.close(fd)  # the shims hold their own descriptors of the images
     rows = [_rank_row(r, rep) for r, rep in zip(g.ranks, replies)]
-    return JobReport("suspend", list(pids), g.collectives, freeze_ns, time.monotonic_ns() - t0, rows)
+    return JobReport("suspend", list(pids), g.collectives, g.aligned, freeze_ns, time.monotonic_ns() - t0, rows)
 
 
 def resume(pids: list[int], *, timeout_s: float = DEFAULT_TIMEOUT_S, lanes: int = DEFAULT_LANES,
@@ -540,7 +564,7 @@ def resume(pids: list[int], *, timeout_s: float = DEFAULT_TIMEOUT_S, lanes: int 
                 "those stay suspended with their data kept (the others run, and wait for them in their next "
                 f"collective); free GPU memory and run: gputrace resume -p {','.join(str(r.pid) for r in failed)}")
     rows = [_rank_row(r, results[r.index]) for r in g.ranks]
-    return JobReport("resume", list(pids), 0, max(int(x.get("remap_ns", 0)) + int(x.get("copy_ns", 0)) for x in rows),
+    return JobReport("resume", list(pids), 0, False, max(int(x.get("remap_ns", 0)) + int(x.get("copy_ns", 0)) for x in rows),
                      time.monotonic_ns() - t0, rows)
 
 

@@ -13,7 +13,7 @@
  *   resume        reopen the gate
  *   ping          {"ok": true, "pid": ..., "schema": ...}
  *   dump [lanes=N] [chunk=BYTES] [timeout=MS] [/PATH]
- *                 close the gate (unless this connection holds it), synchronize, copy every device
+ *                 close the gate (unless this connection holds it), synchronize (both within MS), copy every device
  *                 allocation into an image file (an fd sent with the command by SCM_RIGHTS, else
  *                 /PATH), reopen the gate; see dump.c for the image and the reply
  *   restore [...] the reverse: copy an image back, after checking under the gate that the process

@@ -10,7 +10,8 @@
  * `restore` reads the same format back.  The image is the checkpoint's data file byte for byte,
  * so the checkpointer only hashes and stores it after the gate has reopened.
  *
- * How it moves.  Gate closed and every context synchronized, the allocations are cut into chunks
+ * How it moves.  Gate closed and every context synchronized (within the command's timeout=, as the
+ * pause: work that cannot finish gives the job back instead of holding it), the allocations are cut into chunks
  * that `lanes` threads take in turn; each lane owns two pinned staging buffers and two streams and
  * alternates between them, so one chunk's DMA overlaps the previous chunk's pwrite (or, restoring,
  * the next chunk's pread overlaps the current DMA), and lanes overlap each other.  Staging memory
@@ -563,21 +564,21 @@ static void *sync_run(void *arg)
     return NULL;
 }
 
-const char *dump_sync(int timeout_ms, uint64_t *ns)
+static const char *sync_bounded(const struct collect *c, int timeout_ms, uint64_t *ns)
 {
     static char err[200];
     uint64_t t0 = now_ns();
     *ns = 0;
-    if (!drv_load())
-        return "the driver lacks a function the synchronization needs";
     int zero = 0;
     if (!atomic_compare_exchange_strong(&g_sync_running, &zero, 1))
         return "an earlier synchronization of this process has not returned yet";
     struct sync_job *j = calloc(1, sizeof *j);
-    if (!j || collect(&j->c) != 0) {
-        if (j)
-            free(j->c.v);
-        free(j);
+    if (j) {
+        j->c = *c;
+        j->c.v = NULL; /* only the contexts are needed */
+        j->c.n = j->c.cap = 0;
+    }
+    if (!j) {
         atomic_store(&g_sync_running, 0);
         return "out of memory";
     }
@@ -621,6 +622,21 @@ const char *dump_sync(int timeout_ms, uint64_t *ns)
     sync_job_unref(j);
     *ns = now_ns() - t0;
     return out;
+}
+
+const char *dump_sync(int timeout_ms, uint64_t *ns)
+{
+    *ns = 0;
+    if (!drv_load())
+        return "the driver lacks a function the synchronization needs";
+    struct collect c;
+    if (collect(&c) != 0) {
+        free(c.v);
+        return "out of memory";
+    }
+    const char *e = sync_bounded(&c, timeout_ms, ns);
+    free(c.v);
+    return e;
 }
 
 static void identity_json(struct sbuf *b, const struct collect *c)
@@ -783,10 +799,13 @@ struct op {
     uint64_t t_gate; /* when the gate began to close */
     struct sbuf b;   /* the reply */
     char err[160];
+    int stuck; /* a synchronization did not return: the device may still use the pinned memory */
+    int failed; /* the reply is an error: the device may be busy, even held (a collective's peer stopped) */
 };
 
 static int fail(struct op *op, const char *error, const char *detail)
 {
+    op->failed = 1;
     json_err(&op->b, error, detail);
     return -1;
 }
@@ -904,6 +923,7 @@ static int op_layout(struct op *op)
     if (op->restore) {
         struct sbuf d = {0};
         if (diff(op->ents, (int)op->h.count, c->v, c->n, &d)) {
+            op->failed = 1;
             sb_printf(&op->b, "{\"ok\": false, \"error\": \"mismatch\"%s}", d.p);
             free(d.p);
             return -1;
@@ -958,8 +978,21 @@ static int op_copy(struct op *op)
 {
     struct collect *c = &op->c;
     uint64_t t2 = now_ns();
-    if (sync_all(c, op->err, sizeof op->err) != 0)
+    /* Bounded, as the pause is: work that cannot finish (a collective whose peer is stopped) gives
+     * the job back instead of holding it, and this thread, for good. */
+    uint64_t sync_ns;
+    const char *se = sync_bounded(c, op->o.timeout_ms, &sync_ns);
+    if (se && !strcmp(se, "timeout")) {
+        op->stuck = 1;
+        snprintf(op->err, sizeof op->err, "work on the device still running after %d ms (it may wait on another "
+                 "process: a collective whose peer is stopped)%s", op->o.timeout_ms,
+                 op->paused ? "; the gate is open again" : "");
+        return fail(op, "busy", op->err);
+    }
+    if (se) {
+        snprintf(op->err, sizeof op->err, "%s", se);
         return fail(op, "driver error", op->err);
+    }
     uint64_t t3 = now_ns();
     op->t.sync = t3 - t2;
     if (!(op->pieces = cut(c->v, c->n, op->o.chunk, &op->np)))
@@ -1006,10 +1039,67 @@ static void op_done(struct op *op)
     timing_json(&op->b, &op->t);
 }
 
+/* Unpinning and freeing pinned memory wait for the device to be idle (as cuMemFreeHost does on a GPU):
+ * after a synchronization that did not return, that is done on a thread of its own, once the
+ * device's work has ended, and never on the control thread, which must go on answering. */
+struct late_free {
+    char *map;
+    uint64_t map_len, ctx;
+    struct lane L[MAX_LANES];
+    int nl;
+};
+
+static void *late_free_run(void *arg)
+{
+    struct late_free *f = arg;
+    if (f->map)
+        direct_unmap(f->map, f->map_len, f->ctx);
+    lanes_free(f->L, f->nl);
+    free(f);
+    return NULL;
+}
+
+static int free_later(struct op *op)
+{
+    struct late_free *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    f->map = op->map;
+    f->map_len = op->map_len;
+    f->ctx = op->c.nctx ? op->c.ctxs[0] : 0;
+    memcpy(f->L, op->L, sizeof f->L);
+    f->nl = op->nl;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int e = pthread_create(&t, &at, late_free_run, f);
+    pthread_attr_destroy(&at);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e) {
+        free(f);
+        return -1;
+    }
+    return 0;
+}
+
 static void op_close(struct op *op)
 {
     if (op->map && op->map == S.map) /* a failed unsuspend: the image stays pinned for the next try */
         op->map = NULL;
+    if ((op->stuck || op->failed) && op->paused) { /* first of all: the job goes on */
+        gputrace_shim_resume();
+        op->paused = 0;
+    }
+    if ((op->stuck || op->failed) && (op->map || op->nl)) {
+        if (free_later(op) != 0)
+            shim_log("cannot start a thread to free the pinned copy buffers: they stay allocated");
+        op->map = NULL;
+        op->nl = 0;
+    }
     if (op->map) /* after the gate reopened: unpinning and unmapping are no part of the freeze */
         direct_unmap(op->map, op->map_len, op->c.nctx ? op->c.ctxs[0] : 0);
     if (op->paused)

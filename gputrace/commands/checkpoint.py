@@ -85,7 +85,8 @@ def _tuning(p: argparse.ArgumentParser, direct: bool = False) -> None:
     p.add_argument("--chunk", type=number(int, lo=4096, hi=1 << 30, multiple=4096), default=8 << 20,
                    help="bytes per staged copy, a multiple of 4096 (default 8 MiB)")
     p.add_argument("--timeout-ms", type=number(int, lo=0, hi=600000), default=5000,
-                   help="how long to wait for driver calls in flight before giving up the freeze (default 5000)")
+                   help="how long to wait for driver calls in flight, and then for the work they submitted, before "
+                        "giving up the freeze (default 5000)")
     if direct:
         _staging(p)
 
