@@ -157,6 +157,7 @@ class _Rank:
     s: ShimSession
     held: bool = False  # this connection holds its gate closed
     suspended: bool = False  # suspended by this operation, not kept yet
+    broken: bool = False  # its connection failed: only closing it is left (the shim then gives the rank back)
 
 
 class Gang:
@@ -199,7 +200,11 @@ class Gang:
                          "(collectives the shim does not know by name also hold a job: GPUTRACE_SHIM_COLLECTIVES)")
 
     def request(self, r: _Rank, command: str, fd: int | None = None) -> dict:
-        return r.s.request(command, fd=fd, timeout_s=self.left_ms(r) / 1000 + REPLY_GRACE_S)
+        try:
+            return r.s.request(command, fd=fd, timeout_s=self.left_ms(r) / 1000 + REPLY_GRACE_S)
+        except GputraceError:
+            r.broken = True  # no answer, or the connection lost: closing it is what gives the rank back
+            raise
 
     def each(self, fn: Callable[[_Rank], object], ranks: list[_Rank] | None = None) -> list:
         """fn on every rank at once; once all have returned, the first failure (by rank) is raised."""
@@ -287,7 +292,7 @@ class Gang:
                 pass  # closing the connection gives it back as well (shim/control.c)
 
         with ThreadPoolExecutor(max_workers=max(1, len(self.ranks))) as ex:
-            list(ex.map(give_back, [r for r in self.ranks if r.held or r.suspended]))
+            list(ex.map(give_back, [r for r in self.ranks if (r.held or r.suspended) and not r.broken]))
 
     def close(self) -> None:
         self.release()

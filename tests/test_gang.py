@@ -275,10 +275,10 @@ def test_gputrace_killed_mid_gang_leaves_every_rank_running(job, tmp_path):
     assert all(gates(j)) and not any(client.status(x)["suspended"] for x in j.ranks)
 
 
-def test_a_bound_that_passes_gives_every_rank_back_running(job, tmp_path):
+def test_a_rank_held_elsewhere_fails_the_gang_and_every_rank_is_given_back_running(job, tmp_path):
     j = job(2)
     j.wait_all_past(2, "both ranks running")
-    # Rank 1 held elsewhere at its gate: the job cannot reach the next collective, whatever the gang does.
+    # Rank 1 held elsewhere at its gate: the gang cannot stop it.
     with client.Connection(j.ranks[1]) as c1:
         assert c1.pause(5000)["ok"]
         r = gputrace("checkpoint", "-p", j.pids(), "-o", str(tmp_path / "c"), "--timeout", "1", "--json")
@@ -295,6 +295,29 @@ def test_a_bound_that_passes_gives_every_rank_back_running(job, tmp_path):
     assert all(gates(j))
     j.wait(lambda ls: len(ls) >= n + 4, "the job runs on")
     assert not list(tmp_path.glob(".c.partial-*"))
+
+
+def test_a_rank_that_stops_answering_runs_the_gang_past_its_bound_and_every_rank_is_given_back(job, tmp_path):
+    j = job(2)
+    j.wait_all_past(2, "both ranks running")
+    p = run_stopped_at("gang:closed", ["checkpoint", "-p", j.pids(), "-o", str(tmp_path / "c"), "--timeout", "1"])
+    os.kill(j.ranks[1], signal.SIGSTOP)  # its shim answers nothing more: the advance cannot end
+    try:
+        t0 = time.monotonic()
+        os.kill(p.pid, signal.SIGCONT)
+        out, err = p.communicate(timeout=120)
+        took = time.monotonic() - t0
+        assert p.returncode == 10 and f"rank 1 (pid {j.ranks[1]})" in err and "did not answer" in err, err
+        assert took < 1 + 5 + 5  # the bound, the grace for a reply, and giving back
+        assert client.status(j.ranks[0])["paused"] is False
+    finally:
+        os.kill(j.ranks[1], signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    n = len(j.lines)
+    j.wait(lambda ls: len(ls) >= n + 4, "both run on: rank 1's shim reopened its gate as the connection closed")
+    assert all(gates(j)) and not (tmp_path / "c").exists() and not list(tmp_path.glob(".c.partial-*"))
 
 
 def test_the_shim_stops_a_job_behind_and_ahead_at_the_same_collective(job):
