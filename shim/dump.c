@@ -1094,7 +1094,14 @@ static void op_close(struct op *op)
         gputrace_shim_resume();
         op->paused = 0;
     }
-    if ((op->stuck || op->failed) && (op->map || op->nl)) {
+    if (!op->stuck && op->failed && (op->map || op->nl)) {
+        /* Freed here, as after a success, unless the device's work does not end soon (it may wait on
+         * another process), which the copy's own synchronization would have said. */
+        uint64_t ns;
+        const char *e = op->c.nctx ? sync_bounded(&op->c, op->o.timeout_ms < 2000 ? op->o.timeout_ms : 2000, &ns) : NULL;
+        op->stuck = e != NULL;
+    }
+    if (op->stuck && (op->map || op->nl)) {
         if (free_later(op) != 0)
             shim_log("cannot start a thread to free the pinned copy buffers: they stay allocated");
         op->map = NULL;
