@@ -99,6 +99,10 @@ def job(procs, shim_dir):
     yield make
     for j in made:  # the launcher is killed by `procs`; its ranks by pid here, whatever state they are in
         j.kill_ranks()
+        try:  # the group's file, which a launcher killed leaves behind
+            os.unlink(f"/dev/shm/simcuda-group-{j.launcher}")
+        except FileNotFoundError:
+            pass
 
 
 @functools.cache
