@@ -2,7 +2,8 @@
 
 No user interface here (the CLI is gputrace/commands/checkpoint.py).  `checkpoint(pid, dir)` and
 `restore(pid, dir)` (checkpointer/ops.py), `suspend(pid)` and `resume(pid)` (checkpointer/suspend.py)
-talk to the shim's control socket; the directory format is
+talk to the shim's control socket; checkpointer/gang.py does the four for a job of several processes
+at once; the directory format is
 in checkpointer/store.py, the shim's image format in checkpointer/image.py.
 """
 

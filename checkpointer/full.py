@@ -153,7 +153,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     comm = procs_comm(pid)
     require_running(pid, "checkpoint")  # a stopped job's driver and shim answer nothing: fail now
     c = criu_mod.find()  # before the job is touched: no CRIU, no freeze
-    out = Path(out).absolute() if out else store.default_out(pid, full=True)
+    out = Path(out).absolute() if out else store.default_out(pid, prefix="full-")
     check_target(out)
     d = driver.Driver(pid)
     if d.state() != "running":

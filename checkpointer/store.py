@@ -79,15 +79,16 @@ def default_root() -> Path:
     return Path(base) / "gputrace" / "checkpoints"
 
 
-def default_out(pid: int, *, full: bool = False) -> Path:
-    """A new directory under default_root(), created if missing: PID-TIME (whole-process: full-PID-TIME)."""
+def default_out(pid: int, *, prefix: str = "") -> Path:
+    """A new directory under default_root(), created if missing: PID-TIME (a whole process's:
+    full-PID-TIME; a job's: job-PID-TIME, PID its first rank's)."""
     root = default_root()
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"cannot create {root}: {exc.strerror}",
                               "give a directory with -o, or set GPUTRACE_CKPT_DIR to a writable one") from None
-    return root / f"{'full-' if full else ''}{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+    return root / f"{prefix}{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
 
 
 def check_target(out: Path) -> None:

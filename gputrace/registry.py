@@ -119,6 +119,37 @@ def add_pid(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("-p", "--pid", type=PID, required=required, help="target process id")
 
 
+def parse_pids(text: str) -> list[int]:
+    """`-p 1,2,3`: one pid or several, comma-separated."""
+    parts = [t.strip() for t in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give pids separated by commas, e.g. 1234,1235")
+    return [PID(t) for t in parts]
+
+
+class _Pids(argparse.Action):
+    """-p may be repeated and take lists: all of them in `pids`, the first in `pid` (what a command
+    of one process reads)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        pids = list(getattr(namespace, "pids", None) or [])
+        pids.extend(p for p in values if p not in pids)
+        namespace.pids = pids
+        namespace.pid = pids[0]
+
+
+def add_job(p: argparse.ArgumentParser) -> None:
+    """The target of checkpoint, restore, suspend, resume: one process, or a job of several."""
+    p.set_defaults(pid=None, pids=None)
+    p.add_argument("-p", "--pid", dest="pids", type=parse_pids, action=_Pids, metavar="PID[,PID...]",
+                   help="target process id; several (comma-separated or -p repeated) are one job, stopped together")
+    p.add_argument("--tree", type=PID, metavar="PID",
+                   help="a job: PID and its descendants that run the shim (e.g. a launcher and its ranks)")
+    p.add_argument("--timeout", type=number(float, lo=0, above=True), metavar="S",
+                   help="a job's one bound, in seconds, on stopping, copying and reopening all of it; past it, or "
+                        "if a process fails, every one is given back running (default 30)")
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON (orjson; schema in docs/json-schema.md)")
 

@@ -26,6 +26,10 @@ Handles and addresses are integers.  Other replies: {"ok": true|false, ...; "err
 lanes, chunk, pieces, setup_ns, drain_ns, sync_ns, copy_ns, freeze_ns, and for dump driver_version and
 devices [{ordinal, name, uuid}]; on failure error (and detail, or differences for a mismatch).
 `suspend` adds reserved_bytes and release_ns, `unsuspend` remap_ns and suspended_ns.
+A job of several processes is stopped in steps (checkpointer/gang.py): `close [MS]` (gate closed, no
+drain; replies collectives), `advance N [MS]`, `drain [MS]`, then dump/restore/suspend on the same
+connection and `resume`; status also says collectives (launched so far), collective_kernels (kernels
+known to be collectives) and advancing.
 """
 
 from __future__ import annotations

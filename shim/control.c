@@ -13,7 +13,7 @@
  *   resume        reopen the gate
  *   ping          {"ok": true, "pid": ..., "schema": ...}
  *   dump [lanes=N] [chunk=BYTES] [timeout=MS] [/PATH]
- *                 close the gate (unless this connection holds it), synchronize, copy every device
+ *                 close the gate (unless this connection holds it), synchronize (both within MS), copy every device
  *                 allocation into an image file (an fd sent with the command by SCM_RIGHTS, else
  *                 /PATH), reopen the gate; see dump.c for the image and the reply
  *   restore [...] the reverse: copy an image back, after checking under the gate that the process
@@ -29,6 +29,18 @@
  *                 of those classes (submission, synchronization, state, query) or functions; alone,
  *                 what it does now and how many calls it has slowed
  *   keep          a suspension made through this connection outlives it (see below)
+ * A job of several processes (checkpointer/gang.py) is stopped in steps, each bounded, so that no
+ * process waits on a peer stopped before it (see "Collectives" in shim.c):
+ *   close [MS]    close the gate without waiting for the calls in flight (only for collective launches
+ *                 in their gate check, up to MS, default 1000); replies the collectives launched so
+ *                 far.  Held by this connection like a pause: it reopens if the connection closes
+ *   advance N [MS]
+ *                 with the gate closed through this connection: let the process run until it has
+ *                 launched N collectives, then close again (up to MS, default 5000)
+ *   drain [MS]    with the gate closed through this connection: wait for the calls in flight, then
+ *                 synchronize every context, all within MS (default 5000); the gate stays closed
+ * then dump, restore or suspend through the same connection (they find the gate held and leave it
+ * so), and resume (a suspension keeps it closed). 
  * A suspension belongs to the connection that made it until that connection says `keep`: if it
  * closes first (the suspending gputrace was killed before it had recorded where the data are), the
  * shim unsuspends the job itself, so that no death of a client leaves the job held.
@@ -219,6 +231,17 @@ static int dump_mode_of(const char *line)
     return -1;
 }
 
+/* A timeout in ms, 0-600000, alone on the rest of the line. */
+static int parse_ms(const char *p, long *ms)
+{
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || *end || v < 0 || v > 600000)
+        return 0;
+    *ms = v;
+    return 1;
+}
+
 static void command(struct client *cl, int idx, char *line)
 {
     while (*line == ' ')
@@ -254,6 +277,82 @@ static void command(struct client *cl, int idx, char *line)
                   "open again\", \"in_flight\": %d}",
                   ms, gputrace_shim_in_flight());
         }
+    } else if (!strncmp(line, "close", 5) && (line[5] == 0 || line[5] == ' ')) {
+        long ms = 1000;
+        if (line[5] && !parse_ms(line + 6, &ms)) {
+            reply(cl, "{\"ok\": false, \"error\": \"close takes a timeout in ms (0-600000)\"}");
+            return;
+        }
+        if (gate_suspended()) {
+            reply(cl, "{\"ok\": false, \"error\": \"suspended\"}");
+            return;
+        }
+        unsigned long long n = 0;
+        int r = gate_close((int)ms, &n);
+        if (r == 0) {
+            g_pauser = idx;
+            reply(cl, "{\"ok\": true, \"paused\": true, \"collectives\": %llu, \"in_flight\": %d, \"waiting\": %d}", n,
+                  gputrace_shim_in_flight(), gputrace_shim_waiting());
+        } else if (r == -2) {
+            reply(cl, "{\"ok\": false, \"error\": \"already paused\"}");
+        } else {
+            reply(cl, "{\"ok\": false, \"error\": \"busy\", \"detail\": \"a collective launch still in the gate after %ld "
+                      "ms; the gate is open again\"}", ms);
+        }
+    } else if (!strncmp(line, "advance ", 8)) {
+        char *end;
+        errno = 0;
+        unsigned long long target = strtoull(line + 8, &end, 10);
+        long ms = 5000;
+        if (errno || end == line + 8 || (*end && (*end != ' ' || !parse_ms(end + 1, &ms)))) {
+            reply(cl, "{\"ok\": false, \"error\": \"usage: advance COLLECTIVES [MS]\"}");
+            return;
+        }
+        if (g_pauser != idx) {
+            reply(cl, "{\"ok\": false, \"error\": \"not paused\", \"detail\": \"close the gate through this connection "
+                      "first\"}");
+            return;
+        }
+        unsigned long long n = 0;
+        int r = gate_advance(target, (int)ms, &n);
+        if (r == 0)
+            reply(cl, "{\"ok\": true, \"paused\": true, \"collectives\": %llu}", n);
+        else if (r == -1)
+            reply(cl, "{\"ok\": false, \"error\": \"timeout\", \"detail\": \"%llu of %llu collectives launched after %ld "
+                      "ms; the gate is closed\", \"collectives\": %llu}", n, target, ms, n);
+        else
+            reply(cl, "{\"ok\": false, \"error\": \"not paused\"}");
+    } else if (!strncmp(line, "drain", 5) && (line[5] == 0 || line[5] == ' ')) {
+        long ms = 5000;
+        if (line[5] && !parse_ms(line + 6, &ms)) {
+            reply(cl, "{\"ok\": false, \"error\": \"drain takes a timeout in ms (0-600000)\"}");
+            return;
+        }
+        if (g_pauser != idx) {
+            reply(cl, "{\"ok\": false, \"error\": \"not paused\", \"detail\": \"close the gate through this connection "
+                      "first\"}");
+            return;
+        }
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (gate_drain((int)ms) != 0) {
+            reply(cl, "{\"ok\": false, \"error\": \"timeout\", \"detail\": \"driver calls still in flight after %ld ms; "
+                      "the gate is closed\", \"in_flight\": %d}", ms, gputrace_shim_in_flight());
+            return;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        long long drain_ns = (t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec);
+        long left = ms - (long)(drain_ns / 1000000);
+        uint64_t sync_ns = 0;
+        const char *e = dump_sync(left > 0 ? (int)left : 0, &sync_ns);
+        if (e && !strcmp(e, "timeout"))
+            reply(cl, "{\"ok\": false, \"error\": \"timeout\", \"detail\": \"work on the device still running after %ld "
+                      "ms; the gate is closed\"}", ms);
+        else if (e)
+            reply(cl, "{\"ok\": false, \"error\": \"driver error\", \"detail\": \"%s\"}", e);
+        else
+            reply(cl, "{\"ok\": true, \"paused\": true, \"drain_ns\": %lld, \"sync_ns\": %llu}", drain_ns,
+                  (unsigned long long)sync_ns);
     } else if (!strcmp(line, "resume")) {
         if (gate_suspended()) {
             reply(cl, "{\"ok\": false, \"error\": \"suspended\", \"detail\": \"the device memory is off the GPU: "
@@ -310,7 +409,7 @@ static void command(struct client *cl, int idx, char *line)
         }
     } else {
         reply(cl, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
-                      "restore, suspend, unsuspend, keep, rehome, emulate\"}");
+                      "restore, suspend, unsuspend, keep, rehome, emulate, close [MS], advance N [MS], drain [MS]\"}");
     }
 }
 

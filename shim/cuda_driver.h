@@ -257,6 +257,8 @@ CUresult cuEventSynchronize(CUevent hEvent);
 CUresult cuEventQuery(CUevent hEvent);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleLoad(CUmodule *module, const char *fname);
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name);
 CUresult cuModuleUnload(CUmodule hmod);
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
                            void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,

@@ -10,7 +10,8 @@
  * `restore` reads the same format back.  The image is the checkpoint's data file byte for byte,
  * so the checkpointer only hashes and stores it after the gate has reopened.
  *
- * How it moves.  Gate closed and every context synchronized, the allocations are cut into chunks
+ * How it moves.  Gate closed and every context synchronized (within the command's timeout=, as the
+ * pause: work that cannot finish gives the job back instead of holding it), the allocations are cut into chunks
  * that `lanes` threads take in turn; each lane owns two pinned staging buffers and two streams and
  * alternates between them, so one chunk's DMA overlaps the previous chunk's pwrite (or, restoring,
  * the next chunk's pread overlaps the current DMA), and lanes overlap each other.  Staging memory
@@ -521,6 +522,123 @@ static int sync_all(const struct collect *c, char *err, size_t errlen)
     return 0;
 }
 
+/* A bounded sync_all, for `drain`: the contexts are synchronized on a thread of its own while the
+ * control thread waits up to the timeout.  A synchronization that does not return in time (work
+ * that waits on another process, a collective whose peer is stopped) is left to end by itself on
+ * that thread, which then exits; until it has, another drain is refused, so there is never more
+ * than one such thread. */
+struct sync_job {
+    struct collect c;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, rc, refs;
+    char err[160];
+};
+
+static atomic_int g_sync_running;
+
+static void sync_job_unref(struct sync_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (last) {
+        pthread_mutex_destroy(&j->mu);
+        pthread_cond_destroy(&j->cv);
+        free(j->c.v);
+        free(j);
+    }
+}
+
+static void *sync_run(void *arg)
+{
+    struct sync_job *j = arg;
+    int rc = sync_all(&j->c, j->err, sizeof j->err);
+    pthread_mutex_lock(&j->mu);
+    j->rc = rc;
+    j->done = 1;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    atomic_store(&g_sync_running, 0);
+    sync_job_unref(j);
+    return NULL;
+}
+
+static const char *sync_bounded(const struct collect *c, int timeout_ms, uint64_t *ns)
+{
+    static char err[200];
+    uint64_t t0 = now_ns();
+    *ns = 0;
+    int zero = 0;
+    if (!atomic_compare_exchange_strong(&g_sync_running, &zero, 1))
+        return "an earlier synchronization of this process has not returned yet";
+    struct sync_job *j = calloc(1, sizeof *j);
+    if (j) {
+        j->c = *c;
+        j->c.v = NULL; /* only the contexts are needed */
+        j->c.n = j->c.cap = 0;
+    }
+    if (!j) {
+        atomic_store(&g_sync_running, 0);
+        return "out of memory";
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    j->refs = 2;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int e = pthread_create(&t, &at, sync_run, j);
+    pthread_attr_destroy(&at);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e) {
+        j->refs = 1;
+        sync_job_unref(j);
+        atomic_store(&g_sync_running, 0);
+        return "cannot start the synchronizing thread";
+    }
+    uint64_t end = t0 + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000u;
+    struct timespec dl = {(time_t)(end / 1000000000u), (long)(end % 1000000000u)};
+    const char *out = NULL;
+    pthread_mutex_lock(&j->mu);
+    while (!j->done)
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &dl) == ETIMEDOUT)
+            break;
+    if (!j->done)
+        out = "timeout";
+    else if (j->rc) {
+        snprintf(err, sizeof err, "%s", j->err);
+        out = err;
+    }
+    pthread_mutex_unlock(&j->mu);
+    sync_job_unref(j);
+    *ns = now_ns() - t0;
+    return out;
+}
+
+const char *dump_sync(int timeout_ms, uint64_t *ns)
+{
+    *ns = 0;
+    if (!drv_load())
+        return "the driver lacks a function the synchronization needs";
+    struct collect c;
+    if (collect(&c) != 0) {
+        free(c.v);
+        return "out of memory";
+    }
+    const char *e = sync_bounded(&c, timeout_ms, ns);
+    free(c.v);
+    return e;
+}
+
 static void identity_json(struct sbuf *b, const struct collect *c)
 {
     int v = 0;
@@ -681,10 +799,13 @@ struct op {
     uint64_t t_gate; /* when the gate began to close */
     struct sbuf b;   /* the reply */
     char err[160];
+    int stuck; /* a synchronization did not return: the device may still use the pinned memory */
+    int failed; /* the reply is an error: the device may be busy, even held (a collective's peer stopped) */
 };
 
 static int fail(struct op *op, const char *error, const char *detail)
 {
+    op->failed = 1;
     json_err(&op->b, error, detail);
     return -1;
 }
@@ -802,6 +923,7 @@ static int op_layout(struct op *op)
     if (op->restore) {
         struct sbuf d = {0};
         if (diff(op->ents, (int)op->h.count, c->v, c->n, &d)) {
+            op->failed = 1;
             sb_printf(&op->b, "{\"ok\": false, \"error\": \"mismatch\"%s}", d.p);
             free(d.p);
             return -1;
@@ -856,8 +978,21 @@ static int op_copy(struct op *op)
 {
     struct collect *c = &op->c;
     uint64_t t2 = now_ns();
-    if (sync_all(c, op->err, sizeof op->err) != 0)
+    /* Bounded, as the pause is: work that cannot finish (a collective whose peer is stopped) gives
+     * the job back instead of holding it, and this thread, for good. */
+    uint64_t sync_ns;
+    const char *se = sync_bounded(c, op->o.timeout_ms, &sync_ns);
+    if (se && !strcmp(se, "timeout")) {
+        op->stuck = 1;
+        snprintf(op->err, sizeof op->err, "work on the device still running after %d ms (it may wait on another "
+                 "process: a collective whose peer is stopped)%s", op->o.timeout_ms,
+                 op->paused ? "; the gate is open again" : "");
+        return fail(op, "busy", op->err);
+    }
+    if (se) {
+        snprintf(op->err, sizeof op->err, "%s", se);
         return fail(op, "driver error", op->err);
+    }
     uint64_t t3 = now_ns();
     op->t.sync = t3 - t2;
     if (!(op->pieces = cut(c->v, c->n, op->o.chunk, &op->np)))
@@ -904,10 +1039,74 @@ static void op_done(struct op *op)
     timing_json(&op->b, &op->t);
 }
 
+/* Unpinning and freeing pinned memory wait for the device to be idle (as cuMemFreeHost does on a GPU):
+ * after a synchronization that did not return, that is done on a thread of its own, once the
+ * device's work has ended, and never on the control thread, which must go on answering. */
+struct late_free {
+    char *map;
+    uint64_t map_len, ctx;
+    struct lane L[MAX_LANES];
+    int nl;
+};
+
+static void *late_free_run(void *arg)
+{
+    struct late_free *f = arg;
+    if (f->map)
+        direct_unmap(f->map, f->map_len, f->ctx);
+    lanes_free(f->L, f->nl);
+    free(f);
+    return NULL;
+}
+
+static int free_later(struct op *op)
+{
+    struct late_free *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    f->map = op->map;
+    f->map_len = op->map_len;
+    f->ctx = op->c.nctx ? op->c.ctxs[0] : 0;
+    memcpy(f->L, op->L, sizeof f->L);
+    f->nl = op->nl;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int e = pthread_create(&t, &at, late_free_run, f);
+    pthread_attr_destroy(&at);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e) {
+        free(f);
+        return -1;
+    }
+    return 0;
+}
+
 static void op_close(struct op *op)
 {
     if (op->map && op->map == S.map) /* a failed unsuspend: the image stays pinned for the next try */
         op->map = NULL;
+    if ((op->stuck || op->failed) && op->paused) { /* first of all: the job goes on */
+        gputrace_shim_resume();
+        op->paused = 0;
+    }
+    if (!op->stuck && op->failed && (op->map || op->nl)) {
+        /* Freed here, as after a success, unless the device's work does not end soon (it may wait on
+         * another process), which the copy's own synchronization would have said. */
+        uint64_t ns;
+        const char *e = op->c.nctx ? sync_bounded(&op->c, op->o.timeout_ms < 2000 ? op->o.timeout_ms : 2000, &ns) : NULL;
+        op->stuck = e != NULL;
+    }
+    if (op->stuck && (op->map || op->nl)) {
+        if (free_later(op) != 0)
+            shim_log("cannot start a thread to free the pinned copy buffers: they stay allocated");
+        op->map = NULL;
+        op->nl = 0;
+    }
     if (op->map) /* after the gate reopened: unpinning and unmapping are no part of the freeze */
         direct_unmap(op->map, op->map_len, op->c.nctx ? op->c.ctxs[0] : 0);
     if (op->paused)

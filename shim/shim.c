@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <link.h>
+#include <fnmatch.h>
 #include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
@@ -247,6 +248,7 @@ static void slot_release(void *arg)
         atomic_store_explicit(&s->used, 0, memory_order_release);
 }
 
+static void coll_atfork_child(void);
 static void atfork_prepare(void) { reg_atfork_prepare(); }
 static void atfork_parent(void) { reg_atfork_release(); }
 
@@ -268,6 +270,7 @@ static void atfork_child(void)
     atomic_store(&g_waiting, 0);
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_pause_mu = fresh;
+    coll_atfork_child();
     control_atfork_child();
 }
 
@@ -339,16 +342,23 @@ static void futex(atomic_int *addr, int op, int val)
     syscall(SYS_futex, (int *)addr, op, val, NULL, NULL, 0);
 }
 
+/* g_gate: 0 open, 1 closed, 2 advancing: open to everything but a collective launch past
+ * g_coll_target (gate_advance); the launch that reaches the target closes it. */
+#define GATE_CLOSED 1
+#define GATE_ADVANCING 2
+
 static __attribute__((noinline)) void gate_wait(struct slot *s)
 {
+    if (atomic_load_explicit(&g_gate, memory_order_acquire) == GATE_ADVANCING)
+        return; /* only collectives wait while advancing; this call is none */
     atomic_fetch_add(&g_waiting, 1);
     do {
         set_busy(s, 0); /* first of all: never hold up the pauser while we wait */
-        while (atomic_load_explicit(&g_gate, memory_order_acquire))
-            futex(&g_gate, FUTEX_WAIT_PRIVATE, 1);
+        while (atomic_load_explicit(&g_gate, memory_order_acquire) == GATE_CLOSED)
+            futex(&g_gate, FUTEX_WAIT_PRIVATE, GATE_CLOSED);
         set_busy(s, 1);
         atomic_thread_fence(memory_order_seq_cst); /* slow path: a real fence, membarrier or not */
-    } while (atomic_load_explicit(&g_gate, memory_order_relaxed));
+    } while (atomic_load_explicit(&g_gate, memory_order_relaxed) == GATE_CLOSED);
     atomic_fetch_sub(&g_waiting, 1);
 }
 
@@ -372,6 +382,134 @@ static inline void gate_leave(struct slot *s)
 {
     if (LIKELY(--t_depth == 0))
         set_busy(s, 0);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Collectives: stopping every process of a job at the same one.
+ *
+ * A collective (an NCCL kernel) completes only once every rank of its group has launched its
+ * matching instance, so a rank whose gate closed before a launch its peers have made holds them,
+ * and any of their calls waiting on that collective, for as long as it is closed: no drain of the
+ * peers can end.  The shim therefore counts the collectives each process launches (kernels looked
+ * up by a collective's name: SHIM_LOOKUP), and a job is stopped in two moves (checkpointer/gang.py):
+ * every rank's gate closes wherever the rank is (gate_close: only launches of collectives in
+ * flight are waited for, which never wait on a peer), then each rank behind the furthest one is let
+ * run up to the same count (gate_advance: everything passes but a collective past the target; the
+ * launch that reaches it closes the gate again).  Then every collective launched anywhere has been
+ * launched everywhere, and the calls in flight can drain.
+ *
+ * The cost for a job without collectives: a relaxed load of g_ncoll_fn in each launch. */
+
+#define MAX_COLL_FNS 256
+static void *_Atomic g_coll_fn[MAX_COLL_FNS]; /* handles of collective kernels (CUfunction or CUkernel) */
+static atomic_int g_ncoll_fn;
+static atomic_ullong g_coll_launched; /* collective launches that passed the gate */
+static atomic_ullong g_coll_target;   /* while advancing: where the gate closes again */
+static atomic_int g_coll_busy;        /* threads inside a collective launch's gate check */
+static pthread_mutex_t g_coll_mu = PTHREAD_MUTEX_INITIALIZER;
+static char *g_coll_patterns; /* comma-separated fnmatch patterns, from $GPUTRACE_SHIM_COLLECTIVES */
+static int g_coll_patterns_read;
+
+#define DEFAULT_COLLECTIVES "ncclDevKernel_*,ncclKernel_*"
+
+static int coll_name(const char *name)
+{
+    if (!name)
+        return 0;
+    pthread_mutex_lock(&g_coll_mu);
+    if (!g_coll_patterns_read) {
+        const char *e = getenv("GPUTRACE_SHIM_COLLECTIVES");
+        g_coll_patterns = strdup(e && *e ? e : DEFAULT_COLLECTIVES);
+        g_coll_patterns_read = 1;
+    }
+    int hit = 0;
+    if (g_coll_patterns) {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", g_coll_patterns);
+        for (char *save = NULL, *w = strtok_r(buf, ",", &save); w && !hit; w = strtok_r(NULL, ",", &save))
+            hit = fnmatch(w, name, 0) == 0;
+    }
+    pthread_mutex_unlock(&g_coll_mu);
+    return hit;
+}
+
+static void coll_note(void *handle)
+{
+    if (!handle)
+        return;
+    pthread_mutex_lock(&g_coll_mu);
+    int n = atomic_load(&g_ncoll_fn), seen = 0;
+    for (int i = 0; i < n && !seen; i++)
+        seen = atomic_load_explicit(&g_coll_fn[i], memory_order_relaxed) == handle;
+    if (!seen && n < MAX_COLL_FNS) {
+        atomic_store_explicit(&g_coll_fn[n], handle, memory_order_relaxed);
+        atomic_store_explicit(&g_ncoll_fn, n + 1, memory_order_release);
+    } else if (!seen) {
+        shim_log("more than %d collective kernels: the rest are not counted", MAX_COLL_FNS);
+    }
+    pthread_mutex_unlock(&g_coll_mu);
+}
+
+/* A child is a process of its own: it has launched nothing yet (the kernels noted stay noted). */
+static void coll_atfork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_coll_mu = fresh;
+    atomic_store(&g_coll_launched, 0);
+    atomic_store(&g_coll_busy, 0);
+}
+
+static int coll_is(const void *f)
+{
+    int n = atomic_load_explicit(&g_ncoll_fn, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (atomic_load_explicit(&g_coll_fn[i], memory_order_relaxed) == f)
+            return 1;
+    return 0;
+}
+
+/* gate_enter for a collective launch: counted once it has passed the gate; while advancing, it
+ * passes only below the target, and the one that reaches it closes the gate. */
+static __attribute__((noinline)) struct slot *coll_enter(int fn)
+{
+    struct slot *s = my_slot();
+    if (t_depth++ == 0) {
+        set_busy(s, 1);
+        for (;;) {
+            atomic_fetch_add(&g_coll_busy, 1); /* seq_cst, as the closer's store and load */
+            int g = atomic_load(&g_gate);
+            if (g == 0) {
+                atomic_fetch_add(&g_coll_launched, 1);
+                atomic_fetch_sub(&g_coll_busy, 1);
+                break;
+            }
+            if (g == GATE_ADVANCING) {
+                unsigned long long c = atomic_load(&g_coll_launched), t = atomic_load(&g_coll_target);
+                if (c < t && atomic_compare_exchange_strong(&g_coll_launched, &c, c + 1)) {
+                    if (c + 1 >= t) {
+                        int adv = GATE_ADVANCING;
+                        atomic_compare_exchange_strong(&g_gate, &adv, GATE_CLOSED);
+                    }
+                    atomic_fetch_sub(&g_coll_busy, 1);
+                    break;
+                }
+                if (c < t) { /* another thread counted meanwhile: look again */
+                    atomic_fetch_sub(&g_coll_busy, 1);
+                    continue;
+                }
+            }
+            atomic_fetch_sub(&g_coll_busy, 1);
+            atomic_fetch_add(&g_waiting, 1);
+            set_busy(s, 0);
+            struct timespec nap = {0, 10000000}; /* the gate may change 2 -> 1 without a wake: look again */
+            while (atomic_load(&g_gate) == g)
+                syscall(SYS_futex, (int *)&g_gate, FUTEX_WAIT_PRIVATE, g, &nap, NULL, 0);
+            set_busy(s, 1);
+            atomic_fetch_sub(&g_waiting, 1);
+        }
+    }
+    slot_count(s, fn);
+    return s;
 }
 
 static uint64_t mono_ns(void)
@@ -422,6 +560,105 @@ int gputrace_shim_pause(int timeout_ms)
     pthread_mutex_unlock(&g_pause_mu);
     return 0;
 }
+
+/* Closes the gate without waiting for the calls in flight (they may wait on a peer that is itself
+ * stopped), only for collective launches in their gate check, which never wait; *count is then the
+ * collectives this process has launched, final while the gate stays closed.  0: closed; -1: a
+ * collective launch still in its check at the timeout (the gate is reopened); -2: already closed. */
+int gate_close(int timeout_ms, unsigned long long *count)
+{
+    pthread_mutex_lock(&g_pause_mu);
+    if (atomic_load(&g_gate)) {
+        pthread_mutex_unlock(&g_pause_mu);
+        return -2;
+    }
+    atomic_store(&g_gate, GATE_CLOSED);
+    if (g_membarrier && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+        __atomic_store_n(&g_fence, 1, __ATOMIC_SEQ_CST);
+        g_membarrier = 0;
+    }
+    atomic_thread_fence(memory_order_seq_cst);
+    uint64_t deadline = mono_ns() + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000u;
+    long nap_ns = 1000;
+    while (atomic_load(&g_coll_busy) > 0) {
+        if (mono_ns() >= deadline) {
+            atomic_store(&g_gate, 0);
+            futex(&g_gate, FUTEX_WAKE_PRIVATE, INT_MAX);
+            pthread_mutex_unlock(&g_pause_mu);
+            return -1;
+        }
+        struct timespec ts = {0, nap_ns};
+        nanosleep(&ts, NULL);
+        if (nap_ns < 1000000)
+            nap_ns *= 2;
+    }
+    *count = atomic_load(&g_coll_launched);
+    pthread_mutex_unlock(&g_pause_mu);
+    return 0;
+}
+
+/* With the gate closed: lets the process run until it has launched `target` collectives, then the
+ * gate is closed again.  0: there (*count == target); -1: not there at the timeout (the gate is
+ * closed again, *count says where the process stopped); -3: the gate was not closed. */
+int gate_advance(unsigned long long target, int timeout_ms, unsigned long long *count)
+{
+    pthread_mutex_lock(&g_pause_mu);
+    if (atomic_load(&g_gate) != GATE_CLOSED || g_suspended) {
+        pthread_mutex_unlock(&g_pause_mu);
+        return -3;
+    }
+    if (atomic_load(&g_coll_launched) >= target) {
+        *count = atomic_load(&g_coll_launched);
+        pthread_mutex_unlock(&g_pause_mu);
+        return 0;
+    }
+    atomic_store(&g_coll_target, target);
+    atomic_store(&g_gate, GATE_ADVANCING);
+    futex(&g_gate, FUTEX_WAKE_PRIVATE, INT_MAX);
+    pthread_mutex_unlock(&g_pause_mu);
+    uint64_t deadline = mono_ns() + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000u;
+    long nap_ns = 1000;
+    int r = 0;
+    while (atomic_load(&g_gate) == GATE_ADVANCING) {
+        if (mono_ns() >= deadline) {
+            pthread_mutex_lock(&g_pause_mu);
+            int adv = GATE_ADVANCING;
+            atomic_compare_exchange_strong(&g_gate, &adv, GATE_CLOSED);
+            pthread_mutex_unlock(&g_pause_mu);
+            r = atomic_load(&g_coll_launched) >= target ? 0 : -1;
+            break;
+        }
+        struct timespec ts = {0, nap_ns};
+        nanosleep(&ts, NULL);
+        if (nap_ns < 1000000)
+            nap_ns *= 2;
+    }
+    if (g_membarrier)
+        syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0); /* as a pause: calls after this are seen */
+    atomic_thread_fence(memory_order_seq_cst);
+    *count = atomic_load(&g_coll_launched);
+    return r;
+}
+
+/* With the gate closed: waits up to timeout_ms for the calls in flight to leave.  0: none left. */
+int gate_drain(int timeout_ms)
+{
+    uint64_t deadline = mono_ns() + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000u;
+    long nap_ns = 1000;
+    while (busy_threads() > 0) {
+        if (mono_ns() >= deadline)
+            return -1;
+        struct timespec ts = {0, nap_ns};
+        nanosleep(&ts, NULL);
+        if (nap_ns < 1000000)
+            nap_ns *= 2;
+    }
+    return 0;
+}
+
+unsigned long long gate_collectives(void) { return atomic_load(&g_coll_launched); }
+int gate_collective_kernels(void) { return atomic_load(&g_ncoll_fn); }
+int gate_advancing(void) { return atomic_load(&g_gate) == GATE_ADVANCING; }
 
 int gputrace_shim_resume(void)
 {
@@ -507,6 +744,21 @@ void *gputrace_shim_real(const char *name)
 SHIM_STATE(HOOKS)
 #undef HOOKS
 
+/* A launch: a collective's (its kernel noted by SHIM_LOOKUP) is counted; see coll_enter. */
+#define LAUNCH_WRAPPER(name, params, args)                                                                       \
+    CUresult name params                                                                                         \
+    {                                                                                                            \
+        int coll_ = UNLIKELY(atomic_load_explicit(&g_ncoll_fn, memory_order_relaxed) != 0) && coll_is((void *)f); \
+        struct slot *s_ = UNLIKELY(coll_) ? coll_enter(F_##name) : gate_enter(F_##name);                         \
+        emul(F_##name);                                                                                          \
+        __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
+        CUresult r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                       \
+        gate_leave(s_);                                                                                          \
+        return r_;                                                                                               \
+    }
+SHIM_LAUNCH(LAUNCH_WRAPPER)
+#undef LAUNCH_WRAPPER
+
 #define SUBMIT_WRAPPER(name, params, args)                                                                       \
     CUresult name params                                                                                         \
     {                                                                                                            \
@@ -517,7 +769,7 @@ SHIM_STATE(HOOKS)
         gate_leave(s_);                                                                                          \
         return r_;                                                                                               \
     }
-SHIM_SUBMIT(SUBMIT_WRAPPER)
+SHIM_SUBMIT_REST(SUBMIT_WRAPPER)
 #undef SUBMIT_WRAPPER
 
 /* The registry changes inside the gated section, so once a pause has drained the calls in flight the
@@ -551,6 +803,25 @@ SHIM_STATE(STATE_WRAPPER)
     }
 SHIM_PASS(PASS_WRAPPER)
 #undef PASS_WRAPPER
+
+/* Kernels by name: not gated, not counted; a collective's handle is noted. */
+CUresult cuModuleGetFunction(CUfunction *pf, CUmodule m, const char *name)
+{
+    __typeof__(&cuModuleGetFunction) f_ = (__typeof__(&cuModuleGetFunction))real_fast(F_cuModuleGetFunction);
+    CUresult r = LIKELY(f_ != NULL) ? f_(pf, m, name) : CUDA_ERROR_NOT_FOUND;
+    if (r == CUDA_SUCCESS && pf && coll_name(name))
+        coll_note((void *)*pf);
+    return r;
+}
+
+CUresult cuLibraryGetKernel(CUkernel *pk, CUlibrary l, const char *name)
+{
+    __typeof__(&cuLibraryGetKernel) f_ = (__typeof__(&cuLibraryGetKernel))real_fast(F_cuLibraryGetKernel);
+    CUresult r = LIKELY(f_ != NULL) ? f_(pk, l, name) : CUDA_ERROR_NOT_FOUND;
+    if (r == CUDA_SUCCESS && pk && coll_name(name))
+        coll_note((void *)*pk); /* launched as a CUfunction by cast, as CUDA 12 allows */
+    return r;
+}
 
 /* cuGetProcAddress hands out our wrapper wherever the driver hands out an entry point we wrap: the
  * driver has already applied the requested version and the per-thread-stream flag, so mapping its
@@ -667,9 +938,12 @@ char *shim_status_alloc(size_t *len)
     if (any && dladdr(any, &di) && di.dli_fname)
         driver = di.dli_fname;
     sb_printf(&b, "{\"schema\": %d, \"pid\": %d, \"paused\": %s, \"suspended\": %s, \"in_flight\": %d, \"waiting\": %d, "
-                  "\"threads\": %d, \"membarrier\": %s, \"driver\": ",
+                  "\"threads\": %d, \"membarrier\": %s, \"collectives\": %llu, \"collective_kernels\": %d, "
+                  "\"advancing\": %s, \"driver\": ",
               SCHEMA, (int)getpid(), gate_paused() ? "true" : "false", gate_suspended() ? "true" : "false",
-              busy_threads(), atomic_load(&g_waiting), used, g_membarrier ? "true" : "false");
+              busy_threads(), atomic_load(&g_waiting), used, g_membarrier ? "true" : "false",
+              (unsigned long long)atomic_load(&g_coll_launched), atomic_load(&g_ncoll_fn),
+              atomic_load(&g_gate) == GATE_ADVANCING ? "true" : "false");
     sb_json_str(&b, driver);
     sb_printf(&b, ", \"socket\": ");
     sb_json_str(&b, control_path());

@@ -26,11 +26,21 @@
      unsigned int bz, unsigned int shmem, CUstream hStream, void **kp, void **extra)
 #define SHIM_LAUNCH_ARGS (f, gx, gy, gz, bx, by, bz, shmem, hStream, kp, extra)
 
-#define SHIM_SUBMIT(X)                                                                                           \
+/* The kernel launches: submissions whose kernel (`f`) may be a collective (see SHIM_LOOKUP). */
+#define SHIM_LAUNCH(X)                                                                                           \
     X(cuLaunchKernel, SHIM_LAUNCH_PARAMS, SHIM_LAUNCH_ARGS)                                                      \
     X(cuLaunchKernel_ptsz, SHIM_LAUNCH_PARAMS, SHIM_LAUNCH_ARGS)                                                 \
     X(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **kp, void **extra), (c, f, kp, extra))    \
     X(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *c, CUfunction f, void **kp, void **extra), (c, f, kp, extra)) \
+    X(cuLaunchCooperativeKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,               \
+                                  unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,         \
+                                  CUstream hStream, void **kp), (f, gx, gy, gz, bx, by, bz, shmem, hStream, kp)) \
+    X(cuLaunchCooperativeKernel_ptsz, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,          \
+                                       unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,    \
+                                       CUstream hStream, void **kp), (f, gx, gy, gz, bx, by, bz, shmem, hStream, kp))
+
+/* The other submissions: copies, memsets, events, host functions, graphs. */
+#define SHIM_SUBMIT_REST(X)                                                                                      \
     X(cuMemcpyHtoD_v2, (CUdeviceptr d, const void *s, size_t n), (d, s, n))                                      \
     X(cuMemcpyHtoD_v2_ptds, (CUdeviceptr d, const void *s, size_t n), (d, s, n))                                 \
     X(cuMemcpyDtoH_v2, (void *d, CUdeviceptr s, size_t n), (d, s, n))                                            \
@@ -75,12 +85,6 @@
     X(cuMemsetD16_v2_ptds, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n))                               \
     X(cuMemsetD16Async, (CUdeviceptr d, unsigned short v, size_t n, CUstream h), (d, v, n, h))                   \
     X(cuMemsetD16Async_ptsz, (CUdeviceptr d, unsigned short v, size_t n, CUstream h), (d, v, n, h))              \
-    X(cuLaunchCooperativeKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,               \
-                                  unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,         \
-                                  CUstream hStream, void **kp), (f, gx, gy, gz, bx, by, bz, shmem, hStream, kp)) \
-    X(cuLaunchCooperativeKernel_ptsz, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,          \
-                                       unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,    \
-                                       CUstream hStream, void **kp), (f, gx, gy, gz, bx, by, bz, shmem, hStream, kp)) \
     X(cuLaunchHostFunc, (CUstream h, CUhostFn fn, void *ud), (h, fn, ud))                                        \
     X(cuLaunchHostFunc_ptsz, (CUstream h, CUhostFn fn, void *ud), (h, fn, ud))                                   \
     X(cuGraphLaunch, (CUgraphExec g, CUstream h), (g, h))                                                        \
@@ -162,6 +166,15 @@
 
 #define SHIM_PASS_STATE(X) X(cuCtxSetCurrent, (CUcontext c), (c))
 
+#define SHIM_SUBMIT(X) SHIM_LAUNCH(X) SHIM_SUBMIT_REST(X)
+
+/* SHIM_LOOKUP: where a program gets its kernels by name.  Not gated, not counted; the wrappers note
+ * the handles of kernels whose names are collectives' (NCCL's, or $GPUTRACE_SHIM_COLLECTIVES), so
+ * that a job of several processes can be stopped at the same collective in each (shim.c). */
+#define SHIM_LOOKUP(X)                                                                                           \
+    X(cuModuleGetFunction, (CUfunction *pf, CUmodule m, const char *name), (pf, m, name))                        \
+    X(cuLibraryGetKernel, (CUkernel *pk, CUlibrary l, const char *name), (pk, l, name))
+
 #define SHIM_PASS(X) SHIM_SYNC(X) SHIM_QUERY(X) SHIM_PASS_STATE(X)
 
 #define SHIM_PROC(X)                                                                                             \
@@ -169,7 +182,7 @@
     X(cuGetProcAddress_v2, (const char *sym, void **pfn, int ver, cuuint64_t flags,                              \
                             CUdriverProcAddressQueryResult *st), (sym, pfn, ver, flags, st))
 
-#define SHIM_ALL(X) SHIM_SUBMIT(X) SHIM_STATE(X) SHIM_PASS(X) SHIM_PROC(X)
+#define SHIM_ALL(X) SHIM_SUBMIT(X) SHIM_STATE(X) SHIM_PASS(X) SHIM_LOOKUP(X) SHIM_PROC(X)
 
 enum shim_fn {
 #define SHIM_ENUM(name, params, args) F_##name,

@@ -95,6 +95,14 @@ HIDDEN int gate_paused(void);
 HIDDEN void gate_suspend(void);   /* the closed gate stays closed for a suspension, whoever asks to resume */
 HIDDEN void gate_unsuspend(void); /* the suspension ends and the gate reopens */
 HIDDEN int gate_suspended(void);  /* between a suspend and its unsuspend */
+/* A job of several processes stopped at the same collective (shim.c, "Collectives"). */
+HIDDEN int gate_close(int timeout_ms, unsigned long long *count);
+HIDDEN int gate_advance(unsigned long long target, int timeout_ms, unsigned long long *count);
+HIDDEN int gate_drain(int timeout_ms);
+HIDDEN unsigned long long gate_collectives(void);
+HIDDEN int gate_collective_kernels(void);
+HIDDEN int gate_advancing(void);
+HIDDEN const char *dump_sync(int timeout_ms, uint64_t *ns); /* every context synchronized, bounded (dump.c) */
 
 /* ---- dump.c: the `dump`, `restore`, `suspend` and `unsuspend` commands.  `args` is the rest of the command line,
  * `fd` a file passed with it (-1: none; taken over), `have_pause` whether the caller's connection

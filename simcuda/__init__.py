@@ -11,7 +11,9 @@ SIMCUDA_LAUNCH_NS makes each launch busy-wait that long on the caller's CPU, SIM
 device memory (default 16 GiB), SIMCUDA_DEVICES the device count (default 1), SIMCUDA_FAIL_COPY_BYTES
 makes every asynchronous copy of exactly that many bytes fail with CUDA_ERROR_ILLEGAL_ADDRESS (to test
 how callers handle driver errors), SIMCUDA_DEVICE=SOCKET device mode: device memory held by a
-simcuda-device daemon outside the process, as on a GPU (simcuda/device.py starts one).
+simcuda-device daemon outside the process, as on a GPU (simcuda/device.py starts one),
+SIMCUDA_GROUP=ID:NRANKS:RANK makes the process a rank of a group: its allreduce_u32 kernels complete
+only once every rank has run its matching one, as NCCL's do (the `collective` workload sets it).
 """
 
 from __future__ import annotations
@@ -39,10 +41,13 @@ BUILTIN_KERNELS: Mapping[str, str] = {
     "scale_f32": "(f32 *x, f32 alpha, u64 n)",
     "inc_u32": "(u32 *p, u64 n)",
     "sum_u32": "(u32 *src, u64 n, u64 *out)",
+    "lcg_u32": "(u32 *x, u32 add, u64 n)",
+    # A collective: completes once every rank of the process's SIMCUDA_GROUP has run its matching one.
+    "allreduce_u32": "(u32 *buf, u64 n)",
 }
 
 #: Workload names accepted by workload(): the C programs, and the Python ctypes one.
-WORKLOADS = ("launch_bound", "gpu_bound", "alloc_free", "pattern", "train", "phases", "launch_bound_py")
+WORKLOADS = ("launch_bound", "gpu_bound", "alloc_free", "pattern", "train", "phases", "collective", "launch_bound_py")
 
 
 def library_path() -> Path:

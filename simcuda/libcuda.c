@@ -16,7 +16,9 @@
  * Environment, read by cuInit: SIMCUDA_KERNEL_NS (overrides every kernel's duration),
  * SIMCUDA_LAUNCH_NS (CPU busy-wait inside each launch call), SIMCUDA_MEM_BYTES (device memory,
  * default 16 GiB), SIMCUDA_DEVICES (device count, default 1), SIMCUDA_DEVICE (device mode: the
- * socket of a simcuda-device daemon that holds device memory outside the process; see device.c).
+ * socket of a simcuda-device daemon that holds device memory outside the process; see device.c),
+ * SIMCUDA_GROUP (ID:NRANKS:RANK: this process is a rank of a group whose collective kernels meet;
+ * see "Collectives" below).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,6 +32,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -374,7 +377,7 @@ static size_t round_up(size_t x, size_t a)
  * Builtin kernels.  Parameters are packed like CUDA's parameter buffer: each at its natural
  * alignment, in order. */
 
-enum { K_SPIN, K_FILL_U32, K_ADD_F32, K_SCALE_F32, K_INC_U32, K_SUM_U32, K_COUNT };
+enum { K_SPIN, K_FILL_U32, K_ADD_F32, K_SCALE_F32, K_INC_U32, K_SUM_U32, K_LCG_U32, K_ALLREDUCE_U32, K_COUNT };
 
 static const struct builtin {
     const char *name;
@@ -387,7 +390,116 @@ static const struct builtin {
     [K_SCALE_F32] = {"scale_f32", 3, {8, 4, 8}},   /* (f32 *x, f32 alpha, u64 n) */
     [K_INC_U32] = {"inc_u32", 2, {8, 8}},          /* (u32 *p, u64 n) */
     [K_SUM_U32] = {"sum_u32", 3, {8, 8, 8}},       /* (u32 *src, u64 n, u64 *out) */
+    [K_LCG_U32] = {"lcg_u32", 3, {8, 4, 8}},       /* (u32 *x, u32 add, u64 n): x[i] = x[i]*1664525 + 1013904223 + add + i */
+    [K_ALLREDUCE_U32] = {"allreduce_u32", 2, {8, 8}}, /* (u32 *buf, u64 n): in place, summed over the group's ranks */
 };
+
+/* ------------------------------------------------------------------------------------------------
+ * Collectives.  A group of processes is named by SIMCUDA_GROUP=ID:NRANKS:RANK (read at cuInit); its
+ * ranks meet in a shared file /dev/shm/simcuda-group-ID.  The allreduce_u32 kernel, as NCCL's
+ * kernels do, completes only once every rank of the group has run its matching instance: the n-th
+ * collective a process runs matches the n-th of every other rank.  It occupies its stream meanwhile
+ * (the stream's worker waits in it, asleep), so synchronizing on that stream waits for the peers
+ * too.  A peer that never comes leaves the stream waiting for good, as a real collective would
+ * (NCCL's watchdog is no part of the driver).  Without a group, a collective is the identity. */
+
+#define COLL_MAX_RANKS 16
+#define COLL_MAX_WORDS (1u << 16)
+
+struct coll_shm {
+    _Atomic uint64_t arrive[COLL_MAX_RANKS]; /* the last collective each rank has put its data in for */
+    _Atomic uint64_t depart[COLL_MAX_RANKS]; /* the last collective each rank has read everyone's data of */
+    uint32_t data[COLL_MAX_RANKS][COLL_MAX_WORDS];
+};
+
+static struct {
+    char id[64];
+    int nranks, rank;
+    struct coll_shm *shm;
+    pthread_mutex_t mu;
+    _Atomic uint64_t seq; /* collectives this process has run */
+} coll = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void coll_config(void)
+{
+    const char *g = getenv("SIMCUDA_GROUP");
+    char id[64];
+    int n, r;
+    coll.nranks = 0;
+    if (!g || !*g)
+        return;
+    if (sscanf(g, "%63[A-Za-z0-9_.-]:%d:%d", id, &n, &r) != 3 || n < 1 || n > COLL_MAX_RANKS || r < 0 || r >= n) {
+        fprintf(stderr, "simcuda: ignoring SIMCUDA_GROUP=%s (want ID:NRANKS:RANK, at most %d ranks)\n", g,
+                COLL_MAX_RANKS);
+        return;
+    }
+    snprintf(coll.id, sizeof coll.id, "%s", id);
+    coll.nranks = n;
+    coll.rank = r;
+}
+
+static struct coll_shm *coll_map(void)
+{
+    pthread_mutex_lock(&coll.mu);
+    if (!coll.shm) {
+        char path[128];
+        snprintf(path, sizeof path, "/dev/shm/simcuda-group-%s", coll.id);
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size < sizeof(struct coll_shm) &&
+            ftruncate(fd, sizeof(struct coll_shm)) != 0) {
+            close(fd);
+            fd = -1;
+        }
+        if (fd >= 0) {
+            void *m = mmap(NULL, sizeof(struct coll_shm), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+            if (m != MAP_FAILED)
+                coll.shm = m;
+        }
+        if (!coll.shm)
+            fprintf(stderr, "simcuda: cannot map the group file %s: %s\n", path, strerror(errno));
+    }
+    pthread_mutex_unlock(&coll.mu);
+    return coll.shm;
+}
+
+/* Waits until every rank's counter in `v` has reached `seq` (asleep between looks). */
+static void coll_wait(_Atomic uint64_t *v, uint64_t seq)
+{
+    long nap = 2000;
+    for (;;) {
+        int all = 1;
+        for (int r = 0; r < coll.nranks && all; r++)
+            all = atomic_load_explicit(&v[r], memory_order_acquire) >= seq;
+        if (all)
+            return;
+        struct timespec ts = {0, nap};
+        nanosleep(&ts, NULL);
+        if (nap < 500000)
+            nap *= 2;
+    }
+}
+
+static void allreduce_u32(uint32_t *buf, uint64_t n)
+{
+    struct coll_shm *g = coll.nranks > 1 ? coll_map() : NULL;
+    if (!g)
+        return;
+    uint64_t seq = atomic_fetch_add(&coll.seq, 1) + 1;
+    memcpy(g->data[coll.rank], buf, n * 4);
+    atomic_store_explicit(&g->arrive[coll.rank], seq, memory_order_release);
+    coll_wait(g->arrive, seq);
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t s = 0;
+        for (int r = 0; r < coll.nranks; r++)
+            s += g->data[r][i];
+        buf[i] = s;
+    }
+    /* No rank overwrites its data for the next collective before every rank has read this one's. */
+    atomic_store_explicit(&g->depart[coll.rank], seq, memory_order_release);
+    coll_wait(g->depart, seq);
+}
 
 static size_t param_bytes(int b)
 {
@@ -434,6 +546,12 @@ static int kernel_args_ok(int b, const unsigned char *pa, int allow_pending)
         n = P64(pa, 8);
         return n <= SIZE_MAX / 4 && dev_range_ok(P64(pa, 0), n * 4, 0, allow_pending) &&
                dev_range_ok(P64(pa, 16), 8, 1, allow_pending);
+    case K_LCG_U32:
+        n = P64(pa, 16);
+        return n <= SIZE_MAX / 4 && dev_range_ok(P64(pa, 0), n * 4, 1, allow_pending);
+    case K_ALLREDUCE_U32:
+        n = P64(pa, 8);
+        return n <= COLL_MAX_WORDS && dev_range_ok(P64(pa, 0), n * 4, 1, allow_pending);
     default:
         return 1;
     }
@@ -477,6 +595,15 @@ static void kernel_run(int b, const unsigned char *pa)
         memcpy((void *)(uintptr_t)P64(pa, 16), &sum, 8);
         break;
     }
+    case K_LCG_U32: {
+        uint32_t *x = (uint32_t *)(uintptr_t)P64(pa, 0), add = P32(pa, 8);
+        for (uint64_t i = 0, n = P64(pa, 16); i < n; i++)
+            x[i] = x[i] * 1664525u + 1013904223u + add + (uint32_t)i;
+        break;
+    }
+    case K_ALLREDUCE_U32:
+        allreduce_u32((uint32_t *)(uintptr_t)P64(pa, 0), P64(pa, 8));
+        break;
     default:
         break;
     }
@@ -1014,6 +1141,7 @@ CUresult cuInit(unsigned int Flags)
         cfg.fail_copy_bytes = env_u64("SIMCUDA_FAIL_COPY_BYTES", 0, NULL);
         cfg.mem_bytes = round_up(env_u64("SIMCUDA_MEM_BYTES", 16ULL << 30, NULL), VMM_GRANULARITY);
         cfg.ndev = (int)env_u64("SIMCUDA_DEVICES", 1, NULL);
+        coll_config();
         if (cfg.ndev < 0 || cfg.ndev > MAX_DEVICES)
             cfg.ndev = 1;
         const char *dev = getenv("SIMCUDA_DEVICE");

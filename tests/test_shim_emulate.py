@@ -36,7 +36,7 @@ def test_the_shims_classes_are_the_tracers():
     """The emulated layer's --classes select by the class the tracer's audit gives each function, so
     the audit's prediction for a class is held against a layer slowing exactly that class."""
     g = groups()
-    want = {"SHIM_SUBMIT": FunctionClass.SUBMISSION, "SHIM_STATE": FunctionClass.STATE,
+    want = {"SHIM_LAUNCH": FunctionClass.SUBMISSION, "SHIM_SUBMIT_REST": FunctionClass.SUBMISSION, "SHIM_STATE": FunctionClass.STATE,
             "SHIM_PASS_STATE": FunctionClass.STATE, "SHIM_SYNC": FunctionClass.SYNC, "SHIM_QUERY": FunctionClass.QUERY}
     for group, cls in want.items():
         assert g[group], group

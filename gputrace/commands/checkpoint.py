@@ -8,13 +8,21 @@ import sys
 from ..base.errors import UsageError
 from ..base.units import fmt_bytes
 from ..progress import Progress
-from ..registry import add_json, add_pid, command, dump_json, gbps, ms, number
+from ..registry import add_json, add_job, command, dump_json, gbps, ms, number
 
 CHECKPOINT_EPILOG = """examples:
   gputrace checkpoint -p 1234                   into ~/.local/share/gputrace/checkpoints/1234-TIME (or $GPUTRACE_CKPT_DIR), where top finds it
   gputrace checkpoint -p 1234 -o /ckpt/step100  into a new directory /ckpt/step100
   gputrace checkpoint -p 1234 --json            the report as JSON
   gputrace checkpoint -p 1234 --backend driver  NVIDIA's cuCheckpointProcess* on the same job, to compare
+  gputrace checkpoint -p 1234,1235 -o /ckpt/j1  a job of two processes (ranks), stopped together
+  gputrace checkpoint --tree 1200 -o /ckpt/j1   a launcher's ranks: 1200 and its descendants that run the shim
+  gputrace checkpoint -p 1234 -p 1235 --timeout 10 --json
+
+A job of several processes (-p A,B or --tree) is stopped as one: every rank's gate closes, ranks
+behind in their collectives (NCCL's) run on to the same one, all drain, all are copied, all reopen;
+one --timeout bounds it all, and if it passes or a rank fails every rank is given back running and
+nothing is kept.  The directory then holds job.json and one checkpoint per rank (rank-N).
 
 The job must run with the shim (gputrace run --checkpointable -- CMD).  It is frozen only while its
 device memory is copied to host memory; the data are then checksummed and written while it runs on.
@@ -24,13 +32,52 @@ The directory appears only once complete (written as .NAME.partial-PID, synced, 
 RESTORE_EPILOG = """examples:
   gputrace restore -p 1234 /ckpt/step100
   gputrace restore -p 1234 /ckpt/step100 --json
+  gputrace restore /ckpt/j1                     a job's checkpoint, into the processes it was taken of
+  gputrace restore --tree 1200 /ckpt/j1 --timeout 10
 
 Rolls the job's device memory back to the checkpoint.  The checkpoint's checksums, and that the job
 holds the same allocations (addresses and sizes), are checked before the job is touched; on any
 mismatch nothing changes.  Only device memory goes back: the process's host memory (a step counter,
 the optimizer's host-side state, open files) goes on from where it is.  For both, checkpoint and
-restore the whole process: `checkpoint --full` and `restore --full`.
+restore the whole process: `checkpoint --full` and `restore --full`.  A job's checkpoint (-p A,B)
+is restored whole: every rank's is verified before any process is touched, then all ranks are
+stopped at the same collective and restored together.
 """
+
+
+def _job(args: argparse.Namespace, action: str) -> list[int] | None:
+    """The job's processes for -p A,B / --tree (or a single -p with --timeout); None: one process, as ever."""
+    pids = args.pids or []
+    if args.tree is None and len(pids) <= 1 and args.timeout is None:
+        if not pids:
+            raise UsageError(f"{action} needs -p PID (or -p PID,PID... or --tree PID for a job)",
+                             f"gputrace {action} -p PID; gputrace ps lists the processes that run the shim")
+        return None
+    if getattr(args, "backend", "shim") == "driver":
+        raise UsageError("--backend driver takes one process", f"give one -p PID, or {action} the job with the shim")
+    from ..checkpointer import gang
+
+    return gang.resolve(pids, args.tree)
+
+
+def _job_timeout(args: argparse.Namespace) -> float:
+    from ..checkpointer import gang
+
+    return args.timeout if args.timeout is not None else gang.DEFAULT_TIMEOUT_S
+
+
+def _print_job(r, what: str) -> None:
+    at = f" at collective {r.collectives}" if r.collectives else ""
+    print(f"{what} of a job of {len(r.pids)} process(es){at}" + (f": {r.path}" if r.path else ""))
+    for row in r.ranks:
+        print(f"  rank {row['rank']}  pid {row['pid']}  {row.get('allocations', 0)} allocation(s), "
+              f"{fmt_bytes(row.get('bytes', 0))}, copy {ms(row.get('copy_ns', 0))}")
+    print(f"  freeze   {ms(r.freeze_ns)} (every rank stopped together)")
+    print(f"  total    {ms(r.total_ns)}")
+
+
+def _job_json(r) -> None:
+    dump_json({"schema": 1, "job": True, **r.to_dict()})
 
 
 def _tuning(p: argparse.ArgumentParser, direct: bool = False) -> None:
@@ -38,7 +85,8 @@ def _tuning(p: argparse.ArgumentParser, direct: bool = False) -> None:
     p.add_argument("--chunk", type=number(int, lo=4096, hi=1 << 30, multiple=4096), default=8 << 20,
                    help="bytes per staged copy, a multiple of 4096 (default 8 MiB)")
     p.add_argument("--timeout-ms", type=number(int, lo=0, hi=600000), default=5000,
-                   help="how long to wait for driver calls in flight before giving up the freeze (default 5000)")
+                   help="how long to wait for driver calls in flight, and then for the work they submitted, before "
+                        "giving up the freeze (default 5000)")
     if direct:
         _staging(p)
 
@@ -57,7 +105,7 @@ def _backend(p: argparse.ArgumentParser) -> None:
 
 
 def configure_checkpoint(p: argparse.ArgumentParser) -> None:
-    add_pid(p)
+    add_job(p)
     p.add_argument("-o", "--output", help="new directory to write (default PID-TIME under $GPUTRACE_CKPT_DIR, else ~/.local/share/gputrace/checkpoints: where `gputrace top` looks)")
     _backend(p)
     _tuning(p, direct=True)
@@ -93,7 +141,7 @@ def _by_driver(args: argparse.Namespace, action: str) -> int:
 
 
 def configure_restore(p: argparse.ArgumentParser) -> None:
-    add_pid(p, required=False)
+    add_job(p)
     p.add_argument("dir", help="checkpoint directory written by `gputrace checkpoint`")
     p.add_argument("--into-other-process", action="store_true",
                    help="restore a checkpoint of another process (or of an earlier one with this pid) into this "
@@ -107,6 +155,14 @@ def configure_restore(p: argparse.ArgumentParser) -> None:
 def checkpoint_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import checkpoint
 
+    job = _job(args, "checkpoint")
+    if job is not None:
+        from ..checkpointer import gang
+
+        r = gang.checkpoint(job, args.output, timeout_s=_job_timeout(args), lanes=args.lanes, chunk=args.chunk,
+                            direct=args.direct)
+        _job_json(r) if args.json else _print_job(r, "checkpoint")
+        return 0
     if args.backend == "driver":
         return _by_driver(args, "checkpoint")
 
@@ -137,6 +193,20 @@ def _print_freeze(r) -> None:
 def restore_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import restore
 
+    from ..checkpointer import gang
+
+    if gang.is_job(args.dir) or len(args.pids or []) > 1 or args.tree is not None or args.timeout is not None:
+        if not gang.is_job(args.dir):
+            raise UsageError(f"{args.dir} is a checkpoint of one process, not of a job",
+                             "restore it with one -p PID; a job's checkpoint is written by checkpoint -p PID,PID...")
+        pids = gang.resolve(args.pids or [], args.tree) if (args.pids or args.tree is not None) else None
+        r = gang.restore(args.dir, pids, timeout_s=_job_timeout(args), lanes=args.lanes, chunk=args.chunk,
+                         direct=args.direct, other_process=args.into_other_process)
+        if args.json:
+            dump_json({"schema": 1, "job": True, **r.to_dict(), "host_state_restored": False})
+        else:
+            _print_job(r, "restore")
+        return 0
     if args.pid is None:
         raise UsageError("restore needs -p PID (or --full for a whole-process checkpoint)",
                          "gputrace restore -p PID DIR, or gputrace restore --full DIR")
@@ -164,6 +234,8 @@ SUSPEND_EPILOG = """examples:
   gputrace suspend -p 1234 -o /ckpt/s1   the same, the data written to a checkpoint directory, host memory freed
   gputrace resume -p 1234           bring it back at the same addresses; the job continues
   gputrace suspend --backend driver -p 1234   the same with NVIDIA's API, for a job without the shim
+  gputrace suspend -p 1234,1235     a job of two processes, stopped at the same collective and suspended together
+  gputrace resume -p 1234,1235      (or --tree LAUNCHER_PID) every rank back at once
 
 Needs a job started with `gputrace run --checkpointable --suspendable -- CMD`, whose cuMemAlloc
 memory the shim serves through the VMM API (rounded up to the allocation granularity).  While
@@ -172,7 +244,7 @@ suspended, the job waits at its next GPU submission.
 
 
 def configure_suspend(p: argparse.ArgumentParser) -> None:
-    add_pid(p)
+    add_job(p)
     p.add_argument("-o", "--output", help="also write the data to this new checkpoint directory and give the host "
                                           "memory back: resume reads them from disk (a valid checkpoint for restore)")
     _backend(p)
@@ -185,6 +257,20 @@ def configure_suspend(p: argparse.ArgumentParser) -> None:
 def suspend_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import suspend
 
+    job = _job(args, "suspend")
+    if job is not None:
+        from ..checkpointer import gang
+
+        if args.output:
+            raise UsageError("suspend -o takes one process", "suspend the job without -o, or checkpoint it with "
+                                                            "checkpoint -p PID,PID... -o DIR")
+        r = gang.suspend(job, timeout_s=_job_timeout(args), lanes=args.lanes, chunk=args.chunk, direct=args.direct)
+        if args.json:
+            _job_json(r)
+        else:
+            _print_job(r, "suspend")
+            print(f"  resume with: gputrace resume -p {','.join(map(str, r.pids))}")
+        return 0
     if args.backend == "driver":
         return _by_driver(args, "suspend")
 
@@ -206,7 +292,7 @@ def suspend_cmd(args: argparse.Namespace) -> int:
 
 
 def configure_resume(p: argparse.ArgumentParser) -> None:
-    add_pid(p)
+    add_job(p)
     _backend(p)
     p.add_argument("--lanes", type=number(int, lo=1, hi=16), default=4, help="copy threads (default 4)")
     p.add_argument("--chunk", type=number(int, lo=4096, hi=1 << 30, multiple=4096), default=8 << 20,
@@ -220,6 +306,13 @@ def configure_resume(p: argparse.ArgumentParser) -> None:
 def resume_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import resume
 
+    job = _job(args, "resume")
+    if job is not None:
+        from ..checkpointer import gang
+
+        r = gang.resume(job, timeout_s=_job_timeout(args), lanes=args.lanes, chunk=args.chunk, direct=args.direct)
+        _job_json(r) if args.json else _print_job(r, "resume")
+        return 0
     if args.backend == "driver":
         return _by_driver(args, "resume")
 

@@ -54,6 +54,13 @@ def checkpoint(args: argparse.Namespace) -> int:
     if args.backend != "shim":
         raise UsageError("--full chooses its own GPU path (the shim where it can, the driver always)",
                          "drop --backend")
+    if len(getattr(args, "pids", None) or []) > 1 or getattr(args, "tree", None) is not None \
+            or getattr(args, "timeout", None) is not None:
+        raise UsageError("--full takes one process: a whole job's CPU state is not checkpointed together yet",
+                         "checkpoint the job's GPU memory with checkpoint -p PID,PID... (or --tree PID), or one "
+                         "process with --full -p PID")
+    if args.pid is None:
+        raise UsageError("checkpoint --full needs -p PID", "gputrace checkpoint --full -p PID -o DIR")
     prog = Progress(not args.json and sys.stderr.isatty())
     try:
         r = checkpoint_full(args.pid, args.output, leave_running=args.leave_running, timeout_ms=args.timeout_ms,
@@ -89,7 +96,7 @@ def configure_restore(p: argparse.ArgumentParser) -> None:
 def restore(args: argparse.Namespace) -> int:
     from ..checkpointer.full import restore_full
 
-    if args.pid is not None:
+    if args.pid is not None or getattr(args, "tree", None) is not None:
         raise UsageError("--full restores the process itself, at its old pid: -p does not apply",
                          "drop -p: gputrace restore --full DIR")
     from ..progress import Progress

@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
         env["GPUTRACE_SHIM_DIR"] = os.path.abspath(args.shim_dir)
     if args.suspendable:
         env["GPUTRACE_SHIM_VMM"] = "1"
+    # Names the job for `checkpoint -p A,B`: every process it starts inherits it, and processes of
+    # different jobs are refused as one (checkpointer/gang.py). A job started inside one keeps its.
+    env.setdefault("GPUTRACE_JOB", os.urandom(8).hex())
     sys.stdout.flush()
     sys.stderr.flush()
     try:
