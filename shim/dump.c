@@ -554,12 +554,15 @@ static void *sync_run(void *arg)
 {
     struct sync_job *j = arg;
     int rc = sync_all(&j->c, j->err, sizeof j->err);
+    /* Free for the next one before the waiter hears it is done: a request right after this one
+     * (a gang restore after its checkpoint) must not find it still running because this thread
+     * was preempted between the two. */
+    atomic_store(&g_sync_running, 0);
     pthread_mutex_lock(&j->mu);
     j->rc = rc;
     j->done = 1;
     pthread_cond_signal(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    atomic_store(&g_sync_running, 0);
     sync_job_unref(j);
     return NULL;
 }
