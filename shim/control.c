@@ -588,17 +588,7 @@ void control_start(void)
     memcpy(g_path, sa.sun_path, sizeof g_path);
     g_listen = fd;
     g_owner = getpid();
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&at, 256 * 1024);
-    pthread_t t;
-    int err = pthread_create(&t, &at, serve, NULL);
-    pthread_attr_destroy(&at);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int err = shim_spawn_detached(serve, NULL, 256 * 1024);
     if (err) {
         shim_log("not serving: pthread_create: %s", strerror(err));
         unlink(g_path);

@@ -592,16 +592,7 @@ static const char *sync_bounded(const struct collect *c, int timeout_ms, uint64_
     pthread_cond_init(&j->cv, &ca);
     pthread_condattr_destroy(&ca);
     j->refs = 2;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    pthread_t t;
-    int e = pthread_create(&t, &at, sync_run, j);
-    pthread_attr_destroy(&at);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int e = shim_spawn_detached(sync_run, j, 0);
     if (e) {
         j->refs = 1;
         sync_job_unref(j);
@@ -1072,16 +1063,7 @@ static int free_later(struct op *op)
     f->ctx = op->c.nctx ? op->c.ctxs[0] : 0;
     memcpy(f->L, op->L, sizeof f->L);
     f->nl = op->nl;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    pthread_t t;
-    int e = pthread_create(&t, &at, late_free_run, f);
-    pthread_attr_destroy(&at);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int e = shim_spawn_detached(late_free_run, f, 0);
     if (e) {
         free(f);
         return -1;

@@ -22,6 +22,7 @@
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -528,14 +529,38 @@ static int busy_threads(void)
     return busy;
 }
 
-int gputrace_shim_pause(int timeout_ms)
+/* A detached thread of the shim's, with every signal blocked (signals belong to the program); `stack`
+ * 0 for the default size.  pthread_create's error, 0 on success. */
+int shim_spawn_detached(void *(*fn)(void *), void *arg, size_t stack)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (stack)
+        pthread_attr_setstacksize(&at, stack);
+    pthread_t t;
+    int e = pthread_create(&t, &at, fn, arg);
+    pthread_attr_destroy(&at);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return e;
+}
+
+static int coll_busy(void) { return atomic_load(&g_coll_busy); }
+
+/* Closes the gate (to `state`) and waits, up to the timeout, until `busy()` reads 0: the calls that
+ * must leave before the gate counts as closed.  0: closed; -1: still busy at the timeout (the gate
+ * is reopened); -2: already closed.  Returns with g_pause_mu released. */
+static int close_gate(int state, int timeout_ms, int (*busy)(void))
 {
     pthread_mutex_lock(&g_pause_mu);
     if (atomic_load(&g_gate)) {
         pthread_mutex_unlock(&g_pause_mu);
         return -2;
     }
-    atomic_store(&g_gate, 1);
+    atomic_store(&g_gate, state);
     if (g_membarrier && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
         /* Cannot happen once registered; if it does, no hot-path store is known to be visible. */
         __atomic_store_n(&g_fence, 1, __ATOMIC_SEQ_CST);
@@ -545,7 +570,7 @@ int gputrace_shim_pause(int timeout_ms)
     atomic_thread_fence(memory_order_seq_cst);
     uint64_t deadline = mono_ns() + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000u;
     long nap_ns = 1000;
-    while (busy_threads() > 0) {
+    while (busy() > 0) {
         if (mono_ns() >= deadline) {
             atomic_store(&g_gate, 0);
             futex(&g_gate, FUTEX_WAKE_PRIVATE, INT_MAX);
@@ -561,40 +586,21 @@ int gputrace_shim_pause(int timeout_ms)
     return 0;
 }
 
+int gputrace_shim_pause(int timeout_ms)
+{
+    return close_gate(1, timeout_ms, busy_threads);
+}
+
 /* Closes the gate without waiting for the calls in flight (they may wait on a peer that is itself
  * stopped), only for collective launches in their gate check, which never wait; *count is then the
  * collectives this process has launched, final while the gate stays closed.  0: closed; -1: a
  * collective launch still in its check at the timeout (the gate is reopened); -2: already closed. */
 int gate_close(int timeout_ms, unsigned long long *count)
 {
-    pthread_mutex_lock(&g_pause_mu);
-    if (atomic_load(&g_gate)) {
-        pthread_mutex_unlock(&g_pause_mu);
-        return -2;
-    }
-    atomic_store(&g_gate, GATE_CLOSED);
-    if (g_membarrier && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
-        __atomic_store_n(&g_fence, 1, __ATOMIC_SEQ_CST);
-        g_membarrier = 0;
-    }
-    atomic_thread_fence(memory_order_seq_cst);
-    uint64_t deadline = mono_ns() + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000u;
-    long nap_ns = 1000;
-    while (atomic_load(&g_coll_busy) > 0) {
-        if (mono_ns() >= deadline) {
-            atomic_store(&g_gate, 0);
-            futex(&g_gate, FUTEX_WAKE_PRIVATE, INT_MAX);
-            pthread_mutex_unlock(&g_pause_mu);
-            return -1;
-        }
-        struct timespec ts = {0, nap_ns};
-        nanosleep(&ts, NULL);
-        if (nap_ns < 1000000)
-            nap_ns *= 2;
-    }
-    *count = atomic_load(&g_coll_launched);
-    pthread_mutex_unlock(&g_pause_mu);
-    return 0;
+    int r = close_gate(GATE_CLOSED, timeout_ms, coll_busy);
+    if (r == 0)
+        *count = atomic_load(&g_coll_launched);
+    return r;
 }
 
 /* With the gate closed: lets the process run until it has launched `target` collectives, then the

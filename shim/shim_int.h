@@ -26,6 +26,7 @@ HIDDEN CUcontext shim_current_ctx(void);              /* the calling thread's cu
 HIDDEN unsigned long long shim_calls(int fn);
 HIDDEN char *shim_status_alloc(size_t *len);             /* the status JSON, malloc'ed; NULL: no memory */
 HIDDEN void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+HIDDEN int shim_spawn_detached(void *(*fn)(void *), void *arg, size_t stack);
 
 /* ---- registry.c */
 enum rec_type { R_CTX = 1, R_MEM, R_HOST, R_VA, R_PHYS, R_MAP, R_MODULE, R_LIBRARY, R_STREAM, R_EVENT, R_NTYPES };
