@@ -223,11 +223,13 @@ void pre_cuMemCreate(struct hold *h, CUmemGenericAllocationHandle *hd, size_t si
 void post_cuMemCreate(CUresult r, struct hold *h, CUmemGenericAllocationHandle *hd, size_t size,
                       const CUmemAllocationProp *prop, unsigned long long fl)
 {
-    (void)h, (void)fl;
+    (void)fl;
     if (r != CUDA_SUCCESS || !hd)
         return;
-    struct rec p = {.type = R_PHYS, .kind = K_VMM_PHYS, .key = *hd, .handle = *hd, .size = size,
-                    .device = prop ? prop->location.id : 0};
+    struct rec p = {.type = R_PHYS, .kind = K_VMM_PHYS, .key = *hd, .handle = h->found == 3 ? h->rec.handle : *hd,
+                    .size = size, .device = prop ? prop->location.id : 0};
+    if (prop)
+        p.prop = *prop; /* what `unsuspend` creates it again with */
     reg_put(&p);
 }
 void pre_cuMemRelease(struct hold *h, CUmemGenericAllocationHandle hd) { take(h, R_PHYS, hd); }
@@ -261,11 +263,21 @@ static int in_range(struct rec *r, void *arg)
     return r->key >= g->lo && r->key < g->hi;
 }
 
+struct access {
+    struct range g;
+    const CUmemAccessDesc *desc;
+    size_t count;
+};
+
 static int set_access(struct rec *r, void *arg)
 {
-    struct range *g = arg;
-    if (r->key >= g->lo && r->key < g->hi)
-        r->access = g->access;
+    struct access *a = arg;
+    if (r->key < a->g.lo || r->key >= a->g.hi)
+        return 0;
+    r->access = a->g.access;
+    r->nacc = a->count <= REC_ACC ? (int)a->count : -1; /* what `unsuspend` sets again */
+    for (size_t i = 0; i < a->count && i < REC_ACC; i++)
+        r->acc[i] = a->desc[i];
     return 0;
 }
 
@@ -291,11 +303,11 @@ void post_cuMemSetAccess(CUresult r, struct hold *h, CUdeviceptr ptr, size_t siz
     (void)h;
     if (r != CUDA_SUCCESS || !desc)
         return;
-    struct range g = {ptr, ptr + size, 0};
+    struct access a = {{ptr, ptr + size, 0}, desc, count};
     for (size_t i = 0; i < count; i++)
-        if ((int)desc[i].flags > g.access)
-            g.access = (int)desc[i].flags;
-    reg_scan(R_MAP, set_access, &g);
+        if ((int)desc[i].flags > a.g.access)
+            a.g.access = (int)desc[i].flags;
+    reg_scan(R_MAP, set_access, &a);
 }
 
 /* ---- streams and events */
