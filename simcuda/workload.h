@@ -72,6 +72,7 @@
     X(cuMemAddressFree, cuMemAddressFree)                                                   \
     X(cuMemCreate, cuMemCreate)                                                             \
     X(cuMemRelease, cuMemRelease)                                                           \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle)                             \
     X(cuMemMap, cuMemMap)                                                                   \
     X(cuMemUnmap, cuMemUnmap)                                                               \
     X(cuMemSetAccess, cuMemSetAccess)                                                       \
