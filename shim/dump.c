@@ -466,10 +466,11 @@ static const char *own_check(struct own *o, char *err, size_t len)
         return "the driver lacks the VMM API the program's own allocations need";
     for (int i = 0; i < o->nm; i++) {
         struct rec *m = &o->m[i];
-        if (!own_phys(o, m->handle)) {
-            snprintf(err, len, "the program's VMM mapping at %#llx maps a physical allocation the program has "
-                     "released (cuMemRelease while it is mapped), which cannot be made again",
-                     (unsigned long long)m->key);
+        struct rec *p = own_phys(o, m->handle);
+        if (!p || !p->size) {
+            snprintf(err, len, "the program's VMM mapping at %#llx maps a physical allocation the shim has no "
+                     "record of (released by the program while mapped, or imported from another process), "
+                     "which cannot be made again", (unsigned long long)m->key);
             return err;
         }
         if (m->nacc < 0) {
@@ -480,6 +481,12 @@ static const char *own_check(struct own *o, char *err, size_t len)
     }
     for (int i = 0; i < o->np; i++) {
         struct rec *p = &o->p[i];
+        if (p->exported || !p->size) {
+            snprintf(err, len, "the program's VMM physical allocation %#llx %s, so it cannot be released and made "
+                     "again", (unsigned long long)p->key, p->exported ? "was exported (cuMemExportToShareableHandle) "
+                     "and another process may hold it" : "has properties the shim does not know");
+            return err;
+        }
         uint64_t (*r)[2] = calloc((size_t)o->nm + 1, sizeof *r);
         if (!r)
             return "out of memory";

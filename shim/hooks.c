@@ -232,8 +232,60 @@ void post_cuMemCreate(CUresult r, struct hold *h, CUmemGenericAllocationHandle *
         p.prop = *prop; /* what `unsuspend` creates it again with */
     reg_put(&p);
 }
-void pre_cuMemRelease(struct hold *h, CUmemGenericAllocationHandle hd) { take(h, R_PHYS, hd); }
-void post_cuMemRelease(CUresult r, struct hold *h, CUmemGenericAllocationHandle hd) { (void)hd, put_back(r, h); }
+/* A handle retained (cuMemRetainAllocationHandle) is released once per retain before the allocation's
+ * own release: those releases leave the record in place (found = 4). */
+static void release_ref(struct rec *r, void *arg)
+{
+    struct hold *h = arg;
+    h->rec = *r;
+    h->rec.next = NULL;
+    if (r->refs > 0) {
+        r->refs--;
+        h->found = 4;
+    }
+}
+static void add_ref(struct rec *r, void *arg) { (void)arg, r->refs++; }
+
+void pre_cuMemRelease(struct hold *h, CUmemGenericAllocationHandle hd)
+{
+    if (!reg_update(R_PHYS, hd, release_ref, h) || h->found != 4)
+        take(h, R_PHYS, hd);
+}
+void post_cuMemRelease(CUresult r, struct hold *h, CUmemGenericAllocationHandle hd)
+{
+    if (h->found == 4) {
+        if (r != CUDA_SUCCESS)
+            reg_update(R_PHYS, hd, add_ref, NULL);
+        return;
+    }
+    put_back(r, h);
+}
+
+void pre_cuMemRetainAllocationHandle(struct hold *h, CUmemGenericAllocationHandle *hd, void *addr)
+{
+    (void)h, (void)hd, (void)addr;
+}
+void post_cuMemRetainAllocationHandle(CUresult r, struct hold *h, CUmemGenericAllocationHandle *hd, void *addr)
+{
+    (void)h, (void)addr;
+    if (r == CUDA_SUCCESS && hd)
+        *hd = vmm_retained(*hd); /* the program's value for it, the retain counted */
+}
+
+static void set_exported(struct rec *r, void *arg) { (void)arg, r->exported = 1; }
+
+void pre_cuMemExportToShareableHandle(struct hold *h, void *sh, CUmemGenericAllocationHandle hd,
+                                      CUmemAllocationHandleType t, unsigned long long fl)
+{
+    (void)h, (void)sh, (void)hd, (void)t, (void)fl;
+}
+void post_cuMemExportToShareableHandle(CUresult r, struct hold *h, void *sh, CUmemGenericAllocationHandle hd,
+                                       CUmemAllocationHandleType t, unsigned long long fl)
+{
+    (void)h, (void)sh, (void)t, (void)fl;
+    if (r == CUDA_SUCCESS)
+        reg_update(R_PHYS, hd, set_exported, NULL); /* another process may hold it now: not released by suspend */
+}
 
 void pre_cuMemMap(struct hold *h, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle hd,
                   unsigned long long fl)

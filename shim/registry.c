@@ -125,6 +125,22 @@ int reg_get(int type, uint64_t key, struct rec *out)
     return ok;
 }
 
+int reg_update(int type, uint64_t key, void (*fn)(struct rec *, void *), void *arg)
+{
+    struct shard *sh;
+    struct rec **head = slot_of(type, key, &sh);
+    int ok = 0;
+    lock(sh);
+    for (struct rec *r = *head; r; r = r->next)
+        if (r->type == type && r->key == key) {
+            fn(r, arg);
+            ok = 1;
+            break;
+        }
+    unlock(sh);
+    return ok;
+}
+
 size_t reg_copy_image(int type, uint64_t key, void *buf, size_t len)
 {
     struct shard *sh;

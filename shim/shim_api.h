@@ -120,6 +120,9 @@
     X(cuMemUnmap, (CUdeviceptr ptr, size_t size), (ptr, size))                                                   \
     X(cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count),                 \
       (ptr, size, desc, count))                                                                                  \
+    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *h, void *addr), (h, addr))                     \
+    X(cuMemExportToShareableHandle, (void *sh, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,       \
+                                     unsigned long long fl), (sh, h, t, fl))                                     \
     X(cuStreamCreate, (CUstream *ph, unsigned int flags), (ph, flags))                                           \
     X(cuStreamCreateWithPriority, (CUstream *ph, unsigned int flags, int prio), (ph, flags, prio))              \
     X(cuStreamDestroy_v2, (CUstream h), (h))                                                                     \

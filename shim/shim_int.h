@@ -43,7 +43,7 @@ struct rec {
     uint64_t handle; /* VMM: the generic allocation handle */
     uint64_t offset; /* VMM map: offset into the handle */
     int device;
-    int refs;    /* primary contexts: retains */
+    int refs;    /* primary contexts: retains; R_PHYS: cuMemRetainAllocationHandle's, each released once more */
     int primary;
     int access;  /* VMM map: CUmemAccess_flags */
     unsigned flags;
@@ -59,6 +59,7 @@ struct rec {
     CUmemAllocationProp prop;     /* R_PHYS: as given to cuMemCreate */
     CUmemAccessDesc acc[REC_ACC]; /* R_MAP: the program's last cuMemSetAccess covering it */
     int nacc;                     /* ... how many (-1: more than REC_ACC, not kept) */
+    int exported;                 /* R_PHYS: cuMemExportToShareableHandle (another process may hold it) */
 };
 
 /* What a state wrapper's pre hook hands its post hook: a record taken out before a free. */
@@ -70,6 +71,8 @@ struct hold {
 HIDDEN void reg_put(const struct rec *r);                       /* insert or replace (takes image/path) */
 HIDDEN int reg_take(int type, uint64_t key, struct rec *out);   /* remove; 1 if it was there */
 HIDDEN int reg_get(int type, uint64_t key, struct rec *out);    /* copy (image/path not owned) */
+/* Calls fn on the record of `type` and `key` under its shard's lock (fn may change it); 1 if it was there. */
+HIDDEN int reg_update(int type, uint64_t key, void (*fn)(struct rec *, void *), void *arg);
 HIDDEN void reg_release(struct rec *r);                         /* free what a taken record owns */
 /* Calls fn on each record of `type` (0: all) under its shard's lock; fn returns 1 to remove it. */
 HIDDEN void reg_scan(int type, int (*fn)(struct rec *, void *), void *arg);
@@ -131,6 +134,7 @@ HIDDEN CUresult vmm_own_create(struct rec *p);     /* new driver handle in p->ha
 HIDDEN CUresult vmm_own_map(const struct rec *m, uint64_t driver_handle, int writable);
 HIDDEN CUresult vmm_own_access(const struct rec *m); /* the program's own access descriptors */
 HIDDEN void vmm_translating(void);                 /* from now on program handles may differ from the driver's */
+HIDDEN uint64_t vmm_retained(uint64_t driver_handle); /* cuMemRetainAllocationHandle: the program's value */
 
 /* ---- control.c */
 HIDDEN void control_start(void);     /* once per process (and again in a forked child) */

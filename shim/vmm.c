@@ -238,15 +238,17 @@ int alt_cuMemMap(CUresult *out, struct hold *h, CUdeviceptr ptr, size_t size, si
     return 1;
 }
 
-/* pre_cuMemRelease took the record out: its `handle` is the driver's. */
+/* pre_cuMemRelease took the record out (or counted a retain off it): its `handle` is the driver's. */
 int alt_cuMemRelease(CUresult *out, struct hold *h, CUmemGenericAllocationHandle hd)
 {
-    if (h->found != 1 || h->rec.handle == hd)
+    if (!h->found || h->rec.handle == hd)
         return 0;
     CUresult (*f)(CUmemGenericAllocationHandle) = (__typeof__(f))shim_real(F_cuMemRelease);
     *out = f ? f(h->rec.handle) : CUDA_ERROR_NOT_FOUND;
     return 1;
 }
+
+static uint64_t fresh_value(uint64_t drv);
 
 /* A new allocation after a suspension: the driver may hand out a value the program already holds
  * for an allocation that was recreated (its old handle, since released to the driver).  The
@@ -262,12 +264,72 @@ int alt_cuMemCreate(CUresult *out, struct hold *h, CUmemGenericAllocationHandle 
     *out = f ? f(&drv, size, prop, fl) : CUDA_ERROR_NOT_FOUND;
     if (*out != CUDA_SUCCESS)
         return 1;
+    *hd = fresh_value(drv);
+    h->rec.handle = drv;
+    h->found = 3; /* tells post_cuMemCreate: the program's value differs from the driver's */
+    return 1;
+}
+
+/* A value no live R_PHYS record has as the program's, near `drv`. */
+static uint64_t fresh_value(uint64_t drv)
+{
     struct rec x;
     uint64_t v = drv;
     for (uint64_t n = 1; reg_get(R_PHYS, v, &x); n++)
         v = (drv ^ 0x8000000000000000ull) + n * 0x1000;
-    *hd = v;
-    h->rec.handle = drv;
-    h->found = 3; /* tells post_cuMemCreate: the program's value differs from the driver's */
+    return v;
+}
+
+struct by_driver {
+    uint64_t drv, key;
+    int found;
+};
+
+static int find_driver(struct rec *r, void *arg)
+{
+    struct by_driver *b = arg;
+    if (!b->found && r->handle == b->drv) {
+        b->found = 1;
+        b->key = r->key;
+        r->refs++;
+    }
+    return 0;
+}
+
+static void count_ref(struct rec *r, void *arg) { (void)arg, r->refs++; }
+
+/* cuMemRetainAllocationHandle hands out the driver's handle; the program gets the value it knows the
+ * allocation by, and the record counts the retain (one more cuMemRelease to come).  An allocation the
+ * program had released while mapped has no record: once handles are translated, its driver value may
+ * be one the program holds for another allocation, and then the program gets a value of its own (its
+ * record, of unknown properties, makes `suspend` refuse rather than guess). */
+uint64_t vmm_retained(uint64_t drv)
+{
+    if (LIKELY(!atomic_load_explicit(&g_translate, memory_order_relaxed))) {
+        reg_update(R_PHYS, drv, count_ref, NULL);
+        return drv;
+    }
+    struct by_driver b = {.drv = drv};
+    reg_scan(R_PHYS, find_driver, &b);
+    if (b.found)
+        return b.key;
+    struct rec x;
+    if (!reg_get(R_PHYS, drv, &x))
+        return drv;
+    struct rec p = {.type = R_PHYS, .kind = K_VMM_PHYS, .key = fresh_value(drv), .handle = drv};
+    reg_put(&p);
+    return p.key;
+}
+
+int alt_cuMemExportToShareableHandle(CUresult *out, struct hold *h, void *sh, CUmemGenericAllocationHandle hd,
+                                     CUmemAllocationHandleType t, unsigned long long fl)
+{
+    (void)h;
+    uint64_t drv;
+    if (!translated(hd, &drv))
+        return 0;
+    CUresult (*f)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) =
+        (__typeof__(f))shim_real(F_cuMemExportToShareableHandle);
+    *out = f ? f(sh, drv, t, fl) : CUDA_ERROR_NOT_FOUND;
     return 1;
 }

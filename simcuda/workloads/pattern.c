@@ -24,7 +24,8 @@
  *                read-write: the data stay (they live in the allocations)  -> {"sum": "<hex>"}
  *   grow         (own VMM) one more reservation of G mapped with a new allocation (filled)
  *                                                      -> {"sum": "<hex>", "base": N}
- *   quit         free everything and exit 0
+ *   quit         free everything and exit 0 (own VMM: each mapping's handle retained from its address
+ *                and released first, as NCCL does; a handle other than the one mapped there exits 1)
  * The checksum is FNV-1a over 64-bit words of every allocation, in allocation order, read back with
  * cuMemcpyDtoH_v2. */
 #include "workload.h"
@@ -256,7 +257,16 @@ filled:;
         fflush(stdout);
     }
 
-    /* The program's own mappings, with the handles it was given, then its reservations. */
+    /* The program's own mappings, with the handles it was given, then its reservations.  First, as
+     * NCCL frees its buffers: the handle retained from the address must be the one the program holds. */
+    for (int i = 0; i < nmaps; i++) {
+        CUmemGenericAllocationHandle r;
+        CU(cuMemRetainAllocationHandle, &r, (void *)(uintptr_t)maps[i].va);
+        if (r != maps[i].h)
+            wl_die("cuMemRetainAllocationHandle(%#llx) gave %#llx, not the handle mapped there (%#llx)",
+                   (unsigned long long)maps[i].va, (unsigned long long)r, (unsigned long long)maps[i].h);
+        CU(cuMemRelease, r);
+    }
     for (int i = 0; i < nmaps; i++)
         CU(cuMemUnmap, maps[i].va, maps[i].size);
     for (int i = 0; i < nhandles; i++)
