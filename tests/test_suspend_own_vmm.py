@@ -168,3 +168,18 @@ def test_memory_that_cannot_be_carried_is_refused_with_nothing_changed(procs, sh
         suspend(q.pid)
     assert not client.status(q.pid)["paused"] and ask(q, "sum")["sum"] == ready_q["sum"]
     quit_ok(p)
+
+
+def test_a_mapping_whose_allocation_the_program_released_is_refused(procs, shim_dir):
+    """cuMemRelease while mapped: the memory lives on in the mapping, but the shim no longer knows what to
+    make it again with. Refused, nothing changed; the job frees everything at exit as usual."""
+    p = start(procs, "--mixed", "--release-early")
+    ready = json.loads(p.stdout.readline())
+    free0 = ask(p, "meminfo")["free"]
+    with pytest.raises(NotSuspendable, match=r"mapping at .* maps a physical allocation the shim has no record of"):
+        suspend(p.pid)
+    st = client.status(p.pid)
+    assert not st["suspended"] and not st["paused"]
+    assert not any(a.get("suspended") for a in st["allocations"])  # the shim's own allocations untouched too
+    assert ask(p, "meminfo")["free"] == free0 and ask(p, "sum")["sum"] == ready["sum"]
+    quit_ok(p)

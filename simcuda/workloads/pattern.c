@@ -12,6 +12,8 @@
  *   of one allocation), every mapping read-write; and a second reservation of G, mapped with C (G).
  * --mixed: the two cuMemAlloc_v2 allocations of --plain and the mappings of --own-vmm.
  * --spare-handle (with --own-vmm or --mixed): one more cuMemCreate allocation (G), mapped nowhere.
+ * --release-early (with --own-vmm or --mixed): C is released (cuMemRelease) as soon as it is mapped; its
+ *   memory lives on in the mapping, as the driver keeps it.
  * Everything is filled from seed 1, then one JSON line on stdout:
  *   {"ready": true, "sum": "<hex>", "bytes": N, "allocations": [{"base", "size", "kind"}...]}
  * Then one command per line on stdin, one JSON line back for each:
@@ -85,7 +87,7 @@ static void own_map(CUdeviceptr va, size_t size, size_t off, CUmemGenericAllocat
     }
 }
 
-static void own_vmm(int spare)
+static void own_vmm(int spare, int early)
 {
     CUdeviceptr va = own_reserve(4 * gran);
     CUmemGenericAllocationHandle a = own_create(2 * gran), b = own_create(2 * gran);
@@ -93,6 +95,8 @@ static void own_vmm(int spare)
     own_map(va + 2 * gran, gran, gran, b, 1);
     own_map(va + 3 * gran, gran, 0, b, 1);
     own_map(own_reserve(gran), gran, 0, own_create(gran), 1);
+    if (early)
+        CU(cuMemRelease, handles[--nhandles]);
     if (spare)
         own_create(gran);
 }
@@ -144,11 +148,12 @@ int main(int argc, char **argv)
 {
     wl.workload = "pattern";
     wl.size = 1 << 20;
-    int plain = 0, own = 0, mixed = 0, spare = 0;
+    int plain = 0, own = 0, mixed = 0, spare = 0, early = 0;
     for (int i = 1; i < argc;) /* our own options, taken out before the common parser sees them */
         if (!strcmp(argv[i], "--plain") || !strcmp(argv[i], "--own-vmm") || !strcmp(argv[i], "--mixed") ||
-            !strcmp(argv[i], "--spare-handle")) {
-            int *o = argv[i][2] == 'p' ? &plain : argv[i][2] == 'o' ? &own : argv[i][2] == 'm' ? &mixed : &spare;
+            !strcmp(argv[i], "--spare-handle") || !strcmp(argv[i], "--release-early")) {
+            int *o = argv[i][2] == 'p' ? &plain : argv[i][2] == 'o' ? &own : argv[i][2] == 'm' ? &mixed
+                     : argv[i][2] == 's' ? &spare : &early;
             *o = 1;
             memmove(argv + i, argv + i + 1, (size_t)(argc - i) * sizeof *argv);
             argc--;
@@ -178,7 +183,7 @@ int main(int argc, char **argv)
     vprop.location.id = dev;
     CU(cuMemGetAllocationGranularity, &gran, &vprop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (own) {
-        own_vmm(spare);
+        own_vmm(spare, early);
         goto filled;
     }
     CU(cuMemAlloc_v2, &p, S);
@@ -188,7 +193,7 @@ int main(int argc, char **argv)
     size_t rows = S / 4000 + 1;
     CUmemGenericAllocationHandle h = 0;
     if (mixed)
-        own_vmm(spare);
+        own_vmm(spare, early);
     if (plain || mixed)
         goto filled;
     CU(cuMemAllocPitch_v2, &p, &pitch, 1000, rows, 4);
