@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from gputrace import shim, simcuda
-from gputrace.base.errors import NotSuspendable
+from gputrace.base.errors import CheckpointError, NotSuspendable
 from gputrace.checkpointer import resume, suspend
 from gputrace.shim import client
 
@@ -182,4 +182,32 @@ def test_a_mapping_whose_allocation_the_program_released_is_refused(procs, shim_
     assert not st["suspended"] and not st["paused"]
     assert not any(a.get("suspended") for a in st["allocations"])  # the shim's own allocations untouched too
     assert ask(p, "meminfo")["free"] == free0 and ask(p, "sum")["sum"] == ready["sum"]
+    quit_ok(p)
+
+
+def test_a_failed_copy_gives_the_job_back_whole_or_leaves_it_suspended_whole(procs, shim_dir, monkeypatch):
+    """simcuda fails every asynchronous copy of exactly 3 MiB: the shim's, when its chunk cuts A's 4 MiB
+    mapping there (the workload's own copies are synchronous). A suspend whose copy fails releases
+    nothing; a resume whose copy back fails releases again what it had made, and a later resume works."""
+    monkeypatch.setenv("SIMCUDA_FAIL_COPY_BYTES", str(3 << 20))
+    p = start(procs, "--mixed")
+    ready = json.loads(p.stdout.readline())
+    free0 = ask(p, "meminfo")["free"]
+    with pytest.raises(CheckpointError, match="copy failed"):
+        suspend(p.pid, chunk=3 << 20)
+    st = client.status(p.pid)
+    assert not st["suspended"] and not st["paused"] and not any(a.get("suspended") for a in st["allocations"])
+    assert ask(p, "meminfo")["free"] == free0 and ask(p, "sum")["sum"] == ready["sum"]
+
+    rep = suspend(p.pid)
+    freed = ask(p, "meminfo")["free"]
+    assert freed == free0 + rep.reserved_bytes
+    with pytest.raises(CheckpointError, match="could not resume"):
+        resume(p.pid, chunk=3 << 20)
+    st = client.status(p.pid)
+    assert st["suspended"] and all(a["suspended"] for a in own(st, "vmm_map") + own(st, "vmm_phys"))
+    assert ask(p, "meminfo")["free"] == freed  # what the failed resume made is given back again
+    resume(p.pid)
+    assert ask(p, "sum")["sum"] == ready["sum"] and ask(p, "meminfo")["free"] == free0
+    assert ask(p, "remap")["sum"] == ready["sum"]
     quit_ok(p)
