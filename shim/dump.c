@@ -537,6 +537,7 @@ static CUresult own_release_all(struct own *o, uint64_t *at, uint64_t *bytes)
             return e;
         }
         p->suspended = 1;
+        vmm_translating(); /* the program's handle has no driver handle behind it now */
         reg_put(p);
         *bytes += p->size;
     }

@@ -135,6 +135,9 @@ HIDDEN CUresult vmm_own_map(const struct rec *m, uint64_t driver_handle, int wri
 HIDDEN CUresult vmm_own_access(const struct rec *m); /* the program's own access descriptors */
 HIDDEN void vmm_translating(void);                 /* from now on program handles may differ from the driver's */
 HIDDEN uint64_t vmm_retained(uint64_t driver_handle); /* cuMemRetainAllocationHandle: the program's value */
+/* The driver's handle for the program's `h` in *drv; 1 (with *prop filled, when given) if the allocation
+ * is suspended and has none. */
+HIDDEN int vmm_translate_handle(uint64_t h, uint64_t *drv, CUmemAllocationProp *prop);
 
 /* ---- control.c */
 HIDDEN void control_start(void);     /* once per process (and again in a forked child) */

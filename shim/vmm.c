@@ -333,3 +333,17 @@ int alt_cuMemExportToShareableHandle(CUresult *out, struct hold *h, void *sh, CU
     *out = f ? f(sh, drv, t, fl) : CUDA_ERROR_NOT_FOUND;
     return 1;
 }
+
+int vmm_translate_handle(uint64_t h, uint64_t *drv, CUmemAllocationProp *prop)
+{
+    struct rec p;
+    if (LIKELY(!atomic_load_explicit(&g_translate, memory_order_relaxed)) || !reg_get(R_PHYS, h, &p))
+        return 0;
+    if (p.suspended && p.size) {
+        if (prop)
+            *prop = p.prop;
+        return 1;
+    }
+    *drv = p.handle;
+    return 0;
+}

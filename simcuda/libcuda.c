@@ -2026,6 +2026,23 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     return r;
 }
 
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)
+{
+    CHECK_INIT();
+    struct phys *ph = (struct phys *)(uintptr_t)handle;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    if (prop && hs_type(ph) == H_PHYS) {
+        memset(prop, 0, sizeof *prop);
+        prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = ph->device;
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
 /* The handle of the allocation mapped at `addr`, one more reference to it (released handles too,
  * as long as they are mapped: the handle is valid again until released once more). */
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
@@ -3003,6 +3020,7 @@ static const struct procent {
     P(cuMemCreate, 10020, cuMemCreate),
     P(cuMemRelease, 10020, cuMemRelease),
     P(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle),
+    P(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle),
     P(cuMemMap, 10020, cuMemMap),
     P(cuMemUnmap, 10020, cuMemUnmap),
     P(cuMemSetAccess, 10020, cuMemSetAccess),

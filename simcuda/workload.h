@@ -73,6 +73,7 @@
     X(cuMemCreate, cuMemCreate)                                                             \
     X(cuMemRelease, cuMemRelease)                                                           \
     X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle)                             \
+    X(cuMemGetAllocationPropertiesFromHandle, cuMemGetAllocationPropertiesFromHandle)       \
     X(cuMemMap, cuMemMap)                                                                   \
     X(cuMemUnmap, cuMemUnmap)                                                               \
     X(cuMemSetAccess, cuMemSetAccess)                                                       \

@@ -73,6 +73,7 @@ def test_own_mappings_are_released_and_made_again_at_the_same_addresses(procs, s
     assert st["suspended"] and st["paused"]
     assert all(a["suspended"] for a in own(st, "vmm_map") + own(st, "vmm_phys"))
     assert own(st, "va_reserve") == reserves  # the program's reservations stay
+    assert ask(p, "props") == {"handles": 3, "same": 3}  # ungated: answered for the handles it holds
 
     got: dict = {}
     th = threading.Thread(target=lambda: got.update(ask(p, "sum")))
@@ -93,6 +94,7 @@ def test_own_mappings_are_released_and_made_again_at_the_same_addresses(procs, s
     # The program still holds its old handles: the same values, now standing for new allocations.
     assert [a["handle"] for a in own(after, "vmm_phys")] == [a["handle"] for a in phys]
     assert not any(a["suspended"] for a in own(after, "vmm_map") + own(after, "vmm_phys"))
+    assert ask(p, "props") == {"handles": 3, "same": 3}
 
     # Its handles work in later calls: unmapped and mapped again with them, the data are still there.
     assert ask(p, "remap")["sum"] == ready["sum"]

@@ -24,10 +24,13 @@
  *                                                      -> {"free": N, "total": N}
  *   remap        (own VMM) unmap every mapping and map it again with the handle the program holds,
  *                read-write: the data stay (they live in the allocations)  -> {"sum": "<hex>"}
+ *   props        (own VMM) cuMemGetAllocationPropertiesFromHandle of each handle the program holds (not
+ *                a gated call: answers while suspended)  -> {"handles": N, "same": N as made}
  *   grow         (own VMM) one more reservation of G mapped with a new allocation (filled)
  *                                                      -> {"sum": "<hex>", "base": N}
- *   quit         free everything and exit 0 (own VMM: each mapping's handle retained from its address
- *                and released first, as NCCL does; a handle other than the one mapped there exits 1)
+ *   quit         free everything and exit 0 (own VMM: each handle's properties read back, and each
+ *                mapping's handle retained from its address and released first, as NCCL does; other
+ *                properties, or a handle other than the one mapped there, exit 1)
  * The checksum is FNV-1a over 64-bit words of every allocation, in allocation order, read back with
  * cuMemcpyDtoH_v2. */
 #include "workload.h"
@@ -245,6 +248,14 @@ filled:;
                 own_map(maps[i].va, maps[i].size, maps[i].off, maps[i].h, 0);
             }
             printf("{\"sum\": \"%016llx\"}\n", (unsigned long long)checksum());
+        } else if (!strncmp(line, "props", 5)) {
+            int same = 0;
+            for (int i = 0; i < nhandles; i++) {
+                CUmemAllocationProp pr;
+                CU(cuMemGetAllocationPropertiesFromHandle, &pr, handles[i]);
+                same += pr.type == vprop.type && pr.location.id == vprop.location.id;
+            }
+            printf("{\"handles\": %d, \"same\": %d}\n", nhandles, same);
         } else if (!strncmp(line, "grow", 4)) {
             CUdeviceptr va = own_reserve(gran);
             own_map(va, gran, 0, own_create(gran), 1);
@@ -264,6 +275,13 @@ filled:;
 
     /* The program's own mappings, with the handles it was given, then its reservations.  First, as
      * NCCL frees its buffers: the handle retained from the address must be the one the program holds. */
+    for (int i = 0; i < nhandles; i++) {
+        CUmemAllocationProp pr;
+        CU(cuMemGetAllocationPropertiesFromHandle, &pr, handles[i]);
+        if (pr.type != vprop.type || pr.location.type != vprop.location.type || pr.location.id != vprop.location.id)
+            wl_die("cuMemGetAllocationPropertiesFromHandle(%#llx): not the properties it was made with",
+                   (unsigned long long)handles[i]);
+    }
     for (int i = 0; i < nmaps; i++) {
         CUmemGenericAllocationHandle r;
         CU(cuMemRetainAllocationHandle, &r, (void *)(uintptr_t)maps[i].va);
