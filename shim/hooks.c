@@ -327,9 +327,24 @@ static int set_access(struct rec *r, void *arg)
     if (r->key < a->g.lo || r->key >= a->g.hi)
         return 0;
     r->access = a->g.access;
-    r->nacc = a->count <= REC_ACC ? (int)a->count : -1; /* what `unsuspend` sets again */
-    for (size_t i = 0; i < a->count && i < REC_ACC; i++)
-        r->acc[i] = a->desc[i];
+    /* What `unsuspend` sets again: each call sets the access of the locations it names, and leaves the
+     * others' as they were, so the record keeps the latest flags per location. */
+    for (size_t i = 0; i < a->count && r->nacc >= 0; i++) {
+        int k = 0;
+        while (k < r->nacc && (r->acc[k].location.type != a->desc[i].location.type ||
+                               r->acc[k].location.id != a->desc[i].location.id))
+            k++;
+        if (k == REC_ACC) {
+            r->nacc = -1; /* more locations than kept: `suspend` refuses it */
+            break;
+        }
+        r->acc[k] = a->desc[i];
+        if (k == r->nacc)
+            r->nacc++;
+    }
+    for (int k = 0; k < r->nacc; k++) /* readable by some device: what a dump copies through */
+        if ((int)r->acc[k].flags > r->access)
+            r->access = (int)r->acc[k].flags;
     return 0;
 }
 
