@@ -191,7 +191,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                 shim_report["image_path"] = str(tmp / GPU_IMAGE)  # where the job's image says the file is
                 stop_point("full:suspended")
             except NotSuspendable as exc:
-                # e.g. the program maps VMM memory of its own, which the shim does not release: the
+                # e.g. pitched or stream-ordered memory, which the shim does not release: the
                 # driver moves everything instead, as for a job without the shim.
                 shim_report = {"skipped": exc.msg}
         guard.note(driver=True)

@@ -1,7 +1,9 @@
 """suspend() and resume(): take a job's device memory off the GPU and bring it back at the same addresses.
 
 The job must run with its cuMemAlloc_v2 memory served through the VMM API (`gputrace run
---checkpointable --suspendable`, GPUTRACE_SHIM_VMM=1; see shim/vmm.c for what that changes).  The
+--checkpointable --suspendable`, GPUTRACE_SHIM_VMM=1; see shim/vmm.c for what that changes); memory
+the program maps through the VMM API itself is released and made again too, at the same addresses,
+with the handles the program holds still valid (the shim translates them).  The
 shim then closes the gate, copies every allocation into a memfd this process passes it (and keeps:
 the data live in host memory, held by the job's own process, until resume), and releases the
 physical memory of each allocation while keeping its address reserved.  The gate stays closed: a
@@ -123,9 +125,9 @@ def _unsupported_hint(pid: int, detail: str) -> str:
     """What to do about memory the shim cannot release, by the kind the shim names (shim/dump.c)."""
     driver = f"`gputrace suspend --backend driver -p {pid}` suspends it through NVIDIA's driver instead"
     if "program's VMM" in detail:
-        return ("the program maps device memory through the VMM API itself (as PyTorch with expandable_segments "
-                f"and JAX do), which the shim does not release; {driver}, or `gputrace checkpoint -p {pid}` "
-                "saves its GPU memory without freeing it")
+        return ("the shim releases and recreates the program's own VMM memory (as PyTorch with expandable_segments "
+                f"and JAX map it) only when it can copy all of it and make it again; {driver}, or "
+                f"`gputrace checkpoint -p {pid}` saves its GPU memory without freeing it")
     if "the device allocation" in detail:
         return ("start it with: gputrace run --checkpointable --suspendable -- CMD "
                 "(only then is its cuMemAlloc memory served through the VMM API)")

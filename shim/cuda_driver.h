@@ -236,6 +236,10 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                   unsigned long long flags);
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle);
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType, unsigned long long flags);
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                        CUmemAllocationGranularity_flags option);
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);

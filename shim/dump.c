@@ -354,7 +354,8 @@ static void job_run(struct job *j, struct lane *L, int nl)
 
 /* ------------------------------------------------------------------------------------------------
  * Suspension: between `suspend` and `unsuspend` the gate stays closed (owned by no connection), the
- * image stays open here, and the VMM-served allocations have no memory behind their addresses. */
+ * image stays open here, and the VMM-served allocations have no memory behind their addresses; nor
+ * have the program's own VMM mappings (their allocations released, the reservations kept). */
 
 /* The suspended image: the gate knows whether the job is suspended (gate_suspended()); this is where
  * its data wait.  A direct suspension keeps its image mapped and pinned until unsuspend, so that
@@ -400,6 +401,193 @@ static CUresult remap_all(uint64_t *at)
         *at = w.at;
     }
     return w.err;
+}
+
+/* The program's own VMM memory (see vmm.c): copies of its R_PHYS and R_MAP records, taken with the
+ * gate closed (nothing can change them then), changed here and written back one by one, so that the
+ * registry always says what was released and what was made again. */
+struct own {
+    struct rec *p, *m;
+    int np, nm, capp, capm, oom;
+};
+
+static int own_add(struct rec *r, void *arg)
+{
+    struct own *o = arg;
+    struct rec **v = r->type == R_PHYS ? &o->p : &o->m;
+    int *n = r->type == R_PHYS ? &o->np : &o->nm, *cap = r->type == R_PHYS ? &o->capp : &o->capm;
+    if (*n == *cap) {
+        int c = *cap ? *cap * 2 : 16;
+        struct rec *x = realloc(*v, (size_t)c * sizeof *x);
+        if (!x) {
+            o->oom = 1;
+            return 0;
+        }
+        *v = x, *cap = c;
+    }
+    (*v)[(*n)++] = *r;
+    return 0;
+}
+
+static void own_free(struct own *o)
+{
+    free(o->p);
+    free(o->m);
+    memset(o, 0, sizeof *o);
+}
+
+static int own_snap(struct own *o)
+{
+    memset(o, 0, sizeof *o);
+    reg_scan(R_PHYS, own_add, o);
+    reg_scan(R_MAP, own_add, o);
+    return o->oom ? -1 : 0;
+}
+
+static struct rec *own_phys(struct own *o, uint64_t prog_handle)
+{
+    for (int i = 0; i < o->np; i++)
+        if (o->p[i].key == prog_handle)
+            return &o->p[i];
+    return NULL;
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* NULL when every physical allocation can be made again and its data copied: it is wholly covered
+ * by mappings the program made readable, each mapping has a record of its allocation and access. */
+static const char *own_check(struct own *o, char *err, size_t len)
+{
+    if (o->np && !vmm_api())
+        return "the driver lacks the VMM API the program's own allocations need";
+    for (int i = 0; i < o->nm; i++) {
+        struct rec *m = &o->m[i];
+        struct rec *p = own_phys(o, m->handle);
+        if (!p || !p->size) {
+            snprintf(err, len, "the program's VMM mapping at %#llx maps a physical allocation the shim has no "
+                     "record of (released by the program while mapped, or imported from another process), "
+                     "which cannot be made again", (unsigned long long)m->key);
+            return err;
+        }
+        if (m->nacc < 0) {
+            snprintf(err, len, "the program's VMM mapping at %#llx has access set for more than %d devices",
+                     (unsigned long long)m->key, REC_ACC);
+            return err;
+        }
+    }
+    for (int i = 0; i < o->np; i++) {
+        struct rec *p = &o->p[i];
+        if (p->exported || !p->size) {
+            snprintf(err, len, "the program's VMM physical allocation %#llx %s, so it cannot be released and made "
+                     "again", (unsigned long long)p->key, p->exported ? "was exported (cuMemExportToShareableHandle) "
+                     "and another process may hold it" : "has properties the shim does not know");
+            return err;
+        }
+        uint64_t (*r)[2] = calloc((size_t)o->nm + 1, sizeof *r);
+        if (!r)
+            return "out of memory";
+        int n = 0;
+        for (int k = 0; k < o->nm; k++)
+            if (o->m[k].handle == p->key && (o->m[k].access & CU_MEM_ACCESS_FLAGS_PROT_READ))
+                r[n][0] = o->m[k].offset, r[n][1] = o->m[k].offset + o->m[k].size, n++;
+        qsort(r, (size_t)n, sizeof *r, by_offset);
+        uint64_t covered = 0;
+        for (int k = 0; k < n && r[k][0] <= covered; k++)
+            if (r[k][1] > covered)
+                covered = r[k][1];
+        free(r);
+        if (covered < p->size) {
+            snprintf(err, len, "the program's VMM physical allocation %#llx (%llu bytes) is not wholly mapped "
+                     "readable (%llu bytes from offset 0 are), so its data cannot be copied out; map it "
+                     "(cuMemMap, cuMemSetAccess) or release it before suspending",
+                     (unsigned long long)p->key, (unsigned long long)p->size, (unsigned long long)covered);
+            return err;
+        }
+    }
+    return NULL;
+}
+
+/* Unmaps every mapping and releases every allocation not yet released (stopping at the first failure,
+ * in *at).  Returns the bytes given back to the driver in *bytes. */
+static CUresult own_release_all(struct own *o, uint64_t *at, uint64_t *bytes)
+{
+    for (int i = 0; i < o->nm; i++) {
+        struct rec *m = &o->m[i];
+        if (m->suspended)
+            continue;
+        CUresult e = vmm_own_unmap(m);
+        if (e) {
+            *at = m->key;
+            return e;
+        }
+        m->suspended = 1;
+        reg_put(m);
+    }
+    for (int i = 0; i < o->np; i++) {
+        struct rec *p = &o->p[i];
+        if (p->suspended)
+            continue;
+        CUresult e = vmm_own_release(p);
+        if (e) {
+            *at = p->key;
+            return e;
+        }
+        p->suspended = 1;
+        vmm_translating(); /* the program's handle has no driver handle behind it now */
+        reg_put(p);
+        *bytes += p->size;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Every released allocation made again and every mapping mapped again (writable, for the copy back);
+ * on failure, what this call made is released again (all stays suspended). */
+static CUresult own_remap_all(struct own *o, uint64_t *at, int undo)
+{
+    CUresult e = CUDA_SUCCESS;
+    for (int i = 0; i < o->np && !e; i++) {
+        struct rec *p = &o->p[i];
+        if (!p->suspended)
+            continue;
+        if ((e = vmm_own_create(p))) {
+            *at = p->key;
+            break;
+        }
+        p->suspended = 0;
+        vmm_translating();
+        reg_put(p);
+    }
+    for (int i = 0; i < o->nm && !e; i++) {
+        struct rec *m = &o->m[i];
+        if (!m->suspended)
+            continue;
+        if ((e = vmm_own_map(m, own_phys(o, m->handle)->handle, 1))) {
+            *at = m->key;
+            break;
+        }
+        m->suspended = 0;
+        reg_put(m);
+    }
+    if (e && undo) {
+        uint64_t at2, b = 0;
+        own_release_all(o, &at2, &b);
+    }
+    return e;
+}
+
+/* After the copy back: the access each mapping had from the program. */
+static void own_access_all(struct own *o)
+{
+    for (int i = 0; i < o->nm; i++) {
+        CUresult e = vmm_own_access(&o->m[i]);
+        if (e)
+            shim_log("resume: setting the program's access to its mapping at %#llx failed: CUresult %d (it stays "
+                     "readable and writable)", (unsigned long long)o->m[i].key, (int)e);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -792,7 +980,7 @@ struct op {
     struct timing t;
     uint64_t t_gate; /* when the gate began to close */
     struct sbuf b;   /* the reply */
-    char err[160];
+    char err[320];
     int stuck; /* a synchronization did not return: the device may still use the pinned memory */
     int failed; /* the reply is an error: the device may be busy, even held (a collective's peer stopped) */
 };
@@ -1130,29 +1318,51 @@ static void cmd_suspend(struct op *op)
         return;
     struct collect *c = &op->c;
     for (int i = 0; i < c->n; i++)
-        if (!c->v[i].reserved) {
+        if (!c->v[i].reserved && c->v[i].kind != K_VMM_MAP) {
             snprintf(op->err, sizeof op->err, "the %s allocation at %#llx is not served through the VMM API",
                      c->v[i].kind == K_DEVICE ? "device" : c->v[i].kind == K_PITCH ? "pitched"
-                     : c->v[i].kind == K_ASYNC ? "stream-ordered" : c->v[i].kind == K_VMM_MAP ? "program's VMM"
-                     : "managed", (unsigned long long)c->v[i].base);
+                     : c->v[i].kind == K_ASYNC ? "stream-ordered" : "managed", (unsigned long long)c->v[i].base);
             fail(op, "unsupported", op->err);
             return;
         }
-    if (op_layout(op) || op_copy(op))
+    struct own own;
+    if (own_snap(&own) != 0) {
+        own_free(&own);
+        fail(op, "out of memory", NULL);
         return;
-    uint64_t tr = now_ns();
+    }
+    char why_buf[sizeof op->err];
+    const char *why = own_check(&own, why_buf, sizeof why_buf);
+    if (why) { /* refused before anything changed */
+        snprintf(op->err, sizeof op->err, "%s", why);
+        own_free(&own);
+        fail(op, "unsupported", op->err);
+        return;
+    }
+    if (op_layout(op) || op_copy(op)) {
+        own_free(&own);
+        return;
+    }
+    uint64_t tr = now_ns(), own_at = 0, own_bytes = 0;
     struct vmm_walk w = {.remap = 0};
     reg_scan(R_MEM, vmm_walk, &w);
+    CUresult own_err = w.err ? CUDA_SUCCESS : own_release_all(&own, &own_at, &own_bytes);
     uint64_t release_ns = now_ns() - tr;
-    if (w.err) { /* put everything back as it was: new memory, the data from the image */
+    if (w.err || own_err) { /* put everything back as it was: new memory, the data from the image */
         uint64_t at = 0;
+        CUresult back_own = own_remap_all(&own, &at, 0);
         remap_all(&at);
         int back = run_copy(op, 1);
+        own_access_all(&own);
         snprintf(op->err, sizeof op->err, "releasing the memory at %#llx failed: CUresult %d; nothing was suspended%s",
-                 (unsigned long long)w.at, (int)w.err, back ? " (and copying back failed)" : "");
+                 (unsigned long long)(w.err ? w.at : own_at), (int)(w.err ? w.err : own_err),
+                 back || back_own ? " (and copying back failed)" : "");
+        own_free(&own);
         fail(op, "driver error", op->err);
         return;
     }
+    own_free(&own);
+    w.bytes += own_bytes;
     gate_suspend(); /* the gate stays closed until unsuspend, whoever closed it */
     S.fd = op->fd;
     S.since_ns = now_ns();
@@ -1173,10 +1383,19 @@ static void cmd_suspend(struct op *op)
  * job stays suspended: no memory behind its addresses, the data in the image. */
 static void cmd_unsuspend(struct op *op)
 {
+    struct own own = {0};
     if (op_prepare(op) || op_freeze(op))
         goto still_suspended;
+    if (own_snap(&own) != 0) {
+        fail(op, "out of memory", NULL);
+        goto still_suspended;
+    }
     uint64_t at = 0, tr = now_ns();
     CUresult e = remap_all(&at);
+    if (!e && (e = own_remap_all(&own, &at, 1)) != CUDA_SUCCESS) {
+        struct vmm_walk undo = {.remap = 0};
+        reg_scan(R_MEM, vmm_walk, &undo);
+    }
     uint64_t remap_ns = now_ns() - tr;
     if (e) {
         snprintf(op->err, sizeof op->err, "mapping memory at %#llx failed: CUresult %d; still suspended",
@@ -1186,6 +1405,8 @@ static void cmd_unsuspend(struct op *op)
     }
     if (op_layout(op) || op_copy(op))
         goto still_suspended;
+    own_access_all(&own); /* the data are back: the program's own access flags again */
+    own_free(&own);
     uint64_t suspended_ns = now_ns() - S.since_ns;
     close(S.fd);
     S.fd = -1;
@@ -1198,6 +1419,9 @@ static void cmd_unsuspend(struct op *op)
 still_suspended:;
     struct vmm_walk w = {.remap = 0};
     reg_scan(R_MEM, vmm_walk, &w);
+    uint64_t at2, b = 0;
+    own_release_all(&own, &at2, &b); /* what was mapped again goes again (the snapshot says what that is) */
+    own_free(&own);
 }
 
 char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)

@@ -223,15 +223,69 @@ void pre_cuMemCreate(struct hold *h, CUmemGenericAllocationHandle *hd, size_t si
 void post_cuMemCreate(CUresult r, struct hold *h, CUmemGenericAllocationHandle *hd, size_t size,
                       const CUmemAllocationProp *prop, unsigned long long fl)
 {
-    (void)h, (void)fl;
+    (void)fl;
     if (r != CUDA_SUCCESS || !hd)
         return;
-    struct rec p = {.type = R_PHYS, .kind = K_VMM_PHYS, .key = *hd, .handle = *hd, .size = size,
-                    .device = prop ? prop->location.id : 0};
+    struct rec p = {.type = R_PHYS, .kind = K_VMM_PHYS, .key = *hd, .handle = h->found == 3 ? h->rec.handle : *hd,
+                    .size = size, .device = prop ? prop->location.id : 0};
+    if (prop)
+        p.prop = *prop; /* what `unsuspend` creates it again with */
     reg_put(&p);
 }
-void pre_cuMemRelease(struct hold *h, CUmemGenericAllocationHandle hd) { take(h, R_PHYS, hd); }
-void post_cuMemRelease(CUresult r, struct hold *h, CUmemGenericAllocationHandle hd) { (void)hd, put_back(r, h); }
+/* A handle retained (cuMemRetainAllocationHandle) is released once per retain before the allocation's
+ * own release: those releases leave the record in place (found = 4). */
+static void release_ref(struct rec *r, void *arg)
+{
+    struct hold *h = arg;
+    h->rec = *r;
+    h->rec.next = NULL;
+    if (r->refs > 0) {
+        r->refs--;
+        h->found = 4;
+    }
+}
+static void add_ref(struct rec *r, void *arg) { (void)arg, r->refs++; }
+
+void pre_cuMemRelease(struct hold *h, CUmemGenericAllocationHandle hd)
+{
+    if (!reg_update(R_PHYS, hd, release_ref, h) || h->found != 4)
+        take(h, R_PHYS, hd);
+}
+void post_cuMemRelease(CUresult r, struct hold *h, CUmemGenericAllocationHandle hd)
+{
+    if (h->found == 4) {
+        if (r != CUDA_SUCCESS)
+            reg_update(R_PHYS, hd, add_ref, NULL);
+        return;
+    }
+    put_back(r, h);
+}
+
+void pre_cuMemRetainAllocationHandle(struct hold *h, CUmemGenericAllocationHandle *hd, void *addr)
+{
+    (void)h, (void)hd, (void)addr;
+}
+void post_cuMemRetainAllocationHandle(CUresult r, struct hold *h, CUmemGenericAllocationHandle *hd, void *addr)
+{
+    (void)h, (void)addr;
+    if (r == CUDA_SUCCESS && hd)
+        *hd = vmm_retained(*hd); /* the program's value for it, the retain counted */
+}
+
+static void set_exported(struct rec *r, void *arg) { (void)arg, r->exported = 1; }
+
+void pre_cuMemExportToShareableHandle(struct hold *h, void *sh, CUmemGenericAllocationHandle hd,
+                                      CUmemAllocationHandleType t, unsigned long long fl)
+{
+    (void)h, (void)sh, (void)hd, (void)t, (void)fl;
+}
+void post_cuMemExportToShareableHandle(CUresult r, struct hold *h, void *sh, CUmemGenericAllocationHandle hd,
+                                       CUmemAllocationHandleType t, unsigned long long fl)
+{
+    (void)h, (void)sh, (void)t, (void)fl;
+    if (r == CUDA_SUCCESS)
+        reg_update(R_PHYS, hd, set_exported, NULL); /* another process may hold it now: not released by suspend */
+}
 
 void pre_cuMemMap(struct hold *h, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle hd,
                   unsigned long long fl)
@@ -261,11 +315,36 @@ static int in_range(struct rec *r, void *arg)
     return r->key >= g->lo && r->key < g->hi;
 }
 
+struct access {
+    struct range g;
+    const CUmemAccessDesc *desc;
+    size_t count;
+};
+
 static int set_access(struct rec *r, void *arg)
 {
-    struct range *g = arg;
-    if (r->key >= g->lo && r->key < g->hi)
-        r->access = g->access;
+    struct access *a = arg;
+    if (r->key < a->g.lo || r->key >= a->g.hi)
+        return 0;
+    r->access = a->g.access;
+    /* What `unsuspend` sets again: each call sets the access of the locations it names, and leaves the
+     * others' as they were, so the record keeps the latest flags per location. */
+    for (size_t i = 0; i < a->count && r->nacc >= 0; i++) {
+        int k = 0;
+        while (k < r->nacc && (r->acc[k].location.type != a->desc[i].location.type ||
+                               r->acc[k].location.id != a->desc[i].location.id))
+            k++;
+        if (k == REC_ACC) {
+            r->nacc = -1; /* more locations than kept: `suspend` refuses it */
+            break;
+        }
+        r->acc[k] = a->desc[i];
+        if (k == r->nacc)
+            r->nacc++;
+    }
+    for (int k = 0; k < r->nacc; k++) /* readable by some device: what a dump copies through */
+        if ((int)r->acc[k].flags > r->access)
+            r->access = (int)r->acc[k].flags;
     return 0;
 }
 
@@ -291,11 +370,11 @@ void post_cuMemSetAccess(CUresult r, struct hold *h, CUdeviceptr ptr, size_t siz
     (void)h;
     if (r != CUDA_SUCCESS || !desc)
         return;
-    struct range g = {ptr, ptr + size, 0};
+    struct access a = {{ptr, ptr + size, 0}, desc, count};
     for (size_t i = 0; i < count; i++)
-        if ((int)desc[i].flags > g.access)
-            g.access = (int)desc[i].flags;
-    reg_scan(R_MAP, set_access, &g);
+        if ((int)desc[i].flags > a.g.access)
+            a.g.access = (int)desc[i].flags;
+    reg_scan(R_MAP, set_access, &a);
 }
 
 /* ---- streams and events */

@@ -125,6 +125,22 @@ int reg_get(int type, uint64_t key, struct rec *out)
     return ok;
 }
 
+int reg_update(int type, uint64_t key, void (*fn)(struct rec *, void *), void *arg)
+{
+    struct shard *sh;
+    struct rec **head = slot_of(type, key, &sh);
+    int ok = 0;
+    lock(sh);
+    for (struct rec *r = *head; r; r = r->next)
+        if (r->type == type && r->key == key) {
+            fn(r, arg);
+            ok = 1;
+            break;
+        }
+    unlock(sh);
+    return ok;
+}
+
 size_t reg_copy_image(int type, uint64_t key, void *buf, size_t len)
 {
     struct shard *sh;
@@ -249,8 +265,11 @@ static int j_alloc(struct rec *r, void *arg)
     sb_printf(j->b, "{\"kind\": \"%s\", \"base\": %llu, \"size\": %llu, \"device\": %d, \"ctx\": %llu", kind_name[r->kind],
               r->type == R_PHYS ? 0ull : (unsigned long long)r->key, (unsigned long long)r->size, r->device,
               (unsigned long long)r->ctx);
-    if (r->type == R_PHYS || r->type == R_MAP)
-        sb_printf(j->b, ", \"handle\": %llu", (unsigned long long)r->handle);
+    if (r->type == R_PHYS || r->type == R_MAP) /* the program's handle (R_PHYS: the key; see vmm.c) */
+        sb_printf(j->b, ", \"handle\": %llu, \"suspended\": %s",
+                  (unsigned long long)(r->type == R_PHYS ? r->key : r->handle), r->suspended ? "true" : "false");
+    if (r->type == R_PHYS)
+        sb_printf(j->b, ", \"driver_handle\": %llu", (unsigned long long)r->handle);
     if (r->type == R_MAP)
         sb_printf(j->b, ", \"offset\": %llu, \"access\": %d", (unsigned long long)r->offset, r->access);
     if (r->type == R_HOST)

@@ -829,6 +829,19 @@ CUresult cuLibraryGetKernel(CUkernel *pk, CUlibrary l, const char *name)
     return r;
 }
 
+/* A handle the program holds, for the driver: its own unless a suspension made the allocation again
+ * (vmm.c).  While suspended the allocation has no driver handle: the properties it was made with are
+ * the answer. */
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
+{
+    __typeof__(&cuMemGetAllocationPropertiesFromHandle) f_ =
+        (__typeof__(&cuMemGetAllocationPropertiesFromHandle))real_fast(F_cuMemGetAllocationPropertiesFromHandle);
+    uint64_t drv = h;
+    if (UNLIKELY(vmm_translate_handle(h, &drv, prop)))
+        return CUDA_SUCCESS;
+    return LIKELY(f_ != NULL) ? f_(prop, drv) : CUDA_ERROR_NOT_FOUND;
+}
+
 /* cuGetProcAddress hands out our wrapper wherever the driver hands out an entry point we wrap: the
  * driver has already applied the requested version and the per-thread-stream flag, so mapping its
  * answer back (cuLaunchKernel_ptsz -> our cuLaunchKernel_ptsz) honors both.  Its own entry point maps

@@ -120,6 +120,9 @@
     X(cuMemUnmap, (CUdeviceptr ptr, size_t size), (ptr, size))                                                   \
     X(cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count),                 \
       (ptr, size, desc, count))                                                                                  \
+    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *h, void *addr), (h, addr))                     \
+    X(cuMemExportToShareableHandle, (void *sh, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,       \
+                                     unsigned long long fl), (sh, h, t, fl))                                     \
     X(cuStreamCreate, (CUstream *ph, unsigned int flags), (ph, flags))                                           \
     X(cuStreamCreateWithPriority, (CUstream *ph, unsigned int flags, int prio), (ph, flags, prio))              \
     X(cuStreamDestroy_v2, (CUstream h), (h))                                                                     \
@@ -175,6 +178,12 @@
     X(cuModuleGetFunction, (CUfunction *pf, CUmodule m, const char *name), (pf, m, name))                        \
     X(cuLibraryGetKernel, (CUkernel *pk, CUlibrary l, const char *name), (pk, l, name))
 
+/* SHIM_HANDLE: getters that take a VMM handle.  Not gated, not counted; once a suspension has made a
+ * program's allocation again the handle the program holds is translated to the driver's (vmm.c). */
+#define SHIM_HANDLE(X)                                                                                           \
+    X(cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp *prop, CUmemGenericAllocationHandle h),       \
+      (prop, h))
+
 #define SHIM_PASS(X) SHIM_SYNC(X) SHIM_QUERY(X) SHIM_PASS_STATE(X)
 
 #define SHIM_PROC(X)                                                                                             \
@@ -182,7 +191,7 @@
     X(cuGetProcAddress_v2, (const char *sym, void **pfn, int ver, cuuint64_t flags,                              \
                             CUdriverProcAddressQueryResult *st), (sym, pfn, ver, flags, st))
 
-#define SHIM_ALL(X) SHIM_SUBMIT(X) SHIM_STATE(X) SHIM_PASS(X) SHIM_LOOKUP(X) SHIM_PROC(X)
+#define SHIM_ALL(X) SHIM_SUBMIT(X) SHIM_STATE(X) SHIM_PASS(X) SHIM_LOOKUP(X) SHIM_HANDLE(X) SHIM_PROC(X)
 
 enum shim_fn {
 #define SHIM_ENUM(name, params, args) F_##name,

@@ -33,6 +33,7 @@ enum rec_type { R_CTX = 1, R_MEM, R_HOST, R_VA, R_PHYS, R_MAP, R_MODULE, R_LIBRA
 /* Allocation kinds: simcuda.h's numbering (1-7), so tests compare the two directly; then kinds simcuda lacks. */
 enum alloc_kind { K_DEVICE = 1, K_PITCH, K_ASYNC, K_HOST, K_VA_RESERVE, K_VMM_PHYS, K_VMM_MAP, K_MANAGED, K_HOST_REGISTERED };
 
+#define REC_ACC 8
 struct rec {
     struct rec *next;
     int type;
@@ -43,7 +44,7 @@ struct rec {
     uint64_t handle; /* VMM: the generic allocation handle */
     uint64_t offset; /* VMM map: offset into the handle */
     int device;
-    int refs;    /* primary contexts: retains */
+    int refs;    /* primary contexts: retains; R_PHYS: cuMemRetainAllocationHandle's, each released once more */
     int primary;
     int access;  /* VMM map: CUmemAccess_flags */
     unsigned flags;
@@ -52,7 +53,14 @@ struct rec {
     size_t image_len;
     char *path;  /* cuModuleLoad: the file */
     uint64_t reserved; /* R_MEM served through the VMM API (vmm.c): bytes reserved and mapped; else 0 */
-    int suspended;     /* ... and its backing released by `suspend` (the address stays reserved) */
+    int suspended;     /* ... and its backing released by `suspend` (the address stays reserved); for the
+                        * program's own R_PHYS and R_MAP: released or unmapped by `suspend` */
+    /* The program's own VMM memory, what `unsuspend` needs to make it again.  R_PHYS: `key` is the
+     * handle the program holds, `handle` the driver's (they differ once a suspension recreated it). */
+    CUmemAllocationProp prop;     /* R_PHYS: as given to cuMemCreate */
+    CUmemAccessDesc acc[REC_ACC]; /* R_MAP: the program's last cuMemSetAccess covering it */
+    int nacc;                     /* ... how many (-1: more than REC_ACC, not kept) */
+    int exported;                 /* R_PHYS: cuMemExportToShareableHandle (another process may hold it) */
 };
 
 /* What a state wrapper's pre hook hands its post hook: a record taken out before a free. */
@@ -64,6 +72,8 @@ struct hold {
 HIDDEN void reg_put(const struct rec *r);                       /* insert or replace (takes image/path) */
 HIDDEN int reg_take(int type, uint64_t key, struct rec *out);   /* remove; 1 if it was there */
 HIDDEN int reg_get(int type, uint64_t key, struct rec *out);    /* copy (image/path not owned) */
+/* Calls fn on the record of `type` and `key` under its shard's lock (fn may change it); 1 if it was there. */
+HIDDEN int reg_update(int type, uint64_t key, void (*fn)(struct rec *, void *), void *arg);
 HIDDEN void reg_release(struct rec *r);                         /* free what a taken record owns */
 /* Calls fn on each record of `type` (0: all) under its shard's lock; fn returns 1 to remove it. */
 HIDDEN void reg_scan(int type, int (*fn)(struct rec *, void *), void *arg);
@@ -117,6 +127,18 @@ HIDDEN const char *dump_rehome(int fd); /* NULL: the suspended image now lives i
 HIDDEN int vmm_enabled(void);
 HIDDEN CUresult vmm_release(struct rec *r); /* unmap and release the backing; the address stays */
 HIDDEN CUresult vmm_remap(struct rec *r);   /* new backing at r->key; updates r->handle */
+/* The program's own VMM objects (R_PHYS, R_MAP), for `suspend` / `unsuspend` (dump.c). */
+HIDDEN int vmm_api(void);                          /* the driver has the VMM API (loaded once) */
+HIDDEN CUresult vmm_own_unmap(const struct rec *m);
+HIDDEN CUresult vmm_own_release(const struct rec *p);
+HIDDEN CUresult vmm_own_create(struct rec *p);     /* new driver handle in p->handle */
+HIDDEN CUresult vmm_own_map(const struct rec *m, uint64_t driver_handle, int writable);
+HIDDEN CUresult vmm_own_access(const struct rec *m); /* the program's own access descriptors */
+HIDDEN void vmm_translating(void);                 /* from now on program handles may differ from the driver's */
+HIDDEN uint64_t vmm_retained(uint64_t driver_handle); /* cuMemRetainAllocationHandle: the program's value */
+/* The driver's handle for the program's `h` in *drv; 1 (with *prop filled, when given) if the allocation
+ * is suspended and has none. */
+HIDDEN int vmm_translate_handle(uint64_t h, uint64_t *drv, CUmemAllocationProp *prop);
 
 /* ---- control.c */
 HIDDEN void control_start(void);     /* once per process (and again in a forked child) */

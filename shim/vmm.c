@@ -26,6 +26,8 @@ static struct {
     CUresult (*ctx_device)(CUdevice *);
 } V;
 static atomic_int g_state; /* 0: not looked at, 1: on, -1: off */
+static atomic_int g_api;   /* the same for the VMM API itself, whatever GPUTRACE_SHIM_VMM says */
+static atomic_int g_translate; /* a suspension recreated a program's handle: translate from now on */
 
 static int load(void)
 {
@@ -44,12 +46,22 @@ static int load(void)
            V.ctx_device;
 }
 
+int vmm_api(void)
+{
+    int s = atomic_load(&g_api);
+    if (!s) {
+        s = load() ? 1 : -1;
+        atomic_store(&g_api, s);
+    }
+    return s > 0;
+}
+
 int vmm_enabled(void)
 {
     int s = atomic_load(&g_state);
     if (!s) {
         const char *e = getenv("GPUTRACE_SHIM_VMM");
-        s = e && !strcmp(e, "1") ? (load() ? 1 : -1) : -1;
+        s = e && !strcmp(e, "1") ? (vmm_api() ? 1 : -1) : -1;
         if (e && !strcmp(e, "1") && s < 0)
             shim_log("GPUTRACE_SHIM_VMM=1 but the driver lacks the VMM API: allocations are not suspendable");
         atomic_store(&g_state, s);
@@ -152,4 +164,186 @@ CUresult vmm_remap(struct rec *r)
         r->suspended = 0;
     }
     return e;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * The program's own VMM memory (cuMemCreate, cuMemMap, cuMemSetAccess: PyTorch's expandable
+ * segments, XLA's allocator).  `suspend` unmaps each mapping and releases each physical allocation,
+ * keeping the program's address reservations; `unsuspend` creates each allocation again with the
+ * same properties and maps it at the same addresses and offsets.  The driver then hands out new
+ * handles, while the program still holds the old ones: the registry's R_PHYS record, keyed by the
+ * program's handle, holds the driver's in `handle`, and every call that takes a handle goes
+ * through it once a suspension has recreated one (before that, the two are always equal and
+ * nothing is looked up). */
+
+CUresult vmm_own_unmap(const struct rec *m) { return V.unmap(m->key, m->size); }
+CUresult vmm_own_release(const struct rec *p) { return V.release(p->handle); }
+
+CUresult vmm_own_create(struct rec *p)
+{
+    CUmemGenericAllocationHandle h;
+    CUresult e = V.create(&h, p->size, &p->prop, 0);
+    if (!e)
+        p->handle = h;
+    return e;
+}
+
+/* Mapped at the same address and offset; made writable (for the copy back, before the program's
+ * own access flags are put back with vmm_own_access) when `writable`. */
+CUresult vmm_own_map(const struct rec *m, uint64_t driver_handle, int writable)
+{
+    CUresult e = V.map(m->key, m->size, m->offset, driver_handle, 0);
+    if (e || !writable || m->nacc <= 0)
+        return e;
+    CUmemAccessDesc d[REC_ACC];
+    for (int i = 0; i < m->nacc; i++) {
+        d[i] = m->acc[i];
+        d[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    if ((e = V.access(m->key, m->size, d, (size_t)m->nacc)))
+        V.unmap(m->key, m->size);
+    return e;
+}
+
+CUresult vmm_own_access(const struct rec *m)
+{
+    int rw = 1;
+    for (int i = 0; i < m->nacc; i++)
+        rw &= m->acc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return m->nacc <= 0 || rw ? CUDA_SUCCESS : V.access(m->key, m->size, m->acc, (size_t)m->nacc);
+}
+
+void vmm_translating(void) { atomic_store(&g_translate, 1); }
+
+static int translated(uint64_t prog, uint64_t *drv)
+{
+    struct rec p;
+    if (LIKELY(!atomic_load_explicit(&g_translate, memory_order_relaxed)) || !reg_get(R_PHYS, prog, &p) ||
+        p.handle == prog)
+        return 0;
+    *drv = p.handle;
+    return 1;
+}
+
+int alt_cuMemMap(CUresult *out, struct hold *h, CUdeviceptr ptr, size_t size, size_t offset,
+                 CUmemGenericAllocationHandle hd, unsigned long long fl)
+{
+    (void)h;
+    uint64_t drv;
+    if (!translated(hd, &drv))
+        return 0;
+    CUresult (*f)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) =
+        (__typeof__(f))shim_real(F_cuMemMap);
+    *out = f ? f(ptr, size, offset, drv, fl) : CUDA_ERROR_NOT_FOUND;
+    return 1;
+}
+
+/* pre_cuMemRelease took the record out (or counted a retain off it): its `handle` is the driver's. */
+int alt_cuMemRelease(CUresult *out, struct hold *h, CUmemGenericAllocationHandle hd)
+{
+    if (!h->found || h->rec.handle == hd)
+        return 0;
+    CUresult (*f)(CUmemGenericAllocationHandle) = (__typeof__(f))shim_real(F_cuMemRelease);
+    *out = f ? f(h->rec.handle) : CUDA_ERROR_NOT_FOUND;
+    return 1;
+}
+
+static uint64_t fresh_value(uint64_t drv);
+
+/* A new allocation after a suspension: the driver may hand out a value the program already holds
+ * for an allocation that was recreated (its old handle, since released to the driver).  The
+ * program then gets a value of its own, which no live record uses. */
+int alt_cuMemCreate(CUresult *out, struct hold *h, CUmemGenericAllocationHandle *hd, size_t size,
+                    const CUmemAllocationProp *prop, unsigned long long fl)
+{
+    if (LIKELY(!atomic_load_explicit(&g_translate, memory_order_relaxed)) || !hd)
+        return 0;
+    CUresult (*f)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long) =
+        (__typeof__(f))shim_real(F_cuMemCreate);
+    CUmemGenericAllocationHandle drv = 0;
+    *out = f ? f(&drv, size, prop, fl) : CUDA_ERROR_NOT_FOUND;
+    if (*out != CUDA_SUCCESS)
+        return 1;
+    *hd = fresh_value(drv);
+    h->rec.handle = drv;
+    h->found = 3; /* tells post_cuMemCreate: the program's value differs from the driver's */
+    return 1;
+}
+
+/* A value no live R_PHYS record has as the program's, near `drv`. */
+static uint64_t fresh_value(uint64_t drv)
+{
+    struct rec x;
+    uint64_t v = drv;
+    for (uint64_t n = 1; reg_get(R_PHYS, v, &x); n++)
+        v = (drv ^ 0x8000000000000000ull) + n * 0x1000;
+    return v;
+}
+
+struct by_driver {
+    uint64_t drv, key;
+    int found;
+};
+
+static int find_driver(struct rec *r, void *arg)
+{
+    struct by_driver *b = arg;
+    if (!b->found && r->handle == b->drv) {
+        b->found = 1;
+        b->key = r->key;
+        r->refs++;
+    }
+    return 0;
+}
+
+static void count_ref(struct rec *r, void *arg) { (void)arg, r->refs++; }
+
+/* cuMemRetainAllocationHandle hands out the driver's handle; the program gets the value it knows the
+ * allocation by, and the record counts the retain (one more cuMemRelease to come).  An allocation the
+ * program had released while mapped has no record: once handles are translated, its driver value may
+ * be one the program holds for another allocation, and then the program gets a value of its own (its
+ * record, of unknown properties, makes `suspend` refuse rather than guess). */
+uint64_t vmm_retained(uint64_t drv)
+{
+    if (LIKELY(!atomic_load_explicit(&g_translate, memory_order_relaxed))) {
+        reg_update(R_PHYS, drv, count_ref, NULL);
+        return drv;
+    }
+    struct by_driver b = {.drv = drv};
+    reg_scan(R_PHYS, find_driver, &b);
+    if (b.found)
+        return b.key;
+    struct rec x;
+    if (!reg_get(R_PHYS, drv, &x))
+        return drv;
+    struct rec p = {.type = R_PHYS, .kind = K_VMM_PHYS, .key = fresh_value(drv), .handle = drv};
+    reg_put(&p);
+    return p.key;
+}
+
+int alt_cuMemExportToShareableHandle(CUresult *out, struct hold *h, void *sh, CUmemGenericAllocationHandle hd,
+                                     CUmemAllocationHandleType t, unsigned long long fl)
+{
+    (void)h;
+    uint64_t drv;
+    if (!translated(hd, &drv))
+        return 0;
+    CUresult (*f)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) =
+        (__typeof__(f))shim_real(F_cuMemExportToShareableHandle);
+    *out = f ? f(sh, drv, t, fl) : CUDA_ERROR_NOT_FOUND;
+    return 1;
+}
+
+int vmm_translate_handle(uint64_t h, uint64_t *drv, CUmemAllocationProp *prop)
+{
+    struct rec p;
+    if (LIKELY(!atomic_load_explicit(&g_translate, memory_order_relaxed)) || !reg_get(R_PHYS, h, &p))
+        return 0;
+    if (p.suspended && p.size) {
+        if (prop)
+            *prop = p.prop;
+        return 1;
+    }
+    *drv = p.handle;
+    return 0;
 }

@@ -289,6 +289,8 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                      unsigned long long flags);
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle);
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags);
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);

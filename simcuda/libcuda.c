@@ -307,6 +307,7 @@ struct phys {
     int device;
     int maps;
     int released;
+    int retains;     /* cuMemRetainAllocationHandle: each needs a cuMemRelease of its own */
     unsigned dev_id; /* device mode: the simcuda-device allocation behind fd (0: a memfd) */
 };
 
@@ -2013,12 +2014,60 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     pthread_mutex_lock(&G);
     if (hs_type(ph) != H_PHYS) {
         r = CUDA_ERROR_INVALID_VALUE;
+    } else if (ph->retains) {
+        ph->retains--;
     } else {
         /* Released memory lives on until its last mapping goes. */
         hs_del(ph);
         ph->released = 1;
         phys_maybe_free(ph);
     }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)
+{
+    CHECK_INIT();
+    struct phys *ph = (struct phys *)(uintptr_t)handle;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    if (prop && hs_type(ph) == H_PHYS) {
+        memset(prop, 0, sizeof *prop);
+        prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = ph->device;
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&G);
+    return r;
+}
+
+/* The handle of the allocation mapped at `addr`, one more reference to it (released handles too,
+ * as long as they are mapped: the handle is valid again until released once more). */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    CHECK_INIT();
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    for (struct mapping *m = mappings; m; m = m->next)
+        if ((uintptr_t)addr >= m->va && (uintptr_t)addr < m->va + m->size) {
+            struct phys *ph = m->ph;
+            if (!ph->released) {
+                ph->retains++;
+                r = CUDA_SUCCESS;
+            } else if (!hs_add(ph, H_PHYS)) {
+                ph->released = 0;
+                r = CUDA_SUCCESS;
+            } else {
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            if (!r)
+                *handle = (uintptr_t)ph;
+            break;
+        }
     pthread_mutex_unlock(&G);
     return r;
 }
@@ -2970,6 +3019,8 @@ static const struct procent {
     P(cuMemAddressFree, 10020, cuMemAddressFree),
     P(cuMemCreate, 10020, cuMemCreate),
     P(cuMemRelease, 10020, cuMemRelease),
+    P(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle),
+    P(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle),
     P(cuMemMap, 10020, cuMemMap),
     P(cuMemUnmap, 10020, cuMemUnmap),
     P(cuMemSetAccess, 10020, cuMemSetAccess),

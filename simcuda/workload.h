@@ -72,6 +72,8 @@
     X(cuMemAddressFree, cuMemAddressFree)                                                   \
     X(cuMemCreate, cuMemCreate)                                                             \
     X(cuMemRelease, cuMemRelease)                                                           \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle)                             \
+    X(cuMemGetAllocationPropertiesFromHandle, cuMemGetAllocationPropertiesFromHandle)       \
     X(cuMemMap, cuMemMap)                                                                   \
     X(cuMemUnmap, cuMemUnmap)                                                               \
     X(cuMemSetAccess, cuMemSetAccess)                                                       \

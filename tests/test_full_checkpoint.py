@@ -143,7 +143,7 @@ class Job:
     """train, started the way CRIU needs: its own session, stdio on files."""
 
     def __init__(self, root: Path, device: Device, kernel_ns: int = 20_000_000, pass_fds=(), shimmed: bool = False,
-                 vmm: bool = True, steps: int = STEPS) -> None:
+                 vmm: int = 1, steps: int = STEPS) -> None:
         self.out = root / "job.out"
         env = device.env(sim_env())
         if shimmed:  # as `gputrace run --checkpointable --suspendable` starts it
@@ -373,8 +373,24 @@ def test_a_shimmed_job_moves_its_device_memory_by_the_shim_first(job, device, tm
     assert j.out.read_text() == reference
 
 
+def test_a_job_that_maps_vmm_memory_itself_moves_all_of_it_by_the_shim(job, device, tmp_path, reference, shim_dir):
+    j = job(shimmed=True, vmm=True)  # train's own VMM mapping beside its cuMemAlloc buffer
+    j.at_step(2)
+    ck = tmp_path / "ck"
+    r = ckpt(j, "checkpoint", "-o", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = orjson.loads(r.stdout)["shim"]
+    assert "skipped" not in rep and rep["allocations"] == 2 and rep["bytes"] == (4 << 20) + (2 << 20)
+    j.reap()
+    r = gputrace("restore", "--full", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    assert orjson.loads(r.stdout)["shim_ns"] > 0  # the shim made the program's allocation again
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference
+
+
 def test_a_shimmed_job_the_shim_cannot_suspend_goes_through_the_driver(job, device, tmp_path, reference, shim_dir):
-    j = job(shimmed=True, vmm=True)  # the program's own VMM mapping: the shim's suspend refuses it
+    j = job(shimmed=True, vmm=2)  # its mapping's handle released at once: the shim cannot make it again
     j.at_step(2)
     r = ckpt(j, "checkpoint", "-o", str(tmp_path / "ck"), "--json")
     assert r.returncode == 0, r.stderr

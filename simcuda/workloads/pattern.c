@@ -6,6 +6,14 @@
  * cuMemAllocPitch_v2 (1000 bytes x (S/4000 + 1) rows), cuMemAllocAsync of S/4, and one VMM mapping of
  * the allocation granularity (cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess RW).
  * --plain: only the two cuMemAlloc_v2 allocations (what `suspend` can release).
+ * --own-vmm: only VMM memory the program maps itself, as PyTorch's expandable segments and XLA do:
+ *   a reservation of 4 granules (G) with physical allocation A (2 G) mapped at its start and
+ *   allocation B (2 G) mapped twice, its second granule at +2 G and its first at +3 G (two offsets
+ *   of one allocation), every mapping read-write; and a second reservation of G, mapped with C (G).
+ * --mixed: the two cuMemAlloc_v2 allocations of --plain and the mappings of --own-vmm.
+ * --spare-handle (with --own-vmm or --mixed): one more cuMemCreate allocation (G), mapped nowhere.
+ * --release-early (with --own-vmm or --mixed): C is released (cuMemRelease) as soon as it is mapped; its
+ *   memory lives on in the mapping, as the driver keeps it.
  * Everything is filled from seed 1, then one JSON line on stdout:
  *   {"ready": true, "sum": "<hex>", "bytes": N, "allocations": [{"base", "size", "kind"}...]}
  * Then one command per line on stdin, one JSON line back for each:
@@ -14,7 +22,15 @@
  *   alloc BYTES  one more cuMemAlloc_v2 (filled)       -> {"sum": "<hex>", "base": N}
  *   meminfo      cuMemGetInfo_v2 (not a gated call: answers while the process is suspended)
  *                                                      -> {"free": N, "total": N}
- *   quit         free everything and exit 0
+ *   remap        (own VMM) unmap every mapping and map it again with the handle the program holds,
+ *                read-write: the data stay (they live in the allocations)  -> {"sum": "<hex>"}
+ *   props        (own VMM) cuMemGetAllocationPropertiesFromHandle of each handle the program holds (not
+ *                a gated call: answers while suspended)  -> {"handles": N, "same": N as made}
+ *   grow         (own VMM) one more reservation of G mapped with a new allocation (filled)
+ *                                                      -> {"sum": "<hex>", "base": N}
+ *   quit         free everything and exit 0 (own VMM: each handle's properties read back, and each
+ *                mapping's handle retained from its address and released first, as NCCL does; other
+ *                properties, or a handle other than the one mapped there, exit 1)
  * The checksum is FNV-1a over 64-bit words of every allocation, in allocation order, read back with
  * cuMemcpyDtoH_v2. */
 #include "workload.h"
@@ -27,6 +43,66 @@ static struct {
     int kind;
 } bufs[MAX_BUFS];
 static int nbufs;
+
+/* The program's own VMM memory: mappings, allocations, reservations, as it must free them. */
+static struct {
+    CUdeviceptr va;
+    size_t size, off;
+    CUmemGenericAllocationHandle h;
+} maps[MAX_BUFS];
+static int nmaps;
+static CUmemGenericAllocationHandle handles[MAX_BUFS];
+static int nhandles;
+static struct {
+    CUdeviceptr va;
+    size_t size;
+} res[MAX_BUFS];
+static int nres;
+static CUmemAllocationProp vprop;
+static size_t gran;
+
+static void add(CUdeviceptr p, size_t n, int kind);
+
+static CUmemGenericAllocationHandle own_create(size_t size)
+{
+    CUmemGenericAllocationHandle h;
+    CU(cuMemCreate, &h, size, &vprop, 0);
+    handles[nhandles++] = h;
+    return h;
+}
+
+static CUdeviceptr own_reserve(size_t size)
+{
+    CUdeviceptr va;
+    CU(cuMemAddressReserve, &va, size, 0, 0, 0);
+    res[nres].va = va, res[nres].size = size, nres++;
+    return va;
+}
+
+static void own_map(CUdeviceptr va, size_t size, size_t off, CUmemGenericAllocationHandle h, int record)
+{
+    CU(cuMemMap, va, size, off, h, 0);
+    CUmemAccessDesc acc = {.location = vprop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CU(cuMemSetAccess, va, size, &acc, 1);
+    if (record) {
+        maps[nmaps].va = va, maps[nmaps].size = size, maps[nmaps].off = off, maps[nmaps].h = h, nmaps++;
+        add(va, size, SIMCUDA_ALLOC_VMM_MAP);
+    }
+}
+
+static void own_vmm(int spare, int early)
+{
+    CUdeviceptr va = own_reserve(4 * gran);
+    CUmemGenericAllocationHandle a = own_create(2 * gran), b = own_create(2 * gran);
+    own_map(va, 2 * gran, 0, a, 1);
+    own_map(va + 2 * gran, gran, gran, b, 1);
+    own_map(va + 3 * gran, gran, 0, b, 1);
+    own_map(own_reserve(gran), gran, 0, own_create(gran), 1);
+    if (early)
+        CU(cuMemRelease, handles[--nhandles]);
+    if (spare)
+        own_create(gran);
+}
 
 static void add(CUdeviceptr p, size_t n, int kind)
 {
@@ -75,13 +151,17 @@ int main(int argc, char **argv)
 {
     wl.workload = "pattern";
     wl.size = 1 << 20;
-    int plain = 0;
-    for (int i = 1; i < argc; i++) /* our own option, taken out before the common parser sees it */
-        if (!strcmp(argv[i], "--plain")) {
-            plain = 1;
+    int plain = 0, own = 0, mixed = 0, spare = 0, early = 0;
+    for (int i = 1; i < argc;) /* our own options, taken out before the common parser sees them */
+        if (!strcmp(argv[i], "--plain") || !strcmp(argv[i], "--own-vmm") || !strcmp(argv[i], "--mixed") ||
+            !strcmp(argv[i], "--spare-handle") || !strcmp(argv[i], "--release-early")) {
+            int *o = argv[i][2] == 'p' ? &plain : argv[i][2] == 'o' ? &own : argv[i][2] == 'm' ? &mixed
+                     : argv[i][2] == 's' ? &spare : &early;
+            *o = 1;
             memmove(argv + i, argv + i + 1, (size_t)(argc - i) * sizeof *argv);
             argc--;
-            break;
+        } else {
+            i++;
         }
     wl_parse(argc, argv, WL_OPT_SIZE);
     if (wl.size <= 0 || wl.size % 4) {
@@ -101,13 +181,23 @@ int main(int argc, char **argv)
 
     CUdeviceptr p;
     size_t pitch;
+    vprop = (CUmemAllocationProp){.type = CU_MEM_ALLOCATION_TYPE_PINNED};
+    vprop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    vprop.location.id = dev;
+    CU(cuMemGetAllocationGranularity, &gran, &vprop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (own) {
+        own_vmm(spare, early);
+        goto filled;
+    }
     CU(cuMemAlloc_v2, &p, S);
     add(p, S, SIMCUDA_ALLOC_DEVICE);
     CU(cuMemAlloc_v2, &p, S / 2 + 4);
     add(p, S / 2 + 4, SIMCUDA_ALLOC_DEVICE);
-    size_t rows = S / 4000 + 1, gran = 0;
+    size_t rows = S / 4000 + 1;
     CUmemGenericAllocationHandle h = 0;
-    if (plain)
+    if (mixed)
+        own_vmm(spare, early);
+    if (plain || mixed)
         goto filled;
     CU(cuMemAllocPitch_v2, &p, &pitch, 1000, rows, 4);
     add(p, pitch * rows, SIMCUDA_ALLOC_PITCH);
@@ -115,11 +205,8 @@ int main(int argc, char **argv)
     CU(cuStreamSynchronize, s);
     add(p, S / 4, SIMCUDA_ALLOC_ASYNC);
 
-    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
+    CUmemAllocationProp prop = vprop;
     CUdeviceptr va;
-    CU(cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     CU(cuMemCreate, &h, gran, &prop, 0);
     CU(cuMemAddressReserve, &va, gran, 0, 0, 0);
     CU(cuMemMap, va, gran, 0, h, 0);
@@ -155,6 +242,25 @@ filled:;
             add(p, (size_t)v, SIMCUDA_ALLOC_DEVICE);
             fill_one(nbufs - 1, 7);
             printf("{\"sum\": \"%016llx\", \"base\": %llu}\n", (unsigned long long)checksum(), (unsigned long long)p);
+        } else if (!strncmp(line, "remap", 5)) {
+            for (int i = 0; i < nmaps; i++) {
+                CU(cuMemUnmap, maps[i].va, maps[i].size);
+                own_map(maps[i].va, maps[i].size, maps[i].off, maps[i].h, 0);
+            }
+            printf("{\"sum\": \"%016llx\"}\n", (unsigned long long)checksum());
+        } else if (!strncmp(line, "props", 5)) {
+            int same = 0;
+            for (int i = 0; i < nhandles; i++) {
+                CUmemAllocationProp pr;
+                CU(cuMemGetAllocationPropertiesFromHandle, &pr, handles[i]);
+                same += pr.type == vprop.type && pr.location.id == vprop.location.id;
+            }
+            printf("{\"handles\": %d, \"same\": %d}\n", nhandles, same);
+        } else if (!strncmp(line, "grow", 4)) {
+            CUdeviceptr va = own_reserve(gran);
+            own_map(va, gran, 0, own_create(gran), 1);
+            fill_one(nbufs - 1, 9);
+            printf("{\"sum\": \"%016llx\", \"base\": %llu}\n", (unsigned long long)checksum(), (unsigned long long)va);
         } else if (!strncmp(line, "meminfo", 7)) {
             size_t fr, tot;
             CU(cuMemGetInfo_v2, &fr, &tot);
@@ -167,8 +273,33 @@ filled:;
         fflush(stdout);
     }
 
+    /* The program's own mappings, with the handles it was given, then its reservations.  First, as
+     * NCCL frees its buffers: the handle retained from the address must be the one the program holds. */
+    for (int i = 0; i < nhandles; i++) {
+        CUmemAllocationProp pr;
+        CU(cuMemGetAllocationPropertiesFromHandle, &pr, handles[i]);
+        if (pr.type != vprop.type || pr.location.type != vprop.location.type || pr.location.id != vprop.location.id)
+            wl_die("cuMemGetAllocationPropertiesFromHandle(%#llx): not the properties it was made with",
+                   (unsigned long long)handles[i]);
+    }
+    for (int i = 0; i < nmaps; i++) {
+        CUmemGenericAllocationHandle r;
+        CU(cuMemRetainAllocationHandle, &r, (void *)(uintptr_t)maps[i].va);
+        if (r != maps[i].h)
+            wl_die("cuMemRetainAllocationHandle(%#llx) gave %#llx, not the handle mapped there (%#llx)",
+                   (unsigned long long)maps[i].va, (unsigned long long)r, (unsigned long long)maps[i].h);
+        CU(cuMemRelease, r);
+    }
+    for (int i = 0; i < nmaps; i++)
+        CU(cuMemUnmap, maps[i].va, maps[i].size);
+    for (int i = 0; i < nhandles; i++)
+        CU(cuMemRelease, handles[i]);
+    for (int i = 0; i < nres; i++)
+        CU(cuMemAddressFree, res[i].va, res[i].size);
     for (int i = 0; i < nbufs; i++)
-        if (bufs[i].kind == SIMCUDA_ALLOC_VMM_MAP) {
+        if (bufs[i].kind == SIMCUDA_ALLOC_VMM_MAP && nmaps) {
+            continue;
+        } else if (bufs[i].kind == SIMCUDA_ALLOC_VMM_MAP) {
             CU(cuMemUnmap, bufs[i].p, bufs[i].n);
             CU(cuMemAddressFree, bufs[i].p, bufs[i].n);
         } else if (bufs[i].kind == SIMCUDA_ALLOC_ASYNC) {

@@ -2,10 +2,10 @@
  * whole-process checkpoint tests (checkpoint at some step, kill, restore: do the remaining steps print
  * what an uninterrupted run prints?).
  *
- *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1]
+ *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2]
  *
  * Holds a cuMemAlloc_v2 buffer of --size bytes (default 4 MiB) and a VMM mapping of one allocation
- * granule (unless --vmm 0), both filled from a fixed pattern; host state is a 64-bit chain value and a malloc'ed history
+ * granule (unless --vmm 0; --vmm 2: its handle released as soon as it is mapped), both filled from a fixed pattern; host state is a 64-bit chain value and a malloc'ed history
  * of every step's checksum.  Each step: inc_u32 kernels over both buffers (each --kernel-ns long, default
  * 10 ms, so a checkpoint catches the job mid-run), then both copied back and checksummed (FNV-1a), the
  * chain advanced, and one line printed and flushed:
@@ -53,7 +53,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--vmm"))
             vmm = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1]\n");
+            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2]\n");
             return 2;
         }
     }
@@ -91,6 +91,10 @@ int main(int argc, char **argv)
         CK(cuMemMap(v, gran, 0, h, 0));
         CUmemAccessDesc acc = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
         CK(cuMemSetAccess(v, gran, &acc, 1));
+        if (vmm == 2) { /* released at once, as some programs do: the memory lives on in the mapping */
+            CK(cuMemRelease(h));
+            h = 0;
+        }
     } else {
         CK(cuMemAlloc_v2(&v, gran)); /* the same bytes in plain device memory: what the shim can suspend */
     }
@@ -128,7 +132,8 @@ int main(int argc, char **argv)
     if (vmm) {
         CK(cuMemUnmap(v, gran));
         CK(cuMemAddressFree(v, gran));
-        CK(cuMemRelease(h));
+        if (h)
+            CK(cuMemRelease(h));
     } else {
         CK(cuMemFree_v2(v));
     }
