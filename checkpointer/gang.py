@@ -46,8 +46,9 @@ from gputrace.base.errors import (CheckpointError, CheckpointMismatch, CorruptCh
 from gputrace.base.procs import alive, comm, require_process, stat_fields, stop_point
 from gputrace.shim import client
 
-from . import image, schema, store
-from .ops import DEFAULT_CHUNK, DEFAULT_LANES, ShimSession, compare, identity_differences, manifest_of, shim_failure
+from . import schema, store
+from .ops import (DEFAULT_CHUNK, DEFAULT_LANES, ShimSession, compare, identity_differences, manifest_of, shim_failure,
+                  verified_image)
 
 JOB_FORMAT = "gputrace-job-checkpoint"
 JOB_SCHEMA = 1
@@ -467,14 +468,7 @@ def restore(path: Path | str, pids: list[int] | None = None, *, timeout_s: float
         try:
             for r, m, fd in zip(g.ranks, manifests, fds):
                 rdir = path / f"rank-{r.index}"
-                nbytes = store.verified_copy(rdir, m, fd)
-                try:
-                    hdr = image.parse(os.pread(fd, min(nbytes, 1 << 24), 0))
-                except image.BadImage as exc:
-                    raise CorruptCheckpoint(f"{rdir / store.DATA}: {exc}", "take a new checkpoint") from None
-                if [(e.base, e.size) for e in hdr.entries] != [(a["base"], a["size"]) for a in m["allocations"]]:
-                    raise CorruptCheckpoint(f"{rdir / store.DATA} and its manifest list different allocations",
-                                            "the checkpoint is inconsistent; take a new one")
+                verified_image(rdir, m, fd)
             tf = time.monotonic_ns()
             g.quiesce()
 

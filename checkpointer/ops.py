@@ -274,6 +274,20 @@ def identity_differences(manifest: dict, pid: int) -> list[str]:
     return out
 
 
+def verified_image(path: Path, manifest: dict, fd: int, progress: store.Progress | None = None) -> int:
+    """The checkpoint's image copied into `fd`, every chunk's checksum checked, and its header held
+    against the manifest's allocations; its size in bytes."""
+    nbytes = store.verified_copy(path, manifest, fd, progress)
+    try:
+        hdr = image.parse(os.pread(fd, min(nbytes, 1 << 24), 0))
+    except image.BadImage as exc:
+        raise CorruptCheckpoint(f"{path / store.DATA}: {exc}", "take a new checkpoint") from None
+    if [(e.base, e.size) for e in hdr.entries] != [(a["base"], a["size"]) for a in manifest["allocations"]]:
+        raise CorruptCheckpoint(f"{path / store.DATA} and its manifest list different allocations",
+                                "the checkpoint is inconsistent; take a new one")
+    return nbytes
+
+
 def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
             timeout_ms: int = 5000, direct: bool = True, progress: store.Progress | None = None,
             other_process: bool = False) -> RestoreReport:
@@ -300,14 +314,7 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
         memfd = os.memfd_create(f"gputrace-restore-{pid}", os.MFD_CLOEXEC)
         try:
             tv = time.monotonic_ns()
-            nbytes = store.verified_copy(path, manifest, memfd, progress)
-            try:
-                hdr = image.parse(os.pread(memfd, min(nbytes, 1 << 24), 0))
-            except image.BadImage as exc:
-                raise CorruptCheckpoint(f"{path / store.DATA}: {exc}", "take a new checkpoint") from None
-            if [(e.base, e.size) for e in hdr.entries] != [(a["base"], a["size"]) for a in manifest["allocations"]]:
-                raise CorruptCheckpoint(f"{path / store.DATA} and its manifest list different allocations",
-                                        "the checkpoint is inconsistent; take a new one")
+            nbytes = verified_image(path, manifest, memfd, progress)
             verify_ns = time.monotonic_ns() - tv
             if progress:
                 progress("freeze", 0, manifest["bytes"])

@@ -3,6 +3,7 @@ of a workload's own view of its allocations with the shim's."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -61,3 +62,24 @@ def open_files(pid: int) -> list[str]:
         except OSError:
             pass
     return out
+
+
+def start_pattern(procs, *args: str, vmm: bool = True) -> subprocess.Popen:
+    """simcuda's `pattern` workload under the shim (its cuMemAlloc served through the VMM API unless
+    `vmm` is False), answering commands on stdin."""
+    env = shim.preload_env(simcuda.env())
+    if vmm:
+        env["GPUTRACE_SHIM_VMM"] = "1"
+    p = subprocess.Popen(simcuda.workload("pattern") + list(args), env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs.append(p)
+    return p
+
+
+def ask(p, line: str) -> dict:
+    """One command to a workload on its stdin; its one-line JSON reply."""
+    p.stdin.write(line + "\n")
+    p.stdin.flush()
+    out = p.stdout.readline()
+    assert out, p.stderr.read()
+    return json.loads(out)

@@ -19,27 +19,12 @@ from gputrace.base.errors import CheckpointError
 from gputrace.shim import client
 
 from ckpttest import small_fs  # noqa: F401  (fixture)
-from shimtest import open_files, procs, shim_dir  # noqa: F401  (fixtures)
+from shimtest import ask, start_pattern, open_files, procs, shim_dir  # noqa: F401  (fixtures)
 
 GRANULE = 2 << 20  # simcuda's VMM granularity
 
 
-def start(procs, *args: str, vmm: bool = True) -> subprocess.Popen:
-    env = shim.preload_env(simcuda.env())
-    if vmm:
-        env["GPUTRACE_SHIM_VMM"] = "1"
-    p = subprocess.Popen(simcuda.workload("pattern") + list(args), env=env, stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    procs.append(p)
-    return p
-
-
-def ask(p, line: str) -> dict:
-    p.stdin.write(line + "\n")
-    p.stdin.flush()
-    out = p.stdout.readline()
-    assert out, p.stderr.read()
-    return json.loads(out)
+start = start_pattern
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "staging"])

@@ -7,38 +7,21 @@ offsets, and the handles the program holds keep working (the shim translates the
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 
 import pytest
 
-from gputrace import shim, simcuda
 from gputrace.base.errors import CheckpointError, NotSuspendable
 from gputrace.checkpointer import resume, suspend
 from gputrace.shim import client
 
-from shimtest import procs, shim_dir  # noqa: F401  (fixtures)
+from shimtest import ask, start_pattern, procs, shim_dir  # noqa: F401  (fixtures)
 
 G = 2 << 20  # simcuda's VMM granularity
 OWN_PHYS = 5 * G  # --own-vmm: allocations A (2 G), B (2 G), C (1 G)
 
 
-def start(procs, *args: str, vmm: bool = True) -> subprocess.Popen:
-    env = shim.preload_env(simcuda.env())
-    if vmm:
-        env["GPUTRACE_SHIM_VMM"] = "1"
-    p = subprocess.Popen(simcuda.workload("pattern") + list(args), env=env, stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    procs.append(p)
-    return p
-
-
-def ask(p, line: str) -> dict:
-    p.stdin.write(line + "\n")
-    p.stdin.flush()
-    out = p.stdout.readline()
-    assert out, p.stderr.read()
-    return json.loads(out)
+start = start_pattern
 
 
 def own(status: dict, kind: str) -> list[dict]:
