@@ -620,6 +620,11 @@ def test_restore_whose_thread_ids_are_taken_names_them(job, device, tmp_path):
     holder = _take_pid(others[0])
     if holder is None:
         pytest.skip(f"could not start a process at pid {others[0]}: the host forks too much")
+    # New tasks past the job's ids at once: the next ones after the holder's would be the job's
+    # other threads' (a thread the simcuda device started then held one, and the second restore
+    # below failed on it).
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(max(tids) + 50))
     try:
         r = gputrace("restore", "--full", str(ck))
         assert r.returncode == 10 and "Traceback" not in r.stderr, r.stderr
@@ -629,8 +634,6 @@ def test_restore_whose_thread_ids_are_taken_names_them(job, device, tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    with open("/proc/sys/kernel/ns_last_pid", "w") as f:  # new processes past the job's ids, not on them
-        f.write(str(max(tids) + 50))
     r = gputrace("restore", "--full", str(ck))  # the thread ids free again: it comes back
     assert r.returncode == 0, r.stderr
     j.restored = True

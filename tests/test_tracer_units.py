@@ -185,6 +185,10 @@ def test_the_rarer_functions_get_a_longer_window_of_their_own():
     # Timed in the first rare window and every retime_every-th, counted in the others.
     timed = [plan.rare_timed] + [x.rare_timed for x in (p.plan() for _ in range(3 * p.retime_every)) if x.rare]
     assert timed[0] == plan.rare_probe and frozenset({5}) in timed
+    # A rarer function no window has timed yet is timed in every rare window until one has.
+    p.untimed = frozenset({2})
+    timed = [x.rare_timed for x in (p.plan() for _ in range(3 * p.retime_every)) if x.rare]
+    assert timed and all(2 in t and 5 in t for t in timed) and frozenset({2, 5}) in timed
     at, length = plan.rare
     assert length > 10 * max(w for _, w in plan.windows)
     assert (1 - RARE_SLOT) * p.interval_s <= at and at + length <= p.interval_s
@@ -281,6 +285,24 @@ def test_hot_functions_are_timed_only_every_retime_interval():
         p.observe(2, {0: 1e5, 1: 1e5, 2: 1e3}, {0: 100, 1: 100, 2: 1})
     everything, cold_or_sync = frozenset(classes), frozenset({1, 2})
     assert timed == [everything] + [cold_or_sync] * 3 + [everything] + [cold_or_sync] * 3
+
+
+def test_an_interval_that_timed_every_function_but_saw_no_hot_call_is_planned_again_once():
+    """Only that interval times the hot functions (their per-call times, and with them the driver
+    CPU): one whose windows saw none of their calls (a job paused for the few ms of its window) is
+    followed by another, once."""
+    classes = {0: SUB, 1: SYNC, 2: STATE}
+    p = scouted(classes, {f: CHEAP for f in classes}, {0: 1000, 1: 1000, 2: 10}, scout_s=0.01, budget=0.05,
+                retime_every=4, hot_hz=5000)
+    everything = frozenset(classes)
+    assert p.plan().timed == everything
+    p.observe(2, {0: 0.0, 1: 0.0, 2: 0.0}, {})  # its windows saw nothing
+    assert p.plan().timed == everything  # again
+    p.observe(2, {0: 0.0, 1: 0.0, 2: 0.0}, {})  # nothing again: not a third time
+    assert p.plan().timed != everything
+    p.observe(2, {0: 1e5, 1: 1e5, 2: 1e3}, {0: 100, 1: 100, 2: 1})
+    timed = [p.plan().timed for _ in range(4)]
+    assert timed.count(everything) == 1
 
 
 def test_a_function_not_called_for_idle_windows_goes_back_to_the_watch_link():

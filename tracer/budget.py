@@ -157,7 +157,10 @@ class Policy:
         self.last_rare_s = 0.0
         self.rare_due = 0                       # intervals with a rare set since the last rare window
         self.rare_held = 0                      # rare windows so far
+        self.untimed: frozenset[int] = frozenset()  # seen, but no call of theirs timed yet (set by the tracee)
         self.since_retime: int | None = None    # intervals with windows since one timed every function
+        self.retiming = False                   # the last plan timed every function
+        self.retried = False                    # ... and it was planned again for the one before seeing no hot call
         self.skip = 0
         # Windows an interval (where each can be min_window_s long), and a window only every
         # `every` intervals, paid for by all of them: host-wide, each window's attach and detach
@@ -293,6 +296,7 @@ class Policy:
         if plan.attach and plan.windows and not plan.full_scan and not self.exact:
             all_timed = plan.timed == frozenset(self.classes)
             self.since_retime = 0 if all_timed else (self.since_retime or 0) + 1
+            self.retiming = all_timed
         return plan
 
     def _plan(self) -> Plan:
@@ -317,12 +321,13 @@ class Policy:
         # ones that time the hottest functions, whose per-call time the interval's CPU figures need.
         retime = timed == frozenset(self.classes)
         rare = self.rare_set(probe - self.kept, timed) if self.interval_s >= 0.2 and not retime else frozenset()
-        # Counted, but timed in the first and every retime_every-th (their per-call times come from
-        # there and from the interval that times every function, whose short windows seldom see them).
+        # Counted, but timed in the first and every retime_every-th, and those not timed yet in every
+        # one (their per-call times come from there and from the interval that times every function,
+        # whose short windows seldom see them: until then an interval's driver CPU is not known).
         # The waits are in it too, timed (as in every window): a few hundred a second are seen in a
         # long window, seldom in the short ones beside hot functions.
         waits = probe & self.waiting if rare else frozenset()
-        rare_timed = (rare if self.rare_held % self.retime_every == 0 else frozenset()) | waits
+        rare_timed = (rare if self.rare_held % self.retime_every == 0 else rare & self.untimed) | waits
         rare_probe = rare | waits
         rare_w, rare_k, share = 0.0, 1, 1.0
         if rare:
@@ -408,6 +413,17 @@ class Policy:
         for f, n in called.items():
             if n and f not in self.seen:
                 self.see(f, rates.get(f, 0.0))
+        if self.retiming and not first:
+            # The interval that times every function timed none of the hot ones (its windows saw
+            # none of their calls, or too few): the next interval times them all again, since only
+            # it times them and without their per-call times the driver CPU stays unknown.
+            # Once: a hot function that has stopped being called must not make every interval a dear one.
+            self.retiming = False
+            missed = any(self.rates.get(f, 0.0) >= self.hot_hz and not called.get(f) for f in self.seen - self.kept)
+            if missed and not self.retried:
+                self.since_retime, self.retried = None, True
+            else:
+                self.retried = False
         if self.keep_share > 0 and not self.exact:
             self.kept = self.choose_kept()
 

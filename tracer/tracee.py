@@ -283,6 +283,9 @@ class Tracee:
                 self.policy.observe_kept({f: gained[f].watched / span for f in self.policy.kept if f in gained})
             self.policy.observe(len(windows), {f: sum(r) / len(r) for f, r in rates.items()},
                                 {f: n for w in windows for f, n in w.calls.items()})
+            # Which have a per-call time yet: the rare window times those that have none.
+            self.policy.untimed = frozenset(f for f in self.policy.seen
+                                            if not ((t := self._since_start(f)) and t.timed))
             known = [e.value + e.err for e in (expo.counted, expo.timed) if e.measured]
             self.policy.observe_exposure(min(est.EXPOSURE_MAX, max(known)) if known else None)
             self.policy.observe_extra(unplanned)
