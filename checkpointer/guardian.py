@@ -125,6 +125,12 @@ def give_back(pid: int, state: dict, say) -> list[str]:
             did.append(f"killed CRIU (pid {criu}) after {CRIU_GRACE_S:.0f} s")
     if _state(pid) is None:
         return did + [f"process {pid} is gone"]
+    if isinstance(criu, int):
+        # A CRIU (or a task of its) may still hold the job in ptrace as it exits: until it lets go
+        # (the job then reads "t", and a SIGCONT does not wake it: seen under load on a 2-core VM).
+        deadline = time.monotonic() + 10.0
+        while _tracer(pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
     if (state.get("stopped") or criu) and _state(pid) in ("T", "t"):
         os.kill(pid, signal.SIGCONT)
         did.append("continued it (SIGCONT)")
