@@ -109,22 +109,6 @@ int reg_take(int type, uint64_t key, struct rec *out)
     return 1;
 }
 
-int reg_get(int type, uint64_t key, struct rec *out)
-{
-    struct shard *sh;
-    struct rec **head = slot_of(type, key, &sh);
-    int ok = 0;
-    lock(sh);
-    for (struct rec *r = *head; r; r = r->next)
-        if (r->type == type && r->key == key) {
-            *out = *r;
-            ok = 1;
-            break;
-        }
-    unlock(sh);
-    return ok;
-}
-
 int reg_update(int type, uint64_t key, void (*fn)(struct rec *, void *), void *arg)
 {
     struct shard *sh;
@@ -139,6 +123,13 @@ int reg_update(int type, uint64_t key, void (*fn)(struct rec *, void *), void *a
         }
     unlock(sh);
     return ok;
+}
+
+static void copy_out(struct rec *r, void *out) { *(struct rec *)out = *r; }
+
+int reg_get(int type, uint64_t key, struct rec *out)
+{
+    return reg_update(type, key, copy_out, out);
 }
 
 size_t reg_copy_image(int type, uint64_t key, void *buf, size_t len)
