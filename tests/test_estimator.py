@@ -408,3 +408,17 @@ def test_a_rarer_functions_long_window_is_not_outweighed_by_short_ones_that_rest
     # The same short windows alone (no long one beside them) still stand: their rate, widely stated.
     alone = est.estimate([obs[0], obs[3]], expo)[0]
     assert alone.rate_hz > 1.2 * r0 and abs(alone.rate_hz - r0) <= alone.err_hz
+
+
+def test_an_exposure_whose_marker_interval_straddles_the_models_singularity_is_the_whole_range():
+    """The marker's ratio in/out with its interval on both sides of the point where the model has
+    no finite exposure gave the ends in the wrong order: a negative width, and a negative stated
+    error for every rate (seen in the randomized eBPF runs: -7.9M calls/s)."""
+    pool = est.MarkerPool()
+    # Probes 10% of the windows, 9% of the references: no finite exposure at a ratio in/out of 1.11,
+    # and the windows' ratio is 1.06 +- 0.07.
+    for calls_in, calls_out in ((1100, 1000), (1000, 1000), (1150, 1050), (1050, 1000)):
+        pool.add(est.Window(0.01, frozenset({0}), {0: calls_in}, 0.001,
+                            est.MarkerCount(calls_in, 0.01, calls_out, 0.01, 0.0009)))
+    e = pool.exposure()
+    assert e.err > 0 and e.value - e.err >= -1e-9 and e.value + e.err <= est.EXPOSURE_MAX + 1e-9, e

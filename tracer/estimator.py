@@ -490,7 +490,9 @@ class MarkerPool:
         else:
             rel = max(rel, 1.0)  # one window: nothing says how far its reference is from it
         raw_lo, raw_hi = k_of(ratio * (1 + rel)), k_of(max(ratio * (1 - rel), 0.0))  # k falls as the ratio rises
-        if raw_hi < 0.0 or raw_lo > EXPOSURE_MAX:
+        if raw_hi < 0.0 or raw_lo > EXPOSURE_MAX or raw_lo > raw_hi:
+            # (raw_lo > raw_hi: the ratio's interval straddles the point where the model has no
+            # finite k, and the two ends came out in the wrong order: a negative width otherwise.)
             # The marker says the model does not fit (the job ran faster in windows, or slowed far
             # more than probes can): all that stands is the range.
             return Exposure(EXPOSURE_MAX / 2, EXPOSURE_MAX / 2, True)
