@@ -422,3 +422,28 @@ def test_an_exposure_whose_marker_interval_straddles_the_models_singularity_is_t
                             est.MarkerCount(calls_in, 0.01, calls_out, 0.01, 0.0009)))
     e = pool.exposure()
     assert e.err > 0 and e.value - e.err >= -1e-9 and e.value + e.err <= est.EXPOSURE_MAX + 1e-9, e
+
+
+def test_calls_before_a_phase_change_are_not_pooled_away_into_a_firm_window_after_it():
+    """Seen in the randomized eBPF runs on CI: a function called at 50k/s in the scout's interval
+    (3 ms of window, the probes 40% of the job's time: its rate rests on the exposure), then not at
+    all; a later interval's 30-ms window of few probes (firm) saw none. Pooled into that window and
+    trimmed as resting on the exposure, its 150 calls vanished: 0 calls/s, +-12, for a function the
+    job called 1,500 times a second over the attach. Windows that cannot have seen the same rate,
+    whatever the exposure, are not pooled."""
+    expo = est.Exposures(est.Exposure(1.5, 1.5, False), est.Exposure(1.5, 1.5, False))
+    short = lambda n: est.Window(0.003, frozenset({0, 1}), {0: n, 1: 600}, 0.4 * 0.003)  # noqa: E731
+    obs = [est.Observation(0.2, (short(90),), {}, {0: 0.2, 1: 0.2}),
+           est.Observation(1.0, (short(0), short(0)), {}, {0: 1.0, 1: 1.0}),
+           est.Observation(1.0, (est.Window(0.03, frozenset({0}), {}, 1e-5),), {}, {0: 1.0, 1: 1.0}),
+           est.Observation(1.0, (short(0), short(0)), {}, {0: 1.0, 1: 1.0})]
+    true = 50_000.0 * 0.2 / 3.2  # its calls over the attach: 50k/s for the first 0.2 s
+    e = est.estimate(obs, expo)[0]
+    assert e.calls_observed == 90
+    assert abs(e.rate_hz - true) <= e.err_hz, e
+    # The same windows with the rate unchanged (calls all along) are still pooled into the firm one.
+    steady = [est.Observation(o.span_s, tuple(
+        est.Window(w.counted_s, w.probed, {0: round(50_000 * w.counted_s * (0.6 if len(w.probed) > 1 else 1.0))}
+                   | {1: 600}, w.probe_s) for w in o.windows), {}, o.unwatched_s) for o in obs]
+    s = est.estimate(steady, expo)[0]
+    assert s.rate_hz == pytest.approx(50_000, rel=0.1) and abs(s.rate_hz - 50_000) <= s.err_hz, s

@@ -200,15 +200,48 @@ class _Unit:
         of the unit's counting time: a rarer function's long window of its own beside the short
         windows of every function (in the interval that times them all, the probes took 40% of the
         job's time there, and at an exposure known to +-100% those few calls weighed as much as the
-        long window's hundreds: GPT-2's rarer functions read 20-35% high on the H200)."""
+        long window's hundreds: GPT-2's rarer functions read 20-35% high on the H200). Only where
+        their rates can be the same rate (`_consistent`): windows that saw another phase of the job
+        are not left out, whatever the exposure."""
         firm = [x for x in self.parts if x[2] <= FIRM_REL]
         if len(firm) == len(self.parts) or sum(x[3] for x in firm) < 0.5 * self.counted:
             return self
         keep = [x for x in self.parts if x[2] <= LOOSE_REL]
+        if not _consistent(_pooled(firm), _pooled([x for x in self.parts if x[2] > LOOSE_REL])):
+            return self
         out = _Unit(u=self.u, span=self.span, alone=self.alone)
         for n, e, rel, counted in keep:
             out.add(n, e, rel, counted)
         return out
+
+
+def _pooled(parts: Sequence[tuple[int, float, float, float]]) -> "_Unit":
+    out = _Unit()
+    for n, e, rel, counted in parts:
+        out.add(n, e, rel, counted)
+    return out
+
+
+def _rate_range(x: _Unit) -> tuple[float, float]:
+    """The rates x's windows can stand for, whatever the exposure: at the least, its calls (less
+    their 95% Poisson error) over its whole counting time (probes that cost the job nothing); at
+    the most, its calls (and their error) over the effective time at the exposure's far end. Not
+    the windows' dispersion: a change of phase between them is what this tells apart, and it is
+    what inflates the dispersion."""
+    z = 1.96 * math.sqrt(max(x.n, 1))
+    lo = max(0.0, x.n - z) / x.counted if x.counted > 0 else 0.0
+    e_lo = sum(max(e * (1.0 - rel), EFFECTIVE_FLOOR * c) for _, e, rel, c in x.parts)
+    hi = (x.n + z + 1.0) / e_lo if e_lo > 0 else math.inf
+    return lo, hi
+
+
+def _consistent(a: _Unit, b: _Unit) -> bool:
+    """Whether two sets of windows can have seen the same rate: their rate ranges overlap. Seen in
+    the randomized eBPF runs: the scout's many calls of a function that then stopped, pooled into a
+    later long window that saw none and trimmed away as resting on the exposure, read 0 calls/s."""
+    a_lo, a_hi = _rate_range(a)
+    b_lo, b_hi = _rate_range(b)
+    return a_lo <= b_hi and b_lo <= a_hi
 
 
 def _dispersion(units: Sequence[_Unit]) -> tuple[float, int]:
@@ -266,16 +299,17 @@ def _firm(x: _Unit) -> bool:
 def _absorb_loose(units: list[_Unit]) -> list[_Unit]:
     """An interval none of whose windows' rates is firm (the exposure moves each by more than
     FIRM_REL), beside a far longer window whose rate is (a rarer function's own window, FIRM_FACTOR
-    times its counting time or more), is pooled with the latter: the next such one, else the one
-    before (where trimming leaves out its windows that rest on the exposure most)."""
+    times its counting time or more) and can be the same (`_consistent`), is pooled with the
+    latter: the next such one, else the one before (where trimming leaves out its windows that rest
+    on the exposure most)."""
     out = list(units)
     i = 0
     while i < len(out):
         x = out[i]
         if not _firm(x) and not x.alone:
-            near = [j for j in range(i + 1, len(out)) if _firm(out[j]) and out[j].counted >= FIRM_FACTOR * x.counted]
-            near = near[:1] or [j for j in range(i - 1, -1, -1)
-                                if _firm(out[j]) and out[j].counted >= FIRM_FACTOR * x.counted][:1]
+            def fits(j: int) -> bool:
+                return _firm(out[j]) and out[j].counted >= FIRM_FACTOR * x.counted and _consistent(x, out[j])
+            near = [j for j in range(i + 1, len(out)) if fits(j)][:1] or [j for j in range(i - 1, -1, -1) if fits(j)][:1]
             if near:
                 j = near[0]
                 out[j] = _merged(out[j], x)
