@@ -79,6 +79,12 @@ RARE_MAX_COST = 0.1
 RARE_SLOT = 0.25
 RARE_MIN_S = 0.1
 RARE_MAX_EVERY = 4
+# A function that moves off the watch link after the last window of its interval began gets a window
+# of its own before the interval ends (tracer/probes.py, Probes.join), of what this share of an
+# interval's planned budget pays for at the rate its first calls showed, from min_window_s to
+# FOLLOW_MAX_S.
+FOLLOW_SHARE = 0.25
+FOLLOW_MAX_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,12 @@ class Policy:
         if allowed - fixed <= 0:
             return 0.0
         return math.inf if per_s <= 0 else (allowed - fixed) / per_s
+
+    def follow_up_s(self, fresh: frozenset[int]) -> float:
+        """The length of the window of their own that functions just moved off the watch link get
+        where their interval has no window left (Probes.join)."""
+        w = self.affordable_s(fresh, frozenset(fresh & self.waiting), None, 1, self.every, FOLLOW_SHARE)
+        return min(FOLLOW_MAX_S, max(self.min_window_s, w))
 
     def share_for(self, probe: frozenset[int], timed: frozenset[int], marker: int | None, w: float,
                   intervals: int = 1) -> float:

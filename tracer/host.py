@@ -184,7 +184,7 @@ class HostSession:
     def _window_end(self, ws) -> None:
         rows = self._read()
         self._window_rows.append(rows)
-        if self.policy.windows == 0 and not self.options.exact:
+        if self.policy.windows == 0 and not self.options.exact and len(self._window_rows) == 1:
             # The session's first window probed every function: those seen called go into the
             # windows, the rest onto the watch link now.
             for pid, t in self.tracees.items():
@@ -205,7 +205,7 @@ class HostSession:
         now = time.monotonic()
         dt = max(min(now - self._seen_t, since), 1e-3)
         watched = self.probes.watched
-        fresh = False
+        fresh: set[int] = set()
         for pid, t in self.tracees.items():
             before = self._seen_rows.get(pid, {})
             for f, st in rows.get(pid, {}).items():
@@ -216,11 +216,13 @@ class HostSession:
                 if n > 0:
                     t.policy.see(f, n / dt)
                     self.probes.log.discovered.setdefault(pid, []).append((f, dt, n))
-                    fresh = True
+                    fresh.add(f)
         self._seen_rows, self._seen_t = rows, now
         if fresh:
             self.policy.merge(0)
             self.probes.set_watch(self.policy.watch_set())
+            moved = frozenset(fresh)
+            self.probes.join(moved, self.policy.follow_up_s(moved), moved & self.policy.waiting)
 
     def step(self, interval_s: float | None = None, view: str = "recent") -> dict[int, ProcessSnapshot]:
         """One interval over every process added so far; returns their snapshots by pid (the

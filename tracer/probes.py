@@ -30,6 +30,8 @@ from .calibrate import Calibration, probe_kind
 from .symbols import Function
 
 POLL_S = 0.02  # how often the waits look at the watch link's counter
+# A follow-up window (`Probes.join`) shorter than this is not opened: the discovery span stands.
+FOLLOW_MIN_S = 0.001
 WATCH_SHARDS = 16  # the watch link is this many links, by function id: a change rebuilds one of them
 
 
@@ -105,6 +107,14 @@ class Probes:
         self.on_window_end: Callable[[WindowSpan], None] = lambda ws: None
         self.poll_s = POLL_S  # how often waits look at the watch link
         self._current: WindowSpan | None = None  # the window open now
+        # Functions that moved off the watch link during this interval (`join`), and those its
+        # windows have probed: the windows after a move probe the function too, and one that moved
+        # after the last window began gets a window of its own (`follow_s` long, `follow_timed`
+        # timed) before the interval ends.
+        self.joined: frozenset[int] = frozenset()
+        self.follow_s = 0.0
+        self.follow_timed: frozenset[int] = frozenset()
+        self._probed_now: set[int] = set()
 
     def cookie(self, f: int, timed: bool = False) -> int:
         return f | (COOKIE_TIMED if timed else 0) | (COOKIE_STEPPED if self.kinds[f] == "stepped" else 0)
@@ -158,6 +168,17 @@ class Probes:
         self._seen_mark = self.program.seen_hits()
         self._poll_t = time.monotonic()
 
+    def join(self, fresh: frozenset[int], follow_s: float, timed: frozenset[int] = frozenset()) -> None:
+        """`fresh` functions have moved off the watch link into the windows: this interval's
+        remaining windows probe them too, and where none is left, a window of their own of
+        `follow_s` seconds (`timed`: those of them to time) follows before the interval ends. The
+        watch link's count of a function's first calls reads its rate low (the watch link's hits
+        and the rebuild of its shard slow the job, and no marker measures by how much): for a
+        function that starts in the last interval of an attach, that would be its only rate."""
+        self.joined |= fresh
+        self.follow_s = follow_s
+        self.follow_timed |= timed & fresh
+
     def poll_seen(self) -> float | None:
         """Seconds since the last look if the watch link has been hit since then, else None (one
         map lookup)."""
@@ -171,8 +192,10 @@ class Probes:
             return since
         return None
 
-    def waiting(self, wait: Callable[[float], bool], seconds: float) -> bool:
-        """wait(seconds), looking at the watch link every `poll_s`; False once wait says so."""
+    def waiting(self, wait: Callable[[float], bool], seconds: float, *, until_joined: bool = False) -> bool:
+        """wait(seconds), looking at the watch link every `poll_s`; False once wait says so. With
+        `until_joined`, returns (True) as soon as a function has moved into the windows that no
+        window of this interval has probed."""
         deadline = time.monotonic() + seconds
         while True:
             left = deadline - time.monotonic()
@@ -183,6 +206,28 @@ class Probes:
             since = self.poll_seen()
             if since is not None:
                 self.on_seen(since)
+                if until_joined and self.joined - self._probed_now:
+                    return True
+
+    def _tail(self, wait: Callable[[float], bool], until: float) -> None:
+        """Waits out the interval (to `until`); a function that moved into the windows and that no
+        window of this interval has probed gets one window of its own first, where there is time."""
+        while True:
+            pending = frozenset(self.joined - self._probed_now)
+            left = until - time.monotonic()
+            if pending and min(self.follow_s, left) >= FOLLOW_MIN_S:
+                length = min(self.follow_s, left)
+                self._current = WindowSpan(0.0, pending, self.follow_timed & pending, None, 0.0, time.monotonic())
+                self.attach(self.follow_timed & pending, pending)
+                alive = self.waiting(wait, length)
+                self._finish_window()
+                if not alive:
+                    return
+                continue
+            if left <= 0 or not self.waiting(wait, left, until_joined=True):
+                return
+            if not self.joined - self._probed_now:
+                return  # waited it out
 
     # --- windows ------------------------------------------------------------------------------
     def attach(self, timed: frozenset[int], probe: frozenset[int] | None = None) -> None:
@@ -193,6 +238,7 @@ class Probes:
         t0 = time.perf_counter()
         ids = sorted(self.ids if probe is None else probe)
         self.probed = frozenset(ids)
+        self._probed_now.update(ids)
         if ids:
             timed_ids = [i for i in ids if i in timed]
             try:
@@ -259,9 +305,11 @@ class Probes:
         """Runs one interval's windows as planned (waiting with `wait`, which returns False once
         there is no one left to trace); returns the span counted. What was done is in `log`."""
         t_start = time.monotonic()
+        self.joined, self.follow_timed, self._probed_now = frozenset(), frozenset(), set()
         if not plan.attach:
-            self.waiting(wait, interval_s)
-            return 0.0
+            before = self.log.counted_s
+            self._tail(wait, t_start + interval_s)
+            return self.log.counted_s - before
         if exact:
             if not self.links:
                 self.attach(plan.timed)
@@ -286,8 +334,9 @@ class Probes:
                     gone = True
                     break
                 outside = self.outside_end()
-            self._current = WindowSpan(0.0, plan.probe, plan.timed, plan.marker, outside, t0)
-            self.attach(plan.timed, plan.probe)
+            probe = plan.probe | self.joined  # with the functions that moved off the watch link since the plan
+            self._current = WindowSpan(0.0, probe, plan.timed, plan.marker, outside, t0)
+            self.attach(plan.timed, probe)
             self.waiting(wait, length)
             total += self._finish_window()
         rare = plan.rare
@@ -299,7 +348,10 @@ class Probes:
                 self.attach(plan.rare_timed, plan.rare_probe)
                 self.waiting(wait, length)
                 total += self._finish_window()
-        self.waiting(wait, t_start + interval_s - time.monotonic())
+        if not gone:
+            before = self.log.counted_s
+            self._tail(wait, t_start + interval_s)
+            total += self.log.counted_s - before
         return total
 
     def _finish_window(self) -> float:

@@ -181,7 +181,7 @@ class Session:
     def _window_end(self, ws) -> None:
         rows = self._read()
         self._window_rows.append(rows)
-        if self.tracee.policy.windows == 0 and not self.options.exact:
+        if self.tracee.policy.windows == 0 and not self.options.exact and len(self._window_rows) == 1:
             # The scout probed every function: those it saw called go into the windows, the rest
             # onto the watch link now, not at the interval's end (calls in between would be lost).
             prev = self.tracee._prev
@@ -214,6 +214,8 @@ class Session:
             self.probes.log.discovered.setdefault(self.pid, []).append((f, dt, n))
         if fresh:
             self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
+            moved = frozenset(fresh)
+            self.probes.join(moved, self.policy.follow_up_s(moved), moved & self.policy.waiting)
 
     def step(self, index: int, interval_s: float | None = None) -> Interval:
         interval_s = interval_s or self.options.interval_s
