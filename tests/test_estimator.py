@@ -447,3 +447,25 @@ def test_calls_before_a_phase_change_are_not_pooled_away_into_a_firm_window_afte
                    | {1: 600}, w.probe_s) for w in o.windows), {}, o.unwatched_s) for o in obs]
     s = est.estimate(steady, expo)[0]
     assert s.rate_hz == pytest.approx(50_000, rel=0.1) and abs(s.rate_hz - 50_000) <= s.err_hz, s
+
+
+def test_a_kept_functions_exact_count_stands_for_the_windowless_intervals_after_it_leaves_the_watch_link():
+    """Seen in the randomized eBPF runs: a function counted every call on the watch link (kept:
+    cheap while rare) turned hot, so it left the watch link at the interval's end; the budget then
+    spaced windows out, and the rate of its last window, four intervals before, stood for the time
+    after: 0 calls/s where the job made 478k. The latest rate is the watch link's exact count."""
+    expo = est.Exposures(est.Exposure(1.0, 0.1, True), est.Exposure(1.0, 0.1, True))
+    w = est.Window(0.003, frozenset({0}), {}, 1e-5)  # saw none of it, while it was rare
+    obs = [est.Observation(1.0, (w,), {}, {0: 1.0}),
+           est.Observation(1.0, (), {0: 200}, {}),          # kept: on the watch link throughout
+           est.Observation(1.0, (), {0: 150_000}, {}),      # turned hot, still kept
+           est.Observation(1.0, (), {}, {0: 1.0}),          # off it, and no window (the budget)
+           est.Observation(0.8, (), {}, {0: 0.8})]
+    e = est.estimate(obs, expo)[0]
+    true = (200 + 150_000 + 150_000 * 1.8) / 4.8  # it went on at 150k/s
+    assert e.rate_hz == pytest.approx(true, rel=0.05)
+    assert abs(e.rate_hz - true) <= e.err_hz
+    # A window after the exact count stands for its own interval, as before.
+    later = obs[:4] + [est.Observation(0.8, (est.Window(0.003, frozenset({0}), {0: 300}, 1e-5),), {}, {0: 0.8})]
+    e = est.estimate(later, expo)[0]
+    assert e.rate_hz == pytest.approx((200 + 150_000 * 2 + 100_000 * 0.8) / 4.8, rel=0.05)

@@ -181,6 +181,7 @@ class _Unit:
     u: float = 0.0       # time off the watch link this unit stands for: its interval's and the windowless ones after it
     span: float = 0.0    # its interval's length
     alone: bool = False  # its only window is a discovery span
+    exact: bool = False  # not windows: a whole interval's count on the watch link (`estimate`)
     counted: float = 0.0  # the windows' counting time (e is that less the probes' share)
     rates: list[float] = field(default_factory=list)
     parts: list[tuple[int, float, float, float]] = field(default_factory=list)  # (n, e, rel, counted) each
@@ -293,7 +294,7 @@ def _collapse(units: list[_Unit]) -> list[_Unit]:
 
 
 def _firm(x: _Unit) -> bool:
-    return not x.alone and any(p[2] <= FIRM_REL for p in x.parts)
+    return not x.alone and not x.exact and any(p[2] <= FIRM_REL for p in x.parts)
 
 
 def _absorb_loose(units: list[_Unit]) -> list[_Unit]:
@@ -306,7 +307,7 @@ def _absorb_loose(units: list[_Unit]) -> list[_Unit]:
     i = 0
     while i < len(out):
         x = out[i]
-        if not _firm(x) and not x.alone:
+        if not _firm(x) and not x.alone and not x.exact:
             def fits(j: int) -> bool:
                 return _firm(out[j]) and out[j].counted >= FIRM_FACTOR * x.counted and _consistent(x, out[j])
             near = [j for j in range(i + 1, len(out)) if fits(j)][:1] or [j for j in range(i - 1, -1, -1) if fits(j)][:1]
@@ -320,8 +321,10 @@ def _absorb_loose(units: list[_Unit]) -> list[_Unit]:
 
 
 def _merged(a: _Unit, b: _Unit) -> _Unit:
-    """Two intervals' windows as one (sums field by field; a merged unit is never a discovery alone)."""
-    return _Unit(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(_Unit) if f.name != "alone"})
+    """Two intervals' windows as one (sums field by field; a merged unit is never a discovery alone,
+    and never an exact count: neither is merged)."""
+    return _Unit(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(_Unit)
+                    if f.name not in ("alone", "exact")})
 
 
 def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
@@ -371,6 +374,11 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         unmeasured = 0.0
         carried_u = 0.0      # time stood for by `carry`, before the first window of f
         units: list[_Unit] = []
+        # An interval on the watch link throughout (a kept function's), later than the last unit:
+        # its exact count is the latest rate, and stands for windowless time off the link after it
+        # (a kept function that turned hot leaves the watch link; where the budget then spaces
+        # windows out, an old window's rate stood for it: 0 calls/s +-0 for 478k).
+        latest_exact: tuple[int, float] | None = None
         for o, d in zip(observations, per_obs):
             c = o.watched_calls.get(f, 0)
             observed += c
@@ -386,8 +394,17 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                     mine.u, mine.span = 0.0, o.span_s
                     units.append(mine)
                     observed += mine.n
+                    latest_exact = None
             if u <= 0:
+                if o.span_s > 0 and (c or units or latest_exact):
+                    latest_exact = (c, o.span_s)
                 continue
+            if mine is None and latest_exact is not None:
+                n_x, span_x = latest_exact
+                x = _Unit(span=span_x, exact=True)
+                x.add(n_x, span_x, 0.0, span_x)
+                units.append(x)
+                latest_exact = None
             if units:
                 units[-1].u += u
             elif carry and f in carry:
@@ -407,11 +424,11 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
             # and read low for a function just started, would outweigh the windows).
             runs: list[list[_Unit]] = [[]]
             for x in units:
-                if x.alone:
+                if x.alone or x.exact:
                     runs += [[x], []]
                 else:
                     runs[-1].append(x)
-            units = [x for r in runs if r for x in (r if r[0].alone else _collapse(r))]
+            units = [x for r in runs if r for x in (r if r[0].alone or r[0].exact else _collapse(r))]
             units = [x.trimmed() for x in _absorb_loose(units)]
             phi, dof = _dispersion([x for x in units if not x.alone])
             # The windows' rates from one to the next, each set standing for its span: how far an
