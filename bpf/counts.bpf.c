@@ -12,7 +12,7 @@ GT_MAP(hash, stats, struct gt_key, struct gt_stats, GT_MAX_STATS);
 GT_MAP(lru_hash, threads, u32, struct gt_thread, GT_MAX_THREADS);
 GT_MAP(array, errors, int, u64, GT_ERR_COUNT);
 GT_MAP(array, config, int, struct gt_config, 1);
-GT_MAP(array, seen, int, u64, 1);
+GT_MAP(array, seen, int, u64, 2);
 GT_LICENSE
 
 /* The map operations the program makes, written out for each compiler (see compat.h). */
@@ -74,7 +74,13 @@ GT_UPROBE int gt_entry(struct pt_regs *ctx)
     struct gt_stats *s = gt_stats_of(id >> 32, func);
     if (cookie & GT_COOKIE_KEPT) {
         /* Seen called, but called so rarely that counting every call costs less than sampling it
-         * would tell: counted exactly, and not flagged (it is where user space wants it). */
+         * would tell: counted exactly, and not flagged as new (it is where user space wants it);
+         * its hits are tallied apart (`seen` index 1), so that user space learns at once when
+         * one of these turns hot and counting every call of it costs the job more than it may. */
+        u32 one = 1;
+        u64 *k = seen_lookup(&one);
+        if (k)
+            __sync_fetch_and_add(k, 1);
         if (s)
             __sync_fetch_and_add(&s->watched, 1);
         return 0;

@@ -64,7 +64,8 @@ enum gt_error {
 };
 
 /* Index 0 of the `seen` array: hits on the watch link, all processes together. User space polls it
- * (one lookup) to learn at once that a function it was not probing in windows has been called. */
+ * (one lookup) to learn at once that a function it was not probing in windows has been called.
+ * Index 1: hits of the kept functions (on the watch link for good, counted every call). */
 
 
 /* Index 0 of the `config` array. Links take milliseconds to attach and tens to detach, with

@@ -195,6 +195,55 @@ def test_a_hot_function_that_starts_in_the_last_interval_is_sampled_in_a_window_
     assert abs(est - true) <= err, rows[name]
 
 
+def test_a_kept_function_that_turns_hot_leaves_the_watch_link_at_once(finishing_job):
+    """A function called 20 times a second is cheap enough to count every call (kept, on the watch
+    link); when it turns hot, counting every call costs the job most of its time (seen in the
+    randomized runs: 155k calls/s of a kept function counted to the interval's end, the job slowed
+    to a third). The kept set is chosen again as soon as its hits pass their limit: the calls the
+    watch link counts after the switch are a small part of those the job makes in that interval.
+    And the estimate covers the truth (the function's windows after it left)."""
+    from gputrace.tracer.session import Options, Session
+    from gputrace.tracer.targets import libcuda_of
+
+    job, log = finishing_job(["2.2:getdev=20,attr=1,launch=2,spin=20000,gpu=50000000",
+                              "4:getdev=1,attr=20,spin=5000"], held=True)
+    s = Session(job.pid, libcuda_of(job.pid).path, Options(1.0, 0.01))
+    attr = next(i for i, f in s.ids.items() if f.name == "cuDeviceGetAttribute")
+    ivs, kept = [], []
+
+    def on_interval(iv):
+        ivs.append(iv)
+        kept.append(attr in s.policy.kept)
+        if len(ivs) == 1:  # the scout is done: attr turns hot some 2.2 s from now, early in an interval
+            job.stdin.write("go\n")
+            job.stdin.flush()
+
+    try:
+        summary = s.run(5.2, on_interval)
+        observations = list(s.tracee.observations)
+    finally:
+        s.close()
+    assert job.wait(timeout=60) == 0
+    truth = Truth(log)
+    switched = truth.t[next(i for i, c in enumerate(truth.counts)
+                            if c[truth.names.index("cuDeviceGetAttribute")] > 0 and i > 0
+                            and c[truth.names.index("cuDeviceGetAttribute")] - truth.counts[i - 1][
+                                truth.names.index("cuDeviceGetAttribute")] > 20)]
+    k = next(i for i, iv in enumerate(ivs) if s.started + iv.t_start + iv.interval_s > switched)
+    assert any(kept[:k]), kept  # it was kept before the switch
+    end = s.started + ivs[k].t_start + ivs[k].interval_s
+    made = truth.calls(switched, end)["cuDeviceGetAttribute"]
+    watched = observations[k].watched_calls.get(attr, 0)
+    assert watched < 0.5 * made, (watched, made, k)
+    report = {"attach": {"started_monotonic_s": s.started},
+              "intervals": [{"t_start": iv.t_start, "interval_s": iv.interval_s} for iv in ivs],
+              "summary": {"functions": [{"name": f.name, "rate_hz": f.rate_hz, "rate_err_hz": f.rate_err_hz}
+                                        for f in summary.functions]}}
+    rows = {r[0]: r for r in check(report, truth)}
+    name, true, est, err = rows["cuDeviceGetAttribute"]
+    assert abs(est - true) <= err, rows[name]
+
+
 def test_a_rare_function_is_counted_every_call_and_a_hot_one_sampled(finishing_job, tmp_path):
     """cuDeviceGetAttribute once per 5-ms step costs next to nothing to count every call: after the
     first windows it stays on the watch link, and the report's figure for it is its count (no

@@ -245,6 +245,7 @@ class Program:
         self._thread_ids: frozenset[int] | None = None  # its keys as of the last stats read (thread_ids)
         # seen_hits() is polled 50 times a second per file: one bpf() lookup into kept buffers.
         self._seen_key, self._seen_val = self._seen.key_type(0), self._seen.value_type(0)
+        self._kept_key, self._kept_val = self._seen.key_type(1), self._seen.value_type(0)
         self.generation = 0
         self.hit_ns = (0, 0, 0, 0)
 
@@ -428,6 +429,13 @@ class Program:
             v = self._seen.lookup(0)
             return int(v.value) if v is not None else 0
         return self._seen_val.value
+
+    def kept_hits(self) -> int:
+        """Hits of kept functions so far, all processes together (one lookup)."""
+        if not self._seen.lookup_into(self._kept_key, self._kept_val):
+            v = self._seen.lookup(1)
+            return int(v.value) if v is not None else 0
+        return self._kept_val.value
 
     def read_errors(self) -> dict[str, int]:
         out = {}

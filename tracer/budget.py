@@ -227,6 +227,15 @@ class Policy:
             spent += c
         return frozenset(out)
 
+    def kept_hz_limit(self) -> float:
+        """The kept functions' hits a second (all together) past which counting every call of them
+        costs more than twice what the kept set may (choose_kept keeps it up to twice): priced at
+        the dearest hit among them."""
+        if not self.kept:
+            return math.inf
+        dearest = max(self.costs[f].entry_ns for f in self.kept) * 1e-9
+        return 2 * self.keep_share * PLAN_SHARE * self.budget / (self.exposure * dearest) if dearest > 0 else math.inf
+
     def rare_set(self, probe: frozenset[int], timed: frozenset[int]) -> frozenset[int]:
         """The probed functions left once the hottest (by cost, most first) make up all but
         RARE_MAX_COST of the windows' cost, less the waits: empty where that leaves nothing, or

@@ -32,6 +32,9 @@ from .symbols import Function
 POLL_S = 0.02  # how often the waits look at the watch link's counter
 # A follow-up window (`Probes.join`) shorter than this is not opened: the discovery span stands.
 FOLLOW_MIN_S = 0.001
+# The kept functions' hits are held against their limit (`Probes.kept_hz_limit`) over spans of at
+# least this: a few calls close together are no sign of a function turning hot.
+KEPT_SPAN_S = 0.1
 WATCH_SHARDS = 16  # the watch link is this many links, by function id: a change rebuilds one of them
 
 
@@ -115,6 +118,12 @@ class Probes:
         self.follow_s = 0.0
         self.follow_timed: frozenset[int] = frozenset()
         self._probed_now: set[int] = set()
+        # The kept functions' hits a second beyond which counting them all costs the job more than
+        # planned (set by the caller with the kept set): past it, `on_kept_hot(hits, seconds)` is
+        # called from the waits, and the caller chooses the kept set again.
+        self.kept_hz_limit = float("inf")
+        self.on_kept_hot: Callable[[int, float], None] | None = None
+        self._kept_mark, self._kept_t = 0, time.monotonic()
 
     def cookie(self, f: int, timed: bool = False) -> int:
         return f | (COOKIE_TIMED if timed else 0) | (COOKIE_STEPPED if self.kinds[f] == "stepped" else 0)
@@ -167,6 +176,8 @@ class Probes:
         self.watched, self.kept = ids, kept
         self._seen_mark = self.program.seen_hits()
         self._poll_t = time.monotonic()
+        if kept:
+            self._kept_mark, self._kept_t = self.program.kept_hits(), self._poll_t
 
     def join(self, fresh: frozenset[int], follow_s: float, timed: frozenset[int] = frozenset()) -> None:
         """`fresh` functions have moved off the watch link into the windows: this interval's
@@ -208,6 +219,23 @@ class Probes:
                 self.on_seen(since)
                 if until_joined and self.joined - self._probed_now:
                     return True
+            if self.kept and self.on_kept_hot is not None:
+                self._check_kept()
+                if until_joined and self.joined - self._probed_now:
+                    return True
+
+    def _check_kept(self) -> None:
+        """The kept functions' hits since the last mark against their limit: past it, the caller
+        hears of it at once (a kept function at 150k calls/s cost a job on this project's CI host
+        most of a second before the interval's end moved it)."""
+        now = time.monotonic()
+        n = self.program.kept_hits()
+        hits, dt = n - self._kept_mark, now - self._kept_t
+        if hits > self.kept_hz_limit * max(dt, KEPT_SPAN_S):
+            self._kept_mark, self._kept_t = n, now
+            self.on_kept_hot(hits, dt)
+        elif dt >= KEPT_SPAN_S:
+            self._kept_mark, self._kept_t = n, now
 
     def _tail(self, wait: Callable[[float], bool], until: float) -> None:
         """Waits out the interval (to `until`); a function that moved into the windows and that no

@@ -116,6 +116,8 @@ class Session:
                                 "start: gputrace attach -- COMMAND") from exc
         self.probes.on_seen = self._on_seen
         self.probes.on_window_end = self._window_end
+        self.probes.on_kept_hot = self._on_kept_hot
+        self._kept_rows, self._kept_t = prev, time.monotonic()
         self._window_rows: list = []
         self._seen_rows, self._seen_t = prev, time.monotonic()
         self.started = time.monotonic()
@@ -191,7 +193,7 @@ class Session:
                 if n > 0 and ws.counted_s > 0:
                     self.policy.see(f, n / ws.counted_s)
             self._seen_rows, self._seen_t = rows, time.monotonic()
-            self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
+            self._set_watch(rows)
 
     def _on_seen(self, since: float) -> None:
         """A watched function was called (in the last `since` seconds): move it (and any other)
@@ -213,9 +215,41 @@ class Session:
             self.policy.see(f, n / dt)
             self.probes.log.discovered.setdefault(self.pid, []).append((f, dt, n))
         if fresh:
-            self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
+            self._set_watch(rows)
             moved = frozenset(fresh)
             self.probes.join(moved, self.policy.follow_up_s(moved), moved & self.policy.waiting)
+
+    def _set_watch(self, rows: dict | None = None) -> None:
+        """The watch link as the policy wants it, and the kept functions' limit that goes with it
+        (`rows`: the maps' rows read just now, if they were)."""
+        self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
+        self.probes.kept_hz_limit = self.policy.kept_hz_limit()
+        if self.policy.kept:
+            self._kept_rows, self._kept_t = (self._read() if rows is None else rows), time.monotonic()
+
+    def _on_kept_hot(self, hits: int, seconds: float) -> None:
+        """The kept functions are called more than counting them all may cost: their rates from the
+        watch link's counts since the last look, the kept set chosen again, and those that leave it
+        probed in this interval's windows from now on (or one of their own)."""
+        rows = self._read()
+        now = time.monotonic()
+        dt = max(now - self._kept_t, 1e-3)
+        rates = {}
+        for f in self.policy.kept:
+            st, before = rows.get(f), self._kept_rows.get(f)
+            if st is not None:
+                rates[f] = (st.watched - (before.watched if before is not None else 0)) / dt
+        self._kept_rows, self._kept_t = rows, now
+        old = self.policy.kept
+        self.policy.observe_kept(rates)
+        self.policy.kept = self.policy.choose_kept()
+        moved = old - self.policy.kept
+        if moved:
+            self._set_watch(rows)
+            self.probes.join(moved, self.policy.follow_up_s(moved), moved & self.policy.waiting)
+        else:
+            # Dear, but not so dear that the policy lets them go: no second look until twice as many.
+            self.probes.kept_hz_limit = max(self.probes.kept_hz_limit, 2 * hits / max(seconds, 0.1))
 
     def step(self, index: int, interval_s: float | None = None) -> Interval:
         interval_s = interval_s or self.options.interval_s
@@ -243,11 +277,12 @@ class Session:
         if self.exited and exact:
             self.probes.detach()
         log = self.probes.take_log()
-        snap = self.tracee.account(span, log, self._window_rows, self._read())
+        end = self._read()
+        snap = self.tracee.account(span, log, self._window_rows, end)
         if not exact and not self.exited:
             self.policy.retire_idle()
             try:
-                self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
+                self._set_watch(end)
             except NoSuchProcess:
                 self.exited = True  # it ended after the interval's last look: the report stands
         return Interval(index, t_start - self.started, span, window, (snap,), self.program.read_errors(),
