@@ -290,22 +290,29 @@ static __attribute__((noinline)) struct slot *slot_claim(void)
     pthread_once(&g_once, process_init);
     control_start(); /* once per process: an atomic check after that */
     struct slot *s = NULL;
-    int n = atomic_load(&g_nslots);
-    for (int i = 0; i < n && !s; i++) {
-        int zero = 0;
-        if (atomic_load_explicit(&g_slots[i].used, memory_order_relaxed) == 0 &&
-            atomic_compare_exchange_strong(&g_slots[i].used, &zero, 1))
-            s = &g_slots[i];
-    }
-    if (!s) {
+    while (!s) {
+        int n = atomic_load(&g_nslots);
+        for (int i = 0; i < n && !s; i++) {
+            int zero = 0;
+            if (atomic_load_explicit(&g_slots[i].used, memory_order_relaxed) == 0 &&
+                atomic_compare_exchange_strong(&g_slots[i].used, &zero, 1))
+                s = &g_slots[i];
+        }
+        if (s)
+            break;
         int i = atomic_fetch_add(&g_nslots, 1);
-        if (i < MAX_SLOTS) {
-            s = &g_slots[i];
-            atomic_store(&s->used, 1);
-        } else {
+        if (i >= MAX_SLOTS) {
             atomic_fetch_sub(&g_nslots, 1);
             s = &g_overflow;
+            break;
         }
+        /* Taken by compare-and-swap too: a thread scanning the slots sees this one as soon as
+         * g_nslots counts it, still unused, and would own it alongside (two threads on one slot
+         * lose counts, and the pauser could miss one of them in a call: seen as lost launch counts
+         * under pause/resume with 16 threads). Lost to such a thread: look again. */
+        int zero = 0;
+        if (atomic_compare_exchange_strong(&g_slots[i].used, &zero, 1))
+            s = &g_slots[i];
     }
     t_slot = s;
     if (s != &g_overflow)
@@ -807,8 +814,24 @@ SHIM_STATE(STATE_WRAPPER)
         __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
         return LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                              \
     }
-SHIM_PASS(PASS_WRAPPER)
+SHIM_QUERY(PASS_WRAPPER)
+SHIM_PASS_STATE(PASS_WRAPPER)
 #undef PASS_WRAPPER
+
+/* The synchronizations: as above, and once the stream (or the context) has caught up, the memory
+ * of stream-ordered frees it has reached is given back (vmm.c), as the driver's pool does. */
+#define SYNC_WRAPPER(name, params, args)                                                                         \
+    CUresult name params                                                                                         \
+    {                                                                                                            \
+        emul(F_##name);                                                                                          \
+        __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
+        CUresult r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                       \
+        if (UNLIKELY(atomic_load_explicit(&vmm_pending, memory_order_relaxed)))                                  \
+            vmm_reap(0);                                                                                         \
+        return r_;                                                                                               \
+    }
+SHIM_SYNC(SYNC_WRAPPER)
+#undef SYNC_WRAPPER
 
 /* Kernels by name: not gated, not counted; a collective's handle is noted. */
 CUresult cuModuleGetFunction(CUfunction *pf, CUmodule m, const char *name)
