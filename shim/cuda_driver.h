@@ -114,6 +114,8 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
 } CUdriverProcAddressQueryResult;
 #define CU_STREAM_NON_BLOCKING 0x1
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+#define CU_EVENT_DISABLE_TIMING 0x2
 #define CU_MEMHOSTALLOC_PORTABLE 0x01
 typedef enum CUjit_option_enum { CU_JIT_MAX_REGISTERS = 0 } CUjit_option;
 typedef enum CUlibraryOption_enum { CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE = 0 } CUlibraryOption;

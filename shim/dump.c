@@ -1316,6 +1316,9 @@ static void cmd_suspend(struct op *op)
 {
     if (op_prepare(op) || op_freeze(op))
         return;
+    /* Stream-ordered frees the streams have reached (frozen: all of them) give their memory back now:
+     * it is in no record, and a suspension must leave none held. */
+    vmm_reap(1);
     struct collect *c = &op->c;
     for (int i = 0; i < c->n; i++)
         if (!c->v[i].reserved && c->v[i].kind != K_VMM_MAP) {

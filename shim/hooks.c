@@ -160,9 +160,17 @@ void post_cuMemFree_v2(CUresult r, struct hold *h, CUdeviceptr dptr) { (void)dpt
 void pre_cuMemAllocAsync(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s) { (void)h, (void)dptr, (void)bytes, (void)s; }
 void post_cuMemAllocAsync(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s)
 {
-    (void)h, (void)s;
-    if (r == CUDA_SUCCESS && dptr)
+    (void)s;
+    if (r != CUDA_SUCCESS || !dptr)
+        return;
+    if (h->found != 2) {
         put_object(R_MEM, K_ASYNC, *dptr, bytes, 0);
+        return;
+    }
+    CUcontext c = shim_current_ctx(); /* served through the VMM API (vmm.c) */
+    struct rec m = {.type = R_MEM, .kind = K_ASYNC, .key = *dptr, .size = bytes, .ctx = (uintptr_t)c,
+                    .device = device_of(c), .handle = h->rec.handle, .reserved = h->rec.reserved};
+    reg_put(&m);
 }
 void pre_cuMemAllocAsync_ptsz(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s) { (void)h, (void)dptr, (void)bytes, (void)s; }
 void post_cuMemAllocAsync_ptsz(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s)

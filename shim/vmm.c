@@ -11,6 +11,7 @@
  * (with `reserved` and `handle`) rather than the three VMM objects. */
 #include "shim_int.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,13 @@ static struct {
     CUresult (*unmap)(CUdeviceptr, size_t);
     CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUresult (*ctx_device)(CUdevice *);
+    /* For stream-ordered frees (alt_cuMemFreeAsync): an event marks where the stream frees. */
+    CUresult (*ev_create)(CUevent *, unsigned int);
+    CUresult (*ev_record)(CUevent, CUstream);
+    CUresult (*ev_query)(CUevent);
+    CUresult (*ev_sync)(CUevent);
+    CUresult (*ev_destroy)(CUevent);
+    CUresult (*stream_sync)(CUstream);
 } V;
 static atomic_int g_state; /* 0: not looked at, 1: on, -1: off */
 static atomic_int g_api;   /* the same for the VMM API itself, whatever GPUTRACE_SHIM_VMM says */
@@ -41,6 +49,12 @@ static int load(void)
     SYM(unmap, "cuMemUnmap");
     SYM(access, "cuMemSetAccess");
     SYM(ctx_device, "cuCtxGetDevice");
+    SYM(ev_create, "cuEventCreate");
+    SYM(ev_record, "cuEventRecord");
+    SYM(ev_query, "cuEventQuery");
+    SYM(ev_sync, "cuEventSynchronize");
+    SYM(ev_destroy, "cuEventDestroy_v2");
+    SYM(stream_sync, "cuStreamSynchronize");
 #undef SYM
     return V.gran && V.reserve && V.addr_free && V.create && V.release && V.map && V.unmap && V.access &&
            V.ctx_device;
@@ -101,9 +115,131 @@ static CUresult back(CUdeviceptr va, size_t size, int dev, CUmemGenericAllocatio
     return r;
 }
 
+static int serve(CUresult *out, struct hold *h, CUdeviceptr *dptr, size_t bytes);
+
 /* The wrapper's alternative to the driver's cuMemAlloc_v2; the post hook records the allocation,
  * this one adds what the VMM path needs to the hold for it. */
 int alt_cuMemAlloc_v2(CUresult *out, struct hold *h, CUdeviceptr *dptr, size_t bytes)
+{
+    return serve(out, h, dptr, bytes);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Stream-ordered allocations (cuMemAllocAsync: JAX's and CuPy's async allocators, PyTorch's
+ * cudaMallocAsync backend) served the same way, so they can be suspended too. The memory is there
+ * when the call returns, which is all stream order asks of an allocation. A free must not take it
+ * before the stream reaches the free: an event is recorded on the stream there, and the memory is
+ * given back once the event has completed (looked at on each later stream-ordered call and after
+ * each synchronization, as the driver's pool gives freed memory back at one, and waited for before
+ * a suspension, which must give everything back). Where no event can be had, the free
+ * waits for the stream. What this changes for the program: the memory is not from a pool
+ * (cuPointerGetAttribute's CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE is not set), rounded up to a granule,
+ * and two or three VMM calls an allocation and a free; `bench/shim_gpu.py` measures what they cost. */
+
+#define MAX_PENDING 4096
+
+static struct pending {
+    CUdeviceptr va;
+    size_t size;
+    CUmemGenericAllocationHandle handle;
+    CUevent ev;
+} g_pending[MAX_PENDING];
+static int g_npending;
+atomic_int vmm_pending; /* g_npending, for the synchronizations' unlocked look (shim.c) */
+static pthread_mutex_t g_pending_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static CUresult give_back(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle, int suspended)
+{
+    CUresult r = suspended ? CUDA_SUCCESS : V.unmap(va, size);
+    if (!r && !suspended)
+        r = V.release(handle);
+    if (!r)
+        r = V.addr_free(va, size);
+    return r;
+}
+
+/* Gives back the memory of the frees whose stream has reached them (`wait`: of every one, waiting
+ * for each); returns how many are still pending. */
+int vmm_reap(int wait)
+{
+    pthread_mutex_lock(&g_pending_lock);
+    int j = 0;
+    for (int i = 0; i < g_npending; i++) {
+        struct pending *q = &g_pending[i];
+        CUresult e = wait ? V.ev_sync(q->ev) : V.ev_query(q->ev);
+        if (e == CUDA_ERROR_NOT_READY) {
+            g_pending[j++] = *q;
+            continue;
+        }
+        /* Done (or the event is broken: then the stream is too, and nothing will use the memory). */
+        V.ev_destroy(q->ev);
+        CUresult r = give_back(q->va, q->size, q->handle, 0);
+        if (r)
+            shim_log("a stream-ordered free of %#llx: giving its memory back failed (%d)", (unsigned long long)q->va, r);
+    }
+    g_npending = j;
+    atomic_store(&vmm_pending, j);
+    pthread_mutex_unlock(&g_pending_lock);
+    return j;
+}
+
+int alt_cuMemAllocAsync(CUresult *out, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s)
+{
+    (void)s;
+    if (!vmm_enabled())
+        return 0;
+    if (g_npending)
+        vmm_reap(0);
+    return serve(out, h, dptr, bytes);
+}
+
+int alt_cuMemAllocAsync_ptsz(CUresult *out, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s)
+{
+    return alt_cuMemAllocAsync(out, h, dptr, bytes, s);
+}
+
+int alt_cuMemFreeAsync(CUresult *out, struct hold *h, CUdeviceptr dptr, CUstream s)
+{
+    if (h->found != 1 || !h->rec.reserved)
+        return 0;
+    if (g_npending)
+        vmm_reap(0);
+    if (h->rec.suspended) { /* nothing behind it to wait for */
+        *out = give_back(dptr, h->rec.reserved, h->rec.handle, 1);
+        return 1;
+    }
+    CUevent ev = NULL;
+    pthread_mutex_lock(&g_pending_lock);
+    int room = g_npending < MAX_PENDING;
+    if (room && V.ev_create && V.ev_create(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+        CUresult r = V.ev_record(ev, s);
+        if (r == CUDA_SUCCESS) {
+            g_pending[g_npending++] = (struct pending){dptr, h->rec.reserved, h->rec.handle, ev};
+            atomic_store(&vmm_pending, g_npending);
+            pthread_mutex_unlock(&g_pending_lock);
+            *out = CUDA_SUCCESS;
+            return 1;
+        }
+        V.ev_destroy(ev);
+        if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_VALUE) { /* the program's stream is bad */
+            pthread_mutex_unlock(&g_pending_lock);
+            *out = r;
+            return 1;
+        }
+    }
+    pthread_mutex_unlock(&g_pending_lock);
+    CUresult r = V.stream_sync(s); /* no event: the free waits for the stream */
+    *out = r ? r : give_back(dptr, h->rec.reserved, h->rec.handle, 0);
+    return 1;
+}
+
+int alt_cuMemFreeAsync_ptsz(CUresult *out, struct hold *h, CUdeviceptr dptr, CUstream s)
+{
+    return alt_cuMemFreeAsync(out, h, dptr, s ? s : CU_STREAM_PER_THREAD);
+}
+
+/* cuMemAlloc_v2 and cuMemAllocAsync through the VMM API: a reservation, a handle and a mapping. */
+static int serve(CUresult *out, struct hold *h, CUdeviceptr *dptr, size_t bytes)
 {
     if (!vmm_enabled() || !dptr || !bytes)
         return 0; /* the driver's own answer, errors included */
@@ -134,12 +270,7 @@ int alt_cuMemFree_v2(CUresult *out, struct hold *h, CUdeviceptr dptr)
 {
     if (h->found != 1 || !h->rec.reserved)
         return 0;
-    CUresult r = h->rec.suspended ? CUDA_SUCCESS : V.unmap(dptr, h->rec.reserved);
-    if (!r && !h->rec.suspended)
-        r = V.release(h->rec.handle);
-    if (!r)
-        r = V.addr_free(dptr, h->rec.reserved);
-    *out = r;
+    *out = give_back(dptr, h->rec.reserved, h->rec.handle, h->rec.suspended);
     return 1;
 }
 

@@ -389,6 +389,25 @@ def test_a_job_that_maps_vmm_memory_itself_moves_all_of_it_by_the_shim(job, devi
     assert j.out.read_text() == reference
 
 
+def test_a_job_with_stream_ordered_memory_moves_all_of_it_by_the_shim(job, device, tmp_path, reference, shim_dir):
+    """cuMemAllocAsync memory (JAX's and CuPy's async allocators), and a scratch granule allocated and
+    freed stream-ordered every step: served through the VMM API under --suspendable, so the shim's
+    fast path moves it (it went through the driver, at three times the freeze, before)."""
+    j = job(shimmed=True, vmm=3)
+    j.at_step(2)
+    ck = tmp_path / "ck"
+    r = ckpt(j, "checkpoint", "-o", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = orjson.loads(r.stdout)["shim"]
+    assert "skipped" not in rep and rep["allocations"] == 2 and rep["bytes"] == (4 << 20) + (2 << 20)
+    j.reap()
+    r = gputrace("restore", "--full", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    assert orjson.loads(r.stdout)["shim_ns"] > 0
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference
+
+
 def test_a_shimmed_job_the_shim_cannot_suspend_goes_through_the_driver(job, device, tmp_path, reference, shim_dir):
     j = job(shimmed=True, vmm=2)  # its mapping's handle released at once: the shim cannot make it again
     j.at_step(2)

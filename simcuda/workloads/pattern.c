@@ -11,6 +11,8 @@
  *   allocation B (2 G) mapped twice, its second granule at +2 G and its first at +3 G (two offsets
  *   of one allocation), every mapping read-write; and a second reservation of G, mapped with C (G).
  * --mixed: the two cuMemAlloc_v2 allocations of --plain and the mappings of --own-vmm.
+ * --async: the two cuMemAlloc_v2 allocations of --plain and the cuMemAllocAsync one (stream-ordered,
+ *   as JAX's and CuPy's async allocators make), and the `churn` command.
  * --spare-handle (with --own-vmm or --mixed): one more cuMemCreate allocation (G), mapped nowhere.
  * --release-early (with --own-vmm or --mixed): C is released (cuMemRelease) as soon as it is mapped; its
  *   memory lives on in the mapping, as the driver keeps it.
@@ -28,6 +30,10 @@
  *                a gated call: answers while suspended)  -> {"handles": N, "same": N as made}
  *   grow         (own VMM) one more reservation of G mapped with a new allocation (filled)
  *                                                      -> {"sum": "<hex>", "base": N}
+ *   churn N      (--async) N times on one stream: a cuMemAllocAsync of S/8, filled from the host, a
+ *                kernel of 20 ms adding 1 to each word, a copy of it into the first S/8 of the async
+ *                allocation, and a cuMemFreeAsync of it issued while the kernel runs; then the
+ *                stream synchronized                       -> {"sum": "<hex>"}
  *   quit         free everything and exit 0 (own VMM: each handle's properties read back, and each
  *                mapping's handle retained from its address and released first, as NCCL does; other
  *                properties, or a handle other than the one mapped there, exit 1)
@@ -151,12 +157,12 @@ int main(int argc, char **argv)
 {
     wl.workload = "pattern";
     wl.size = 1 << 20;
-    int plain = 0, own = 0, mixed = 0, spare = 0, early = 0;
+    int plain = 0, own = 0, mixed = 0, spare = 0, early = 0, async = 0;
     for (int i = 1; i < argc;) /* our own options, taken out before the common parser sees them */
         if (!strcmp(argv[i], "--plain") || !strcmp(argv[i], "--own-vmm") || !strcmp(argv[i], "--mixed") ||
-            !strcmp(argv[i], "--spare-handle") || !strcmp(argv[i], "--release-early")) {
+            !strcmp(argv[i], "--spare-handle") || !strcmp(argv[i], "--release-early") || !strcmp(argv[i], "--async")) {
             int *o = argv[i][2] == 'p' ? &plain : argv[i][2] == 'o' ? &own : argv[i][2] == 'm' ? &mixed
-                     : argv[i][2] == 's' ? &spare : &early;
+                     : argv[i][2] == 's' ? &spare : argv[i][2] == 'a' ? &async : &early;
             *o = 1;
             memmove(argv + i, argv + i + 1, (size_t)(argc - i) * sizeof *argv);
             argc--;
@@ -181,6 +187,9 @@ int main(int argc, char **argv)
 
     CUdeviceptr p;
     size_t pitch;
+    CUmemGenericAllocationHandle h = 0; /* (before any goto: every path reads them at the end) */
+    CUfunction inc = NULL;
+    int async_buf = -1;
     vprop = (CUmemAllocationProp){.type = CU_MEM_ALLOCATION_TYPE_PINNED};
     vprop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     vprop.location.id = dev;
@@ -194,11 +203,20 @@ int main(int argc, char **argv)
     CU(cuMemAlloc_v2, &p, S / 2 + 4);
     add(p, S / 2 + 4, SIMCUDA_ALLOC_DEVICE);
     size_t rows = S / 4000 + 1;
-    CUmemGenericAllocationHandle h = 0;
     if (mixed)
         own_vmm(spare, early);
     if (plain || mixed)
         goto filled;
+    if (async) {
+        CUmodule mod;
+        CU(cuModuleLoadData, &mod, "SIMCUDA-MODULE\nkernel inc inc_u32 20000000\n");
+        CU(cuModuleGetFunction, &inc, mod, "inc");
+        CU(cuMemAllocAsync, &p, S / 4, s);
+        CU(cuStreamSynchronize, s);
+        add(p, S / 4, SIMCUDA_ALLOC_ASYNC);
+        async_buf = nbufs - 1;
+        goto filled;
+    }
     CU(cuMemAllocPitch_v2, &p, &pitch, 1000, rows, 4);
     add(p, pitch * rows, SIMCUDA_ALLOC_PITCH);
     CU(cuMemAllocAsync, &p, S / 4, s);
@@ -242,6 +260,26 @@ filled:;
             add(p, (size_t)v, SIMCUDA_ALLOC_DEVICE);
             fill_one(nbufs - 1, 7);
             printf("{\"sum\": \"%016llx\", \"base\": %llu}\n", (unsigned long long)checksum(), (unsigned long long)p);
+        } else if (sscanf(line, "churn %llu", &v) == 1 && async_buf >= 0) {
+            size_t n = S / 8 / 4 * 4;
+            uint32_t *host = malloc(n);
+            if (!host)
+                wl_die("out of memory");
+            for (unsigned long long k = 0; k < v; k++) {
+                CUdeviceptr q;
+                CU(cuMemAllocAsync, &q, n, s);
+                for (size_t j = 0; j < n / 4; j++)
+                    host[j] = (uint32_t)((k + 1) * 2654435761u + j);
+                CU(cuMemcpyHtoD_v2, q, host, n);
+                uint64_t words = n / 4;
+                void *args[] = {&q, &words};
+                CU(cuLaunchKernel, inc, 1, 1, 1, 1, 1, 1, 0, s, args, NULL);
+                CU(cuMemcpyDtoDAsync_v2, bufs[async_buf].p, q, n, s);
+                CU(cuMemFreeAsync, q, s); /* the kernel and the copy still to run: the memory must outlive them */
+            }
+            CU(cuStreamSynchronize, s);
+            free(host);
+            printf("{\"sum\": \"%016llx\"}\n", (unsigned long long)checksum());
         } else if (!strncmp(line, "remap", 5)) {
             for (int i = 0; i < nmaps; i++) {
                 CU(cuMemUnmap, maps[i].va, maps[i].size);

@@ -2,10 +2,11 @@
  * whole-process checkpoint tests (checkpoint at some step, kill, restore: do the remaining steps print
  * what an uninterrupted run prints?).
  *
- *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2]
+ *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2|3]
  *
  * Holds a cuMemAlloc_v2 buffer of --size bytes (default 4 MiB) and a VMM mapping of one allocation
- * granule (unless --vmm 0; --vmm 2: its handle released as soon as it is mapped), both filled from a fixed pattern; host state is a 64-bit chain value and a malloc'ed history
+ * granule (unless --vmm 0; --vmm 2: its handle released as soon as it is mapped; --vmm 3: that granule
+ * from cuMemAllocAsync instead, and each step a granule more allocated and freed stream-ordered), both filled from a fixed pattern; host state is a 64-bit chain value and a malloc'ed history
  * of every step's checksum.  Each step: inc_u32 kernels over both buffers (each --kernel-ns long, default
  * 10 ms, so a checkpoint catches the job mid-run), then both copied back and checksummed (FNV-1a), the
  * chain advanced, and one line printed and flushed:
@@ -53,7 +54,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--vmm"))
             vmm = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2]\n");
+            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2|3]\n");
             return 2;
         }
     }
@@ -84,7 +85,10 @@ int main(int argc, char **argv)
     size_t gran = 2 << 20;
     CUmemGenericAllocationHandle h = 0;
     CUdeviceptr v;
-    if (vmm) {
+    if (vmm == 3) { /* stream-ordered, as JAX's and CuPy's async allocators */
+        CK(cuMemAllocAsync(&v, gran, s));
+        CK(cuStreamSynchronize(s));
+    } else if (vmm) {
         CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
         CK(cuMemCreate(&h, gran, &prop, 0));
         CK(cuMemAddressReserve(&v, gran, 0, 0, 0));
@@ -117,6 +121,12 @@ int main(int argc, char **argv)
         void *pa[] = {&a, &na}, *pv[] = {&v, &nv};
         CK(cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, s, pa, NULL));
         CK(cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, s, pv, NULL));
+        if (vmm == 3) { /* a scratch granule, freed while the kernels run */
+            CUdeviceptr t;
+            CK(cuMemAllocAsync(&t, gran, s));
+            CK(cuMemcpyDtoDAsync_v2(t, v, gran, s));
+            CK(cuMemFreeAsync(t, s));
+        }
         CK(cuStreamSynchronize(s));
         CK(cuMemcpyDtoH_v2(host, a, size));
         uint64_t sum = fnv(host, size, 0xcbf29ce484222325ull);
@@ -129,7 +139,10 @@ int main(int argc, char **argv)
     }
     printf("done %016llx\n", (unsigned long long)fnv(hist, ((size_t)steps + 1) * 8, 0xcbf29ce484222325ull));
     fflush(stdout);
-    if (vmm) {
+    if (vmm == 3) {
+        CK(cuMemFreeAsync(v, s));
+        CK(cuStreamSynchronize(s));
+    } else if (vmm) {
         CK(cuMemUnmap(v, gran));
         CK(cuMemAddressFree(v, gran));
         if (h)
