@@ -178,6 +178,29 @@ void post_cuMemAllocAsync_ptsz(CUresult r, struct hold *h, CUdeviceptr *dptr, si
     post_cuMemAllocAsync(r, h, dptr, bytes, s);
 }
 
+/* From a memory pool of the program's (or a device's default one): stream-ordered memory like
+ * cuMemAllocAsync's, recorded the same way, so a checkpoint carries it. */
+void pre_cuMemAllocFromPoolAsync(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s)
+{
+    (void)h, (void)dptr, (void)bytes, (void)pool, (void)s;
+}
+void post_cuMemAllocFromPoolAsync(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                  CUstream s)
+{
+    (void)pool;
+    post_cuMemAllocAsync(r, h, dptr, bytes, s);
+}
+void pre_cuMemAllocFromPoolAsync_ptsz(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s)
+{
+    (void)h, (void)dptr, (void)bytes, (void)pool, (void)s;
+}
+void post_cuMemAllocFromPoolAsync_ptsz(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                       CUstream s)
+{
+    (void)pool;
+    post_cuMemAllocAsync(r, h, dptr, bytes, s);
+}
+
 /* A stream-ordered free leaves the registry at once: once the stream reaches it the memory is gone,
  * and nothing may use it after the free was issued. */
 void pre_cuMemFreeAsync(struct hold *h, CUdeviceptr dptr, CUstream s) { (void)s, take(h, R_MEM, dptr); }

@@ -104,6 +104,8 @@
     X(cuMemFree_v2, (CUdeviceptr dptr), (dptr))                                                                  \
     X(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytes, CUstream h), (dptr, bytes, h))                          \
     X(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytes, CUstream h), (dptr, bytes, h))                     \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream h), (dptr, bytes, pool, h)) \
+    X(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream h), (dptr, bytes, pool, h)) \
     X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream h), (dptr, h))                                                 \
     X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream h), (dptr, h))                                            \
     X(cuMemAllocHost_v2, (void **pp, size_t bytes), (pp, bytes))                                                 \

@@ -198,6 +198,22 @@ int alt_cuMemAllocAsync_ptsz(CUresult *out, struct hold *h, CUdeviceptr *dptr, s
     return alt_cuMemAllocAsync(out, h, dptr, bytes, s);
 }
 
+/* From a pool: served the same way, the pool aside (its release threshold, its access for other
+ * devices and its export to other processes do not apply to memory the VMM API serves). */
+int alt_cuMemAllocFromPoolAsync(CUresult *out, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                CUstream s)
+{
+    if (!pool)
+        return 0; /* the driver's answer to that */
+    return alt_cuMemAllocAsync(out, h, dptr, bytes, s);
+}
+
+int alt_cuMemAllocFromPoolAsync_ptsz(CUresult *out, struct hold *h, CUdeviceptr *dptr, size_t bytes,
+                                     CUmemoryPool pool, CUstream s)
+{
+    return alt_cuMemAllocFromPoolAsync(out, h, dptr, bytes, pool, s);
+}
+
 int alt_cuMemFreeAsync(CUresult *out, struct hold *h, CUdeviceptr dptr, CUstream s)
 {
     if (h->found != 1 || !h->rec.reserved)

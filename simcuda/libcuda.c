@@ -1679,6 +1679,63 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream h)
 }
 
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) { return alloc_async(dptr, bytesize, hStream); }
+
+/* Memory pools: a handle per pool, and a default one per device. What an allocation from a pool
+ * gets is what cuMemAllocAsync gives (simcuda keeps no pool of freed memory: a free gives it back
+ * once the stream reaches it, as a pool whose release threshold is 0 does at a synchronization). */
+struct CUmemPoolHandle_st {
+    int dev;
+    int is_default;
+};
+static struct CUmemPoolHandle_st default_pools[64];
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev) || dev >= 64)
+        return CUDA_ERROR_INVALID_DEVICE;
+    default_pools[dev] = (struct CUmemPoolHandle_st){dev, 1};
+    *pool = &default_pools[dev];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    CHECK_INIT();
+    if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(props->location.id))
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->dev = props->location.id;
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CHECK_INIT();
+    if (!pool || pool->is_default)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(pool);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_async(dptr, bytesize, hStream);
+}
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream ? hStream : CU_STREAM_PER_THREAD);
+}
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) { return alloc_async(dptr, bytesize, hStream ? hStream : CU_STREAM_PER_THREAD); }
 
 static CUresult free_async(CUdeviceptr dptr, CUstream h)
@@ -3004,6 +3061,10 @@ static const struct procent {
     P(cuMemFreeHost, 2000, cuMemFreeHost),
     PT(cuMemAllocAsync, 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),
     PT(cuMemFreeAsync, 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz),
+    PT(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz),
+    P(cuMemPoolCreate, 11020, cuMemPoolCreate),
+    P(cuMemPoolDestroy, 11020, cuMemPoolDestroy),
+    P(cuDeviceGetDefaultMemPool, 11020, cuDeviceGetDefaultMemPool),
     P(cuMemGetInfo, 3020, cuMemGetInfo_v2),
     PT(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds),
     PT(cuMemcpyDtoH, 3020, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds),

@@ -61,6 +61,9 @@
     X(cuMemFreeHost, cuMemFreeHost)                                                         \
     X(cuMemAllocAsync, cuMemAllocAsync)                                                     \
     X(cuMemFreeAsync, cuMemFreeAsync)                                                       \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync)                                     \
+    X(cuMemPoolCreate, cuMemPoolCreate)                                                     \
+    X(cuMemPoolDestroy, cuMemPoolDestroy)                                                   \
     X(cuMemGetInfo_v2, cuMemGetInfo)                                                        \
     X(cuMemcpyHtoD_v2, cuMemcpyHtoD)                                                        \
     X(cuMemcpyDtoH_v2, cuMemcpyDtoH)                                                        \

@@ -11,8 +11,9 @@
  *   allocation B (2 G) mapped twice, its second granule at +2 G and its first at +3 G (two offsets
  *   of one allocation), every mapping read-write; and a second reservation of G, mapped with C (G).
  * --mixed: the two cuMemAlloc_v2 allocations of --plain and the mappings of --own-vmm.
- * --async: the two cuMemAlloc_v2 allocations of --plain and the cuMemAllocAsync one (stream-ordered,
- *   as JAX's and CuPy's async allocators make), and the `churn` command.
+ * --async: the two cuMemAlloc_v2 allocations of --plain, the cuMemAllocAsync one (stream-ordered, as
+ *   JAX's and CuPy's async allocators make) and one of S/4 from a memory pool of its own
+ *   (cuMemPoolCreate, cuMemAllocFromPoolAsync), and the `churn` command.
  * --spare-handle (with --own-vmm or --mixed): one more cuMemCreate allocation (G), mapped nowhere.
  * --release-early (with --own-vmm or --mixed): C is released (cuMemRelease) as soon as it is mapped; its
  *   memory lives on in the mapping, as the driver keeps it.
@@ -190,6 +191,7 @@ int main(int argc, char **argv)
     CUmemGenericAllocationHandle h = 0; /* (before any goto: every path reads them at the end) */
     CUfunction inc = NULL;
     int async_buf = -1;
+    CUmemoryPool pool = NULL;
     vprop = (CUmemAllocationProp){.type = CU_MEM_ALLOCATION_TYPE_PINNED};
     vprop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     vprop.location.id = dev;
@@ -215,6 +217,13 @@ int main(int argc, char **argv)
         CU(cuStreamSynchronize, s);
         add(p, S / 4, SIMCUDA_ALLOC_ASYNC);
         async_buf = nbufs - 1;
+        CUmemPoolProps pp = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED};
+        pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        pp.location.id = dev;
+        CU(cuMemPoolCreate, &pool, &pp);
+        CU(cuMemAllocFromPoolAsync, &p, S / 4, pool, s);
+        CU(cuStreamSynchronize, s);
+        add(p, S / 4, SIMCUDA_ALLOC_ASYNC);
         goto filled;
     }
     CU(cuMemAllocPitch_v2, &p, &pitch, 1000, rows, 4);
@@ -348,6 +357,8 @@ filled:;
     if (h)
         CU(cuMemRelease, h);
     CU(cuStreamSynchronize, s);
+    if (pool)
+        CU(cuMemPoolDestroy, pool);
     CU(cuStreamDestroy_v2, s);
     CU(cuDevicePrimaryCtxRelease_v2, dev);
     return 0;
