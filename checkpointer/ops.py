@@ -160,6 +160,10 @@ def shim_failure(reply: dict, pid: int, what: str) -> CheckpointError:
     if err == "suspended":
         return CheckpointError(f"process {pid} is suspended: its device memory is off the GPU, so it cannot {what}",
                                f"bring it back first with `gputrace resume -p {pid}`; the job stays suspended, unchanged")
+    if err == "unsupported" and detail and "does not carry" in str(detail):
+        return CheckpointError(msg, "the job runs on, untouched; free that memory first, or checkpoint through NVIDIA's "
+                                    f"driver, which carries all of it: `gputrace checkpoint --backend driver -p {pid}` "
+                                    f"(in the process) or `gputrace checkpoint --full -p {pid}` (the whole job)")
     if err == "copy failed" and what.startswith("restore"):
         return CheckpointError(msg, "the job runs again, but its device memory may be partly restored: "
                                     "restore again before relying on it")

@@ -1089,6 +1089,14 @@ static int op_freeze(struct op *op)
         op->paused = 1;
     }
     op->t.drain = now_ns() - op->t_gate;
+    int held = atomic_load(&untracked_held);
+    if (held > 0) { /* (under the gate: none can be made or freed until it opens) */
+        const char *what = atomic_load(&untracked_what);
+        snprintf(op->err, sizeof op->err,
+                 "the program holds device memory the shim does not carry (%d made by %s or the like: CUDA arrays, "
+                 "memory imported from another process); a checkpoint would leave it out", held, what ? what : "?");
+        return fail(op, "unsupported", op->err);
+    }
     free(op->c.v);
     if (collect(&op->c) != 0)
         return fail(op, "out of memory", NULL);

@@ -208,6 +208,50 @@ void post_cuMemFreeAsync(CUresult r, struct hold *h, CUdeviceptr dptr, CUstream 
 void pre_cuMemFreeAsync_ptsz(struct hold *h, CUdeviceptr dptr, CUstream s) { (void)s, take(h, R_MEM, dptr); }
 void post_cuMemFreeAsync_ptsz(CUresult r, struct hold *h, CUdeviceptr dptr, CUstream s) { (void)dptr, (void)s, put_back(r, h); }
 
+/* ---- device memory the shim does not carry: counted while held, so that a checkpoint refuses
+ * rather than leave it out (its contents are not copied, and a restore would not bring it back).
+ * CUDA arrays (textures) and memory imported from another process (cuIpcOpenMemHandle,
+ * cuMemPoolImportPointer: the other process owns it). */
+
+atomic_int untracked_held;
+const char *_Atomic untracked_what;
+
+static void untracked(CUresult r, int delta, const char *what)
+{
+    if (r != CUDA_SUCCESS)
+        return;
+    if (delta > 0)
+        atomic_store(&untracked_what, what);
+    if (atomic_fetch_add(&untracked_held, delta) + delta < 0)
+        atomic_store(&untracked_held, 0); /* (one made before the shim was loaded) */
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#define UNTRACKED(name, params, delta)                                                                           \
+    void pre_##name params {}                                                                                    \
+    void post_##name(CUresult r, struct hold *h, UNTRACKED_ARGS_##name) { (void)h; untracked(r, delta, #name); }
+#define UNTRACKED_ARGS_cuArrayCreate_v2 CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d
+#define UNTRACKED_ARGS_cuArray3DCreate_v2 CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d
+#define UNTRACKED_ARGS_cuArrayDestroy CUarray a
+#define UNTRACKED_ARGS_cuMipmappedArrayCreate CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int n
+#define UNTRACKED_ARGS_cuMipmappedArrayDestroy CUmipmappedArray a
+#define UNTRACKED_ARGS_cuIpcOpenMemHandle_v2 CUdeviceptr *pd, CUipcMemHandle hd, unsigned int flags
+#define UNTRACKED_ARGS_cuIpcCloseMemHandle CUdeviceptr d
+#define UNTRACKED_ARGS_cuMemPoolImportPointer CUdeviceptr *pd, CUmemoryPool pool, CUmemPoolPtrExportData *sd
+UNTRACKED(cuArrayCreate_v2, (struct hold *h, UNTRACKED_ARGS_cuArrayCreate_v2), 1)
+UNTRACKED(cuArray3DCreate_v2, (struct hold *h, UNTRACKED_ARGS_cuArray3DCreate_v2), 1)
+UNTRACKED(cuArrayDestroy, (struct hold *h, UNTRACKED_ARGS_cuArrayDestroy), -1)
+UNTRACKED(cuMipmappedArrayCreate, (struct hold *h, UNTRACKED_ARGS_cuMipmappedArrayCreate), 1)
+UNTRACKED(cuMipmappedArrayDestroy, (struct hold *h, UNTRACKED_ARGS_cuMipmappedArrayDestroy), -1)
+UNTRACKED(cuIpcOpenMemHandle_v2, (struct hold *h, UNTRACKED_ARGS_cuIpcOpenMemHandle_v2), 1)
+UNTRACKED(cuIpcCloseMemHandle, (struct hold *h, UNTRACKED_ARGS_cuIpcCloseMemHandle), -1)
+/* (imported pool memory is freed with cuMemFreeAsync, which the registry does not know it by: held
+ * from then on) */
+UNTRACKED(cuMemPoolImportPointer, (struct hold *h, UNTRACKED_ARGS_cuMemPoolImportPointer), 1)
+#undef UNTRACKED
+#pragma GCC diagnostic pop
+
 /* ---- pinned host memory */
 
 void pre_cuMemAllocHost_v2(struct hold *h, void **pp, size_t bytes) { (void)h, (void)pp, (void)bytes; }

@@ -106,6 +106,14 @@
     X(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytes, CUstream h), (dptr, bytes, h))                     \
     X(cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream h), (dptr, bytes, pool, h)) \
     X(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream h), (dptr, bytes, pool, h)) \
+    X(cuArrayCreate_v2, (CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d), (ph, d))                                 \
+    X(cuArray3DCreate_v2, (CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d), (ph, d))                             \
+    X(cuArrayDestroy, (CUarray a), (a))                                                                          \
+    X(cuMipmappedArrayCreate, (CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int n), (ph, d, n)) \
+    X(cuMipmappedArrayDestroy, (CUmipmappedArray a), (a))                                                        \
+    X(cuIpcOpenMemHandle_v2, (CUdeviceptr *pd, CUipcMemHandle hd, unsigned int flags), (pd, hd, flags))          \
+    X(cuIpcCloseMemHandle, (CUdeviceptr d), (d))                                                                 \
+    X(cuMemPoolImportPointer, (CUdeviceptr *pd, CUmemoryPool pool, CUmemPoolPtrExportData *sd), (pd, pool, sd)) \
     X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream h), (dptr, h))                                                 \
     X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream h), (dptr, h))                                            \
     X(cuMemAllocHost_v2, (void **pp, size_t bytes), (pp, bytes))                                                 \

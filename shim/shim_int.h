@@ -128,6 +128,10 @@ HIDDEN int vmm_enabled(void);
 HIDDEN CUresult vmm_release(struct rec *r); /* unmap and release the backing; the address stays */
 HIDDEN CUresult vmm_remap(struct rec *r);   /* new backing at r->key; updates r->handle */
 /* The program's own VMM objects (R_PHYS, R_MAP), for `suspend` / `unsuspend` (dump.c). */
+/* Device memory the shim does not carry, held now (CUDA arrays, memory imported from another process):
+ * a checkpoint refuses while any is (dump.c), naming the first call that made one. */
+HIDDEN extern atomic_int untracked_held;
+HIDDEN extern const char *_Atomic untracked_what;
 HIDDEN extern atomic_int vmm_pending; /* stream-ordered frees not yet given back */
 HIDDEN int vmm_reap(int wait); /* gives back stream-ordered frees the stream has reached (all: wait); pending left */
 HIDDEN int vmm_api(void);                          /* the driver has the VMM API (loaded once) */

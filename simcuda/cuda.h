@@ -206,6 +206,17 @@ typedef struct CUmemAllocationProp_st {
     } allocFlags;
 } CUmemAllocationProp;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUarray_st *CUarray;
+typedef enum CUarray_format_enum {
+    CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+    CU_AD_FORMAT_FLOAT = 0x20
+} CUarray_format;
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
 typedef struct CUmemPoolProps_st {
     CUmemAllocationType allocType;
     CUmemAllocationHandleType handleTypes;
@@ -272,6 +283,8 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream);
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+CUresult cuArrayDestroy(CUarray hArray);
 CUresult cuMemPoolDestroy(CUmemoryPool pool);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);

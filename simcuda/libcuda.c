@@ -1732,6 +1732,40 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
         return CUDA_ERROR_INVALID_VALUE;
     return alloc_async(dptr, bytesize, hStream);
 }
+/* CUDA arrays (textures' memory): opaque to kernels here; only their size is accounted. */
+struct CUarray_st {
+    size_t bytes;
+};
+
+CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    CHECK_INIT();
+    if (!ph || !d || !d->Width || !d->NumChannels ||
+        (d->Format != CU_AD_FORMAT_UNSIGNED_INT8 && d->Format != CU_AD_FORMAT_FLOAT))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUarray_st *a = calloc(1, sizeof *a);
+    if (!a)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    a->bytes = d->Width * (d->Height ? d->Height : 1) * d->NumChannels * (d->Format == CU_AD_FORMAT_FLOAT ? 4 : 1);
+    pthread_mutex_lock(&G);
+    mem_used += a->bytes;
+    pthread_mutex_unlock(&G);
+    *ph = a;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuArrayDestroy(CUarray a)
+{
+    CHECK_INIT();
+    if (!a)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G);
+    mem_used -= a->bytes;
+    pthread_mutex_unlock(&G);
+    free(a);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
     return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream ? hStream : CU_STREAM_PER_THREAD);
@@ -3056,6 +3090,8 @@ static const struct procent {
     P(cuMemAlloc, 3020, cuMemAlloc_v2),
     P(cuMemFree, 3020, cuMemFree_v2),
     P(cuMemAllocPitch, 3020, cuMemAllocPitch_v2),
+    P(cuArrayCreate, 3020, cuArrayCreate_v2),
+    P(cuArrayDestroy, 2000, cuArrayDestroy),
     P(cuMemAllocHost, 3020, cuMemAllocHost_v2),
     P(cuMemHostAlloc, 2020, cuMemHostAlloc),
     P(cuMemFreeHost, 2000, cuMemFreeHost),

@@ -64,6 +64,8 @@
     X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync)                                     \
     X(cuMemPoolCreate, cuMemPoolCreate)                                                     \
     X(cuMemPoolDestroy, cuMemPoolDestroy)                                                   \
+    X(cuArrayCreate_v2, cuArrayCreate)                                                      \
+    X(cuArrayDestroy, cuArrayDestroy)                                                       \
     X(cuMemGetInfo_v2, cuMemGetInfo)                                                        \
     X(cuMemcpyHtoD_v2, cuMemcpyHtoD)                                                        \
     X(cuMemcpyDtoH_v2, cuMemcpyDtoH)                                                        \

@@ -164,6 +164,28 @@ def test_a_process_that_allocated_since_is_refused_by_the_shim_under_the_gate(ta
     assert t.sum() == extra["sum"] and t.gate_open()
 
 
+def test_device_memory_the_shim_does_not_carry_is_refused_not_left_out(procs, shim_dir, tmp_path):
+    """A CUDA array (or memory imported from another process) is device memory the shim does not copy:
+    a checkpoint of a program holding one would leave it out without a word. Refused, naming the
+    call, with the job untouched; once it is destroyed, the checkpoint goes ahead."""
+    from shimtest import ask, start_pattern
+
+    p = start_pattern(procs, "--plain", vmm=False)
+    ready = json.loads(p.stdout.readline())
+    assert ask(p, "array") == {"arrays": 1}
+    with pytest.raises(CheckpointError, match="does not carry .*cuArrayCreate_v2") as e:
+        checkpoint(p.pid, tmp_path / "ck")
+    assert e.value.hint and "--backend driver" in e.value.hint
+    assert not (tmp_path / "ck").exists()
+    assert not client.status(p.pid)["paused"] and ask(p, "sum")["sum"] == ready["sum"]
+    assert ask(p, "unarray") == {"arrays": 0}
+    rep = checkpoint(p.pid, tmp_path / "ck")
+    assert rep.allocations == 2
+    p.stdin.write("quit\n")
+    p.stdin.flush()
+    assert p.wait(timeout=60) == 0, p.stderr.read()
+
+
 def test_a_full_disk_during_the_write_keeps_nothing(target, small_fs):
     t = target(4 << 20)
     with pytest.raises(DiskFull, match="no space left") as e:

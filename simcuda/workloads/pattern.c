@@ -35,6 +35,9 @@
  *                kernel of 20 ms adding 1 to each word, a copy of it into the first S/8 of the async
  *                allocation, and a cuMemFreeAsync of it issued while the kernel runs; then the
  *                stream synchronized                       -> {"sum": "<hex>"}
+ *   array        one CUDA array (cuArrayCreate_v2, 64 x 64 floats): device memory the shim does not
+ *                carry                                     -> {"arrays": N}
+ *   unarray      the last one destroyed                    -> {"arrays": N}
  *   quit         free everything and exit 0 (own VMM: each handle's properties read back, and each
  *                mapping's handle retained from its address and released first, as NCCL does; other
  *                properties, or a handle other than the one mapped there, exit 1)
@@ -65,6 +68,8 @@ static struct {
     size_t size;
 } res[MAX_BUFS];
 static int nres;
+static CUarray arrays[MAX_BUFS];
+static int narrays;
 static CUmemAllocationProp vprop;
 static size_t gran;
 
@@ -289,6 +294,13 @@ filled:;
             CU(cuStreamSynchronize, s);
             free(host);
             printf("{\"sum\": \"%016llx\"}\n", (unsigned long long)checksum());
+        } else if (!strncmp(line, "unarray", 7) && narrays) {
+            CU(cuArrayDestroy, arrays[--narrays]);
+            printf("{\"arrays\": %d}\n", narrays);
+        } else if (!strncmp(line, "array", 5) && narrays < MAX_BUFS) {
+            CUDA_ARRAY_DESCRIPTOR d = {.Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+            CU(cuArrayCreate_v2, &arrays[narrays++], &d);
+            printf("{\"arrays\": %d}\n", narrays);
         } else if (!strncmp(line, "remap", 5)) {
             for (int i = 0; i < nmaps; i++) {
                 CU(cuMemUnmap, maps[i].va, maps[i].size);
