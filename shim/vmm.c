@@ -32,6 +32,7 @@ static struct {
     CUresult (*ev_sync)(CUevent);
     CUresult (*ev_destroy)(CUevent);
     CUresult (*stream_sync)(CUstream);
+    CUresult (*capturing)(CUstream, CUstreamCaptureStatus *);
 } V;
 static atomic_int g_state; /* 0: not looked at, 1: on, -1: off */
 static atomic_int g_api;   /* the same for the VMM API itself, whatever GPUTRACE_SHIM_VMM says */
@@ -55,6 +56,7 @@ static int load(void)
     SYM(ev_sync, "cuEventSynchronize");
     SYM(ev_destroy, "cuEventDestroy_v2");
     SYM(stream_sync, "cuStreamSynchronize");
+    SYM(capturing, "cuStreamIsCapturing");
 #undef SYM
     return V.gran && V.reserve && V.addr_free && V.create && V.release && V.map && V.unmap && V.access &&
            V.ctx_device;
@@ -183,10 +185,21 @@ int vmm_reap(int wait)
     return j;
 }
 
+/* A stream being captured into a graph: its stream-ordered allocations and frees become the graph's
+ * memory nodes, made and freed at each replay; served here they would be made once and freed as the
+ * capture records the free (its event is no real one), under the graph's next replay. The driver's;
+ * a served allocation freed inside a capture is then refused by the driver (not its pointer), which
+ * fails the capture loudly rather than free memory the graph goes on using. simcuda has no capture:
+ * not tested on CI. */
+static int capturing(CUstream s)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return V.capturing && V.capturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 int alt_cuMemAllocAsync(CUresult *out, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s)
 {
-    (void)s;
-    if (!vmm_enabled())
+    if (!vmm_enabled() || capturing(s))
         return 0;
     if (g_npending)
         vmm_reap(0);
@@ -216,7 +229,7 @@ int alt_cuMemAllocFromPoolAsync_ptsz(CUresult *out, struct hold *h, CUdeviceptr 
 
 int alt_cuMemFreeAsync(CUresult *out, struct hold *h, CUdeviceptr dptr, CUstream s)
 {
-    if (h->found != 1 || !h->rec.reserved)
+    if (h->found != 1 || !h->rec.reserved || capturing(s))
         return 0;
     if (g_npending)
         vmm_reap(0);
