@@ -127,18 +127,25 @@ void post_cuCtxDestroy_v2(CUresult r, struct hold *h, CUcontext ctx)
 /* ---- device memory */
 
 void pre_cuMemAlloc_v2(struct hold *h, CUdeviceptr *dptr, size_t bytes) { (void)h, (void)dptr, (void)bytes; }
-void post_cuMemAlloc_v2(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes)
+/* A device allocation of `kind` made: the driver's, or served through the VMM API (vmm.c: the
+ * alternative says so with found = 2 and leaves its handle and reservation in the hold). */
+static void put_allocation(CUresult r, struct hold *h, int kind, CUdeviceptr *dptr, size_t bytes)
 {
     if (r != CUDA_SUCCESS || !dptr)
         return;
     if (h->found != 2) {
-        put_object(R_MEM, K_DEVICE, *dptr, bytes, 0);
+        put_object(R_MEM, kind, *dptr, bytes, 0);
         return;
     }
-    CUcontext c = shim_current_ctx(); /* served through the VMM API (vmm.c) */
-    struct rec m = {.type = R_MEM, .kind = K_DEVICE, .key = *dptr, .size = bytes, .ctx = (uintptr_t)c,
+    CUcontext c = shim_current_ctx();
+    struct rec m = {.type = R_MEM, .kind = kind, .key = *dptr, .size = bytes, .ctx = (uintptr_t)c,
                     .device = device_of(c), .handle = h->rec.handle, .reserved = h->rec.reserved};
     reg_put(&m);
+}
+
+void post_cuMemAlloc_v2(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes)
+{
+    put_allocation(r, h, K_DEVICE, dptr, bytes);
 }
 
 void pre_cuMemAllocPitch_v2(struct hold *h, CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
@@ -161,16 +168,7 @@ void pre_cuMemAllocAsync(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstre
 void post_cuMemAllocAsync(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s)
 {
     (void)s;
-    if (r != CUDA_SUCCESS || !dptr)
-        return;
-    if (h->found != 2) {
-        put_object(R_MEM, K_ASYNC, *dptr, bytes, 0);
-        return;
-    }
-    CUcontext c = shim_current_ctx(); /* served through the VMM API (vmm.c) */
-    struct rec m = {.type = R_MEM, .kind = K_ASYNC, .key = *dptr, .size = bytes, .ctx = (uintptr_t)c,
-                    .device = device_of(c), .handle = h->rec.handle, .reserved = h->rec.reserved};
-    reg_put(&m);
+    put_allocation(r, h, K_ASYNC, dptr, bytes);
 }
 void pre_cuMemAllocAsync_ptsz(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s) { (void)h, (void)dptr, (void)bytes, (void)s; }
 void post_cuMemAllocAsync_ptsz(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUstream s)
@@ -180,26 +178,19 @@ void post_cuMemAllocAsync_ptsz(CUresult r, struct hold *h, CUdeviceptr *dptr, si
 
 /* From a memory pool of the program's (or a device's default one): stream-ordered memory like
  * cuMemAllocAsync's, recorded the same way, so a checkpoint carries it. */
-void pre_cuMemAllocFromPoolAsync(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s)
-{
-    (void)h, (void)dptr, (void)bytes, (void)pool, (void)s;
-}
-void post_cuMemAllocFromPoolAsync(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
-                                  CUstream s)
-{
-    (void)pool;
-    post_cuMemAllocAsync(r, h, dptr, bytes, s);
-}
-void pre_cuMemAllocFromPoolAsync_ptsz(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s)
-{
-    (void)h, (void)dptr, (void)bytes, (void)pool, (void)s;
-}
-void post_cuMemAllocFromPoolAsync_ptsz(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
-                                       CUstream s)
-{
-    (void)pool;
-    post_cuMemAllocAsync(r, h, dptr, bytes, s);
-}
+#define FROM_POOL(name)                                                                                          \
+    void pre_##name(struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s)              \
+    {                                                                                                            \
+        (void)h, (void)dptr, (void)bytes, (void)pool, (void)s;                                                   \
+    }                                                                                                            \
+    void post_##name(CUresult r, struct hold *h, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s) \
+    {                                                                                                            \
+        (void)pool, (void)s;                                                                                     \
+        put_allocation(r, h, K_ASYNC, dptr, bytes);                                                              \
+    }
+FROM_POOL(cuMemAllocFromPoolAsync)
+FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
+#undef FROM_POOL
 
 /* A stream-ordered free leaves the registry at once: once the stream reaches it the memory is gone,
  * and nothing may use it after the free was issued. */

@@ -92,6 +92,14 @@ def check(report: dict, truth: Truth, *, min_hz: float = 1000.0) -> list[tuple[s
     return out
 
 
+def in_process_report(s, ivs, summary) -> dict:
+    """What `check` reads of a Session run in this process (its intervals, its summary)."""
+    return {"attach": {"started_monotonic_s": s.started},
+            "intervals": [{"t_start": iv.t_start, "interval_s": iv.interval_s} for iv in ivs],
+            "summary": {"functions": [{"name": f.name, "rate_hz": f.rate_hz, "rate_err_hz": f.rate_err_hz}
+                                      for f in summary.functions]}}
+
+
 def attach_json(pid: int, seconds: float, out: Path, *extra: str) -> dict:
     r = subprocess.run(CLI + ["attach", "-p", str(pid), "-d", str(seconds), "--json", "-q", "-o", str(out), *extra],
                        env=env(), capture_output=True, text=True, timeout=seconds + 120)
@@ -182,10 +190,7 @@ def test_a_hot_function_that_starts_in_the_last_interval_is_sampled_in_a_window_
         s.close()
     assert job.wait(timeout=60) == 0
     truth = Truth(log)
-    report = {"attach": {"started_monotonic_s": s.started},
-              "intervals": [{"t_start": iv.t_start, "interval_s": iv.interval_s} for iv in ivs],
-              "summary": {"functions": [{"name": f.name, "rate_hz": f.rate_hz, "rate_err_hz": f.rate_err_hz}
-                                        for f in summary.functions]}}
+    report = in_process_report(s, ivs, summary)
     t0 = s.started + ivs[-1].t_start
     started = truth.t[next(i for i, c in enumerate(truth.counts) if c[truth.names.index("cuMemGetInfo_v2")] > 0)]
     assert t0 < started < t0 + ivs[-1].interval_s, (t0, started)  # it did start in the last interval
@@ -235,10 +240,7 @@ def test_a_kept_function_that_turns_hot_leaves_the_watch_link_at_once(finishing_
     made = truth.calls(switched, end)["cuDeviceGetAttribute"]
     watched = observations[k].watched_calls.get(attr, 0)
     assert watched < 0.5 * made, (watched, made, k)
-    report = {"attach": {"started_monotonic_s": s.started},
-              "intervals": [{"t_start": iv.t_start, "interval_s": iv.interval_s} for iv in ivs],
-              "summary": {"functions": [{"name": f.name, "rate_hz": f.rate_hz, "rate_err_hz": f.rate_err_hz}
-                                        for f in summary.functions]}}
+    report = in_process_report(s, ivs, summary)
     rows = {r[0]: r for r in check(report, truth)}
     name, true, est, err = rows["cuDeviceGetAttribute"]
     assert abs(est - true) <= err, rows[name]
@@ -366,10 +368,7 @@ def test_stated_intervals_cover_the_exact_counts_over_randomized_runs(tmp_path, 
             s.close()
             assert job.wait(timeout=60) == 0
             truth = Truth(log)
-            report = {"attach": {"started_monotonic_s": s.started},
-                      "intervals": [{"t_start": iv.t_start, "interval_s": iv.interval_s} for iv in ivs],
-                      "summary": {"functions": [{"name": f.name, "rate_hz": f.rate_hz, "rate_err_hz": f.rate_err_hz}
-                                                for f in summary.functions]}}
+            report = in_process_report(s, ivs, summary)
             for name, true, est, err in check(report, truth):
                 total += 1
                 ok = err is not None and abs(est - true) <= err
