@@ -13,9 +13,12 @@
  *   free_invalid    cuMemFree_v2 of an address that is no allocation: a state call's path, with the
  *                   registry lookup (shard lock, hash) that every free makes
  *   not_wrapped     cuCtxGetCurrent: not intercepted, both pointers are the driver's (noise floor)
+ *   alloc_free_async  cuMemAllocAsync of 1 MiB and its cuMemFreeAsync on the stream, a pair per call:
+ *                   the driver's pool against the shim's path (with GPUTRACE_SHIM_VMM=1, served through
+ *                   the VMM API: what a --suspendable job pays for each stream-ordered allocation)
  * Prints one JSON object: per case, the per-round ns/call of each pointer and their difference.
- * Usage: shim_bench [--rounds R] [--calls N] [--image FILE]  (FILE: a PTX or cubin with an entry
- * named "noop" taking no parameters; default: simcuda's text image). */
+ * Usage: shim_bench [--rounds R] [--calls N] [--image FILE] [--only CASE]  (FILE: a PTX or cubin with an
+ * entry named "noop" taking no parameters; default: simcuda's text image). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdint.h>
@@ -42,6 +45,8 @@ typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned,
 typedef CUresult (*record_t)(CUevent, CUstream);
 typedef CUresult (*getctx_t)(CUcontext *);
 typedef CUresult (*free_t)(unsigned long long);
+typedef CUresult (*alloc_async_t)(unsigned long long *, size_t, CUstream);
+typedef CUresult (*free_async_t)(unsigned long long, CUstream);
 
 static CUfunction fn;
 static CUstream stream;
@@ -54,11 +59,13 @@ static uint64_t now(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-enum { C_LAUNCH_INVALID, C_LAUNCH, C_RECORD, C_FREE_INVALID, C_NOT_WRAPPED, NCASES };
+enum { C_LAUNCH_INVALID, C_LAUNCH, C_RECORD, C_FREE_INVALID, C_NOT_WRAPPED, C_ALLOC_ASYNC, NCASES };
 static const char *const case_name[NCASES] = {"launch_invalid", "launch", "event_record", "free_invalid",
-                                              "not_wrapped"};
+                                              "not_wrapped", "alloc_free_async"};
 static const char *const case_fn[NCASES] = {"cuLaunchKernel", "cuLaunchKernel", "cuEventRecord", "cuMemFree_v2",
-                                            "cuCtxGetCurrent"};
+                                            "cuCtxGetCurrent", "cuMemAllocAsync"};
+/* The alloc_free_async case's free, through the same kind of pointer as its allocation. */
+static void *free_async_w, *free_async_r, *free_async_now;
 
 static double block(int c, void *p, long n)
 {
@@ -80,6 +87,13 @@ static double block(int c, void *p, long n)
         for (long i = 0; i < n; i++)
             ((free_t)p)(0x10 + (unsigned long long)i * 16); /* never a device allocation */
         break;
+    case C_ALLOC_ASYNC:
+        for (long i = 0; i < n; i++) {
+            unsigned long long d = 0;
+            if (((alloc_async_t)p)(&d, 1 << 20, stream) == 0)
+                ((free_async_t)free_async_now)(d, stream);
+        }
+        break;
     case C_NOT_WRAPPED: {
         CUcontext ctx;
         for (long i = 0; i < n; i++)
@@ -88,7 +102,7 @@ static double block(int c, void *p, long n)
     }
     }
     uint64_t t1 = now();
-    if (c == C_LAUNCH || c == C_RECORD)
+    if (c == C_LAUNCH || c == C_RECORD || c == C_ALLOC_ASYNC)
         cuStreamSynchronize(stream); /* untimed: keep the queue from growing */
     return (double)(t1 - t0) / (double)n;
 }
@@ -119,7 +133,7 @@ int main(int argc, char **argv)
 {
     int rounds = 200;
     long calls = 20000;
-    const char *image_file = NULL;
+    const char *image_file = NULL, *only = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--rounds"))
             rounds = atoi(argv[i + 1]);
@@ -127,6 +141,8 @@ int main(int argc, char **argv)
             calls = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--image"))
             image_file = argv[i + 1];
+        else if (!strcmp(argv[i], "--only"))
+            only = argv[i + 1];
     }
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
@@ -173,32 +189,43 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    free_async_w = must(h, "cuMemFreeAsync");
+    free_async_r = real("cuMemFreeAsync");
     printf("{\"rounds\": %d, \"calls_per_block\": %ld, \"cases\": {", rounds, calls);
+    int first = 1;
     for (int c = 0; c < NCASES; c++) {
+        if (only && strcmp(only, case_name[c]))
+            continue;
         void *w = must(h, case_fn[c]), *r = real(case_fn[c]);
         if (!r) /* not wrapped: the driver's pointer both ways */
             r = w;
-        long n = c == C_LAUNCH || c == C_RECORD ? calls / 10 : calls;
+        long n = c == C_LAUNCH || c == C_RECORD ? calls / 10 : c == C_ALLOC_ASYNC ? calls / 100 : calls;
+        if (n < 1)
+            n = 1;
+        void *fw = free_async_w, *fr = free_async_r ? free_async_r : free_async_w;
+#define BLOCK(ptr) (free_async_now = (ptr) == w ? fw : fr, block(c, (ptr), n))
         double *dr = calloc((size_t)rounds, sizeof(double)), *dw = calloc((size_t)rounds, sizeof(double)),
                *dd = calloc((size_t)rounds, sizeof(double));
-        block(c, r, n); /* warm both */
-        block(c, w, n);
+        BLOCK(r); /* warm both */
+        BLOCK(w);
         for (int k = 0; k < rounds; k++) {
             if (k & 1) {
-                dw[k] = block(c, w, n);
-                dr[k] = block(c, r, n);
+                dw[k] = BLOCK(w);
+                dr[k] = BLOCK(r);
             } else {
-                dr[k] = block(c, r, n);
-                dw[k] = block(c, w, n);
+                dr[k] = BLOCK(r);
+                dw[k] = BLOCK(w);
             }
             dd[k] = dw[k] - dr[k];
         }
         printf("%s\"%s\": {\"function\": \"%s\", \"wrapped\": %s, \"calls_per_block\": %ld, "
                "\"driver_ns\": %.2f, \"shim_ns\": %.2f, \"added_ns_median\": %.2f, \"added_ns_p10\": %.2f, "
                "\"added_ns_p90\": %.2f}",
-               c ? ", " : "", case_name[c], case_fn[c], r != w ? "true" : "false", n, pct(dr, rounds, 0.5),
+               first ? "" : ", ", case_name[c], case_fn[c], r != w ? "true" : "false", n, pct(dr, rounds, 0.5),
                pct(dw, rounds, 0.5), pct(dd, rounds, 0.5), pct(dd, rounds, 0.1), pct(dd, rounds, 0.9));
         free(dr), free(dw), free(dd);
+        first = 0;
+#undef BLOCK
     }
     printf("}}\n");
     return 0;

@@ -150,7 +150,13 @@ def per_call(exe: Path, lib: Path, sock_dir: Path, workdir: Path, rounds: int) -
     ptx.write_text(NOOP_PTX)
     out = subprocess.run([str(exe), "--rounds", str(rounds), "--calls", "20000", "--image", str(ptx)],
                          env=shim_env(lib, sock_dir), check=True, capture_output=True, text=True).stdout
-    return json.loads(out)
+    d = json.loads(out)
+    # The same stream-ordered pair with the shim serving it through the VMM API, as under --suspendable.
+    served = subprocess.run([str(exe), "--rounds", str(rounds), "--calls", "20000", "--image", str(ptx), "--only",
+                             "alloc_free_async"], env={**shim_env(lib, sock_dir), "GPUTRACE_SHIM_VMM": "1"}, check=True,
+                            capture_output=True, text=True).stdout
+    d["served_through_vmm"] = json.loads(served)["cases"]["alloc_free_async"]
+    return d
 
 
 class Loop:
@@ -393,6 +399,12 @@ def summary(d: dict) -> str:
         "",
         *shim_cost_rows(c),
     ]
+    v = d["per_call"].get("served_through_vmm")
+    if v:
+        lines += ["", f"Under `--suspendable` (GPUTRACE_SHIM_VMM=1) a cuMemAllocAsync of 1 MiB and its cuMemFreeAsync "
+                      f"are served through the VMM API: {v['shim_ns'] / 1e3:.1f} us a pair against the driver's pool's "
+                      f"{v['driver_ns'] / 1e3:.1f} us (added {v['added_ns_median'] / 1e3:.1f} us, p10..p90 "
+                      f"{v['added_ns_p10'] / 1e3:.1f}..{v['added_ns_p90'] / 1e3:.1f})."]
     lines += ["", "Registry alone, ns per operation per thread: " + ", ".join(
         f"{t['threads']} thread(s) {t['put_take_pair_ns']:.0f} record+remove / {t['lookup_miss_ns']:.0f} miss"
         for t in d["registry"]["threads"]) + "."]
