@@ -12,7 +12,8 @@
  *   event_record    cuEventRecord on that stream
  *   free_invalid    cuMemFree_v2 of an address that is no allocation: a state call's path, with the
  *                   registry lookup (shard lock, hash) that every free makes
- *   not_wrapped     cuCtxGetCurrent: not intercepted, both pointers are the driver's (noise floor)
+ *   not_wrapped     cuCtxGetCurrent: a query the shim passes straight through (wrapped only so the
+ *                   emulated layer can add to it): a load and a jump, the floor (named before it was wrapped)
  *   alloc_free_async  cuMemAllocAsync of 1 MiB and its cuMemFreeAsync on the stream, a pair per call:
  *                   the driver's pool against the shim's path (with GPUTRACE_SHIM_VMM=1, served through
  *                   the VMM API: what a --suspendable job pays for each stream-ordered allocation)

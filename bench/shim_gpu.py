@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tables import shim_cost_rows  # noqa: E402
+from tables import served_async_rows, shim_cost_rows  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -399,12 +399,7 @@ def summary(d: dict) -> str:
         "",
         *shim_cost_rows(c),
     ]
-    v = d["per_call"].get("served_through_vmm")
-    if v:
-        lines += ["", f"Under `--suspendable` (GPUTRACE_SHIM_VMM=1) a cuMemAllocAsync of 1 MiB and its cuMemFreeAsync "
-                      f"are served through the VMM API: {v['shim_ns'] / 1e3:.1f} us a pair against the driver's pool's "
-                      f"{v['driver_ns'] / 1e3:.1f} us (added {v['added_ns_median'] / 1e3:.1f} us, p10..p90 "
-                      f"{v['added_ns_p10'] / 1e3:.1f}..{v['added_ns_p90'] / 1e3:.1f})."]
+    lines += served_async_rows(d["per_call"])
     lines += ["", "Registry alone, ns per operation per thread: " + ", ".join(
         f"{t['threads']} thread(s) {t['put_take_pair_ns']:.0f} record+remove / {t['lookup_miss_ns']:.0f} miss"
         for t in d["registry"]["threads"]) + "."]

@@ -35,7 +35,7 @@ from gputrace import shim, simcuda  # noqa: E402
 from gputrace.base.native import build  # noqa: E402
 
 sys.path.insert(0, str(HERE))
-from tables import shim_cost_rows  # noqa: E402
+from tables import served_async_rows, shim_cost_rows  # noqa: E402
 
 # launch_bound's calls per step that the shim gates (everything else passes through untouched).
 GATED_PER_STEP = {"cuLaunchKernel": 21, "cuLaunchKernelEx": 14, "cuMemcpyDtoDAsync_v2": 1}
@@ -47,7 +47,12 @@ def microbench(rounds: int, calls: int, sock_dir: str) -> dict:
     env.update(SIMCUDA_LAUNCH_NS="0", SIMCUDA_KERNEL_NS="0", GPUTRACE_SHIM_DIR=sock_dir)
     out = subprocess.run([str(exe), "--rounds", str(rounds), "--calls", str(calls)], env=env, check=True,
                          capture_output=True, text=True).stdout
-    return json.loads(out)
+    d = json.loads(out)
+    # The stream-ordered pair again with the shim serving it through the VMM API (--suspendable).
+    served = subprocess.run([str(exe), "--rounds", str(rounds), "--calls", str(calls), "--only", "alloc_free_async"],
+                            env={**env, "GPUTRACE_SHIM_VMM": "1"}, check=True, capture_output=True, text=True).stdout
+    d["served_through_vmm"] = json.loads(served)["cases"]["alloc_free_async"]
+    return d
 
 
 def registry_bench() -> dict:
@@ -134,6 +139,7 @@ def summary(d: dict) -> str:
         f"Paired, interleaved blocks in one process ({d['per_call']['rounds']} rounds); ns per call, medians.",
         "",
         *shim_cost_rows(c),
+        *served_async_rows(d["per_call"]),
     ]
     lines += [
         "",

@@ -219,27 +219,19 @@ static void untracked(CUresult r, int delta, const char *what)
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
-#define UNTRACKED(name, params, delta)                                                                           \
-    void pre_##name params {}                                                                                    \
-    void post_##name(CUresult r, struct hold *h, UNTRACKED_ARGS_##name) { (void)h; untracked(r, delta, #name); }
-#define UNTRACKED_ARGS_cuArrayCreate_v2 CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d
-#define UNTRACKED_ARGS_cuArray3DCreate_v2 CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d
-#define UNTRACKED_ARGS_cuArrayDestroy CUarray a
-#define UNTRACKED_ARGS_cuMipmappedArrayCreate CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int n
-#define UNTRACKED_ARGS_cuMipmappedArrayDestroy CUmipmappedArray a
-#define UNTRACKED_ARGS_cuIpcOpenMemHandle_v2 CUdeviceptr *pd, CUipcMemHandle hd, unsigned int flags
-#define UNTRACKED_ARGS_cuIpcCloseMemHandle CUdeviceptr d
-#define UNTRACKED_ARGS_cuMemPoolImportPointer CUdeviceptr *pd, CUmemoryPool pool, CUmemPoolPtrExportData *sd
-UNTRACKED(cuArrayCreate_v2, (struct hold *h, UNTRACKED_ARGS_cuArrayCreate_v2), 1)
-UNTRACKED(cuArray3DCreate_v2, (struct hold *h, UNTRACKED_ARGS_cuArray3DCreate_v2), 1)
-UNTRACKED(cuArrayDestroy, (struct hold *h, UNTRACKED_ARGS_cuArrayDestroy), -1)
-UNTRACKED(cuMipmappedArrayCreate, (struct hold *h, UNTRACKED_ARGS_cuMipmappedArrayCreate), 1)
-UNTRACKED(cuMipmappedArrayDestroy, (struct hold *h, UNTRACKED_ARGS_cuMipmappedArrayDestroy), -1)
-UNTRACKED(cuIpcOpenMemHandle_v2, (struct hold *h, UNTRACKED_ARGS_cuIpcOpenMemHandle_v2), 1)
-UNTRACKED(cuIpcCloseMemHandle, (struct hold *h, UNTRACKED_ARGS_cuIpcCloseMemHandle), -1)
+#define UNTRACKED(name, delta, ...)                                                                              \
+    void pre_##name(struct hold *h, __VA_ARGS__) {}                                                              \
+    void post_##name(CUresult r, struct hold *h, __VA_ARGS__) { untracked(r, delta, #name); }
+UNTRACKED(cuArrayCreate_v2, 1, CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
+UNTRACKED(cuArray3DCreate_v2, 1, CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d)
+UNTRACKED(cuArrayDestroy, -1, CUarray a)
+UNTRACKED(cuMipmappedArrayCreate, 1, CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int n)
+UNTRACKED(cuMipmappedArrayDestroy, -1, CUmipmappedArray a)
+UNTRACKED(cuIpcOpenMemHandle_v2, 1, CUdeviceptr *pd, CUipcMemHandle hd, unsigned int flags)
+UNTRACKED(cuIpcCloseMemHandle, -1, CUdeviceptr d)
 /* (imported pool memory is freed with cuMemFreeAsync, which the registry does not know it by: held
  * from then on) */
-UNTRACKED(cuMemPoolImportPointer, (struct hold *h, UNTRACKED_ARGS_cuMemPoolImportPointer), 1)
+UNTRACKED(cuMemPoolImportPointer, 1, CUdeviceptr *pd, CUmemoryPool pool, CUmemPoolPtrExportData *sd)
 #undef UNTRACKED
 #pragma GCC diagnostic pop
 

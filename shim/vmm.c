@@ -201,7 +201,7 @@ int alt_cuMemAllocAsync(CUresult *out, struct hold *h, CUdeviceptr *dptr, size_t
 {
     if (!vmm_enabled() || capturing(s))
         return 0;
-    if (g_npending)
+    if (atomic_load_explicit(&vmm_pending, memory_order_relaxed))
         vmm_reap(0);
     return serve(out, h, dptr, bytes);
 }
@@ -231,7 +231,7 @@ int alt_cuMemFreeAsync(CUresult *out, struct hold *h, CUdeviceptr dptr, CUstream
 {
     if (h->found != 1 || !h->rec.reserved || capturing(s))
         return 0;
-    if (g_npending)
+    if (atomic_load_explicit(&vmm_pending, memory_order_relaxed))
         vmm_reap(0);
     if (h->rec.suspended) { /* nothing behind it to wait for */
         *out = give_back(dptr, h->rec.reserved, h->rec.handle, 1);

@@ -210,9 +210,8 @@ class _Unit:
         keep = [x for x in self.parts if x[2] <= LOOSE_REL]
         if not _consistent(_pooled(firm), _pooled([x for x in self.parts if x[2] > LOOSE_REL])):
             return self
-        out = _Unit(u=self.u, span=self.span, alone=self.alone)
-        for n, e, rel, counted in keep:
-            out.add(n, e, rel, counted)
+        out = _pooled(keep)
+        out.u, out.span, out.alone = self.u, self.span, self.alone
         return out
 
 
