@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import lzma
 import os
 import random
 import statistics
@@ -252,15 +253,23 @@ def emulation_pairs(job: Job, costs: list[float], seconds: float, cycles: int = 
     return rows
 
 
+def read_json(path: Path) -> dict | None:
+    """The document at path, or at path.xz (the committed attach reports and observations are
+    compressed: raw, they made the repository too large to carry to the GPU machine); None if neither."""
+    if path.exists():
+        return orjson.loads(path.read_bytes())
+    xz = path.with_name(path.name + ".xz")
+    return orjson.loads(lzma.decompress(xz.read_bytes())) if xz.exists() else None
+
+
 def reestimated(p: dict, d: Path) -> dict:
     """Pair p with its rates worked out again by the estimator as it is now, from the observations
     its attach wrote (p as it is where there are none)."""
     f = d / p.get("attach_file", "-")
-    obs_path = f.with_suffix(".obs.json")
-    if not obs_path.exists():
+    doc = read_json(f.with_suffix(".obs.json"))
+    if doc is None:
         return p
     from gputrace.tracer import estimator as est
-    doc = orjson.loads(obs_path.read_bytes())
     obs, expo = est.load_observations(doc)
     names = doc["functions"]
     out = est.estimate(obs, expo)
