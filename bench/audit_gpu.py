@@ -414,6 +414,9 @@ def main() -> int:
             job.close()
             doc["wall_s"] = time.monotonic() - t0
             path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+            for raw in d.glob(f"{name}-attach-*.json"):  # committed compressed (see read_json)
+                raw.with_name(raw.name + ".xz").write_bytes(lzma.compress(raw.read_bytes()))
+                raw.unlink()
             print(f"{name}: done in {doc['wall_s']:.0f} s", flush=True)
     summary = {}
     for path in sorted(d.glob("*.json")):
