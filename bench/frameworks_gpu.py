@@ -25,6 +25,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -124,15 +125,40 @@ def compare(exact: dict, budget: dict) -> dict:
     return out
 
 
+def summary_rows(doc: dict) -> list[str]:
+    """One Markdown row per job: each default attach against --exact (covered, median and max
+    error per step, and the median stated 95% half-width), as frameworks-h200.md shows them."""
+    rows = []
+    for name, j in doc["jobs"].items():
+        cells = []
+        for c in ("compare1", "compare2"):
+            cmp = [r for r in j.get(c, {}).values() if r.get("budget_per_step") is not None]
+            if not cmp:
+                cells.append("not measured")
+                continue
+            errs = [abs(r["rel"]) for r in cmp]
+            hw = [r["err_per_step"] / r["exact_per_step"] for r in cmp]
+            cells.append(f"{sum(r['covered'] for r in j[c].values())}/{len(j[c])}, median "
+                         f"{100 * statistics.median(errs):.0f}%, max {100 * max(errs):.0f}% "
+                         f"(stated median ±{100 * statistics.median(hw):.0f}%)")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--summarize", action="store_true",
+                    help="only print the per-job table of OUT/frameworks.json (no GPU needed)")
     ap.add_argument("--jobs", default="torch,expseg,graph,gpt2,jax,cupy,cxx")
     ap.add_argument("-d", "--seconds", type=float, default=5.0)
     ap.add_argument("--switch-after", type=float, default=12.0,
                     help="the switch job's eager seconds before graph replays (longer than an attach's set-up)")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.summarize:
+        print("\n".join(summary_rows(orjson.loads((out / "frameworks.json").read_bytes()))))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
     work.mkdir(exist_ok=True)

@@ -16,7 +16,7 @@ Each step's outcome is recorded as it is (a refusal's message included) and the 
 
 Run (root, GPU, from the repository root after `source bench/gpu-env.sh`):
   python3 bench/suspend_frameworks_gpu.py --out $OUT/suspend-fw
-Writes OUT/suspend-frameworks.json and .md.
+Writes OUT/suspend-frameworks.json and prints the table; `--report JSON` prints it again from a result.
 """
 
 from __future__ import annotations
@@ -136,33 +136,64 @@ def run_case(name: str, mib: int, work: Path) -> dict:
     return res
 
 
-def row(r: dict) -> str:
-    def gib(v):
-        return "-" if v is None else f"{v / (1 << 30):.2f}"
+def all_right(r: dict) -> bool:
+    """Data equal after resume and after the rollback (of bytes the scribble did change), addresses
+    kept, and the device computing after both."""
+    return all(r.get(k) for k in ("resume_checksum_equal", "addresses_kept", "work_after_resume",
+                                  "scribble_changed", "restore_checksum_equal", "work_after_restore"))
 
-    def step(k):
+
+HEAD = ("| case | framework | allocator settings | allocations | GiB suspended | NVML GiB before → suspended | "
+        "suspend freeze, ms | resume, ms | checkpoint freeze, ms (copy) | restore freeze, ms | "
+        "data, addresses, compute all right |\n|" + "---|" * 11)
+
+
+def row(r: dict) -> str:
+    """One Markdown row; a step that failed shows its exit status and the first line it printed."""
+    def step(k: str) -> dict | str:
         s = r.get(k)
         if s is None:
             return "-"
-        if s.get("rc") == 0:
-            return f"ok {s['s']:.2f} s"
-        msg = (s.get("stderr") or s.get("error") or "").splitlines()
-        return f"rc {s.get('rc')}: {msg[0][:90] if msg else ''}"
+        if s.get("rc") != 0:
+            msg = (s.get("stderr") or s.get("error") or "").splitlines()
+            return f"rc {s.get('rc')}: {msg[0][:90] if msg else ''}"
+        return s.get("json") or {}
 
-    def yn(k):
-        return {True: "yes", False: "**no**", None: "-"}[r.get(k)]
+    def ms(k: str, field: str) -> str:
+        v = step(k)
+        return v if isinstance(v, str) else f"{v[field] / 1e6:.0f}"
 
-    return (f"| {r['case']} | {step('suspend')} | {gib(r.get('nvml_before'))} → {gib(r.get('nvml_suspended'))} | "
-            f"{step('resume')} | {yn('resume_checksum_equal')} | {yn('addresses_kept')} | {yn('work_after_resume')} | "
-            f"{step('checkpoint')} | {step('restore')} | {yn('restore_checksum_equal')} |")
+    def gib(v) -> str:
+        return "-" if v is None else f"{v / (1 << 30):.2f}"
+
+    su, ck = step("suspend"), step("checkpoint")
+    copy = f" ({ck['copy_gbps']:.1f} GB/s)" if isinstance(ck, dict) else ""
+    env = ", ".join(f"{k}={v}" for k, v in r["env"].items()) or "(defaults)"
+    ok = "yes" if all_right(r) else ("**no**: " + r["error"] if r.get("error") else "**no**")
+    return (f"| {r['case']} | {r['fw']} {r.get('version')} | `{env}` | "
+            f"{su['allocations'] if isinstance(su, dict) else '-'} | {gib(su.get('bytes')) if isinstance(su, dict) else su} | "
+            f"{gib(r.get('nvml_before'))} → {gib(r.get('nvml_suspended'))} | {ms('suspend', 'freeze_ns')} | "
+            f"{ms('resume', 'total_ns')} | {ms('checkpoint', 'freeze_ns')}{copy} | "
+            f"{ms('restore', 'freeze_ns')} | {ok} |")
+
+
+def table(results: list[dict]) -> str:
+    return HEAD + "\n" + "\n".join(row(r) for r in results) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, help="directory for the jobs' logs and the JSON")
+    ap.add_argument("--report", type=Path, metavar="JSON",
+                    help="only print the table of a committed result (no GPU needed)")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--mib", type=int, default=2048, help="MiB of arrays each job holds (default 2048)")
     args = ap.parse_args()
+    if not args.report and not args.out:
+        ap.error("--out DIR is needed (or --report JSON)")
+    if args.report:
+        print(table(json.loads(args.report.read_text())), end="")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for name in args.cases.split(","):
@@ -172,12 +203,7 @@ def main() -> int:
         results.append(r)
         print(row(r), flush=True)
         (args.out / "suspend-frameworks.json").write_text(json.dumps(results, indent=2))
-    head = ("| case | suspend | NVML GiB before → suspended | resume | data equal | addresses kept | computes | "
-            "checkpoint | restore -p | data equal |\n|" + "---|" * 10)
-    (args.out / "suspend-frameworks.md").write_text(
-        f"# Suspend, resume and rollback of frameworks' own memory ({args.mib} MiB held)\n\n"
-        f"Command: `python3 bench/suspend_frameworks_gpu.py --out OUT --mib {args.mib}`\n\n"
-        + head + "\n" + "\n".join(row(r) for r in results) + "\n")
+    print(table(results), end="")
     return 0
 
 
