@@ -127,6 +127,23 @@ def test_the_marker_is_the_most_called_function_whose_reference_costs_a_quarter_
     assert p.marker_cost_per_s(0) > p.window_cost_per_s(probe, timed) / 4  # the busiest would cost too much
 
 
+def test_a_marker_is_chosen_where_the_unmeasured_exposure_makes_every_window_seem_to_stop_the_job():
+    # The copy loop's scout on the H200 (bench/results/audit-h200-6/run9, copies' second attach): four
+    # functions counted in 3.2 ms with probes taking 1.8 ms of it; read at the unmeasured exposure's
+    # middle (1.5) the window stood for 0.5 ms, so the rates came out about six times too high.
+    calls = {0: 1260, 1: 463, 2: 132, 3: 67}  # cuCtxGetDevice_v2, ...PrimaryCtxGetState, IsCapturing, Sync
+    emulated = ProbeCost(entry_ns=818.0, entry_return_ns=1438.0, bias_ns=540.0)
+    p = scouted({0: QUERY, 1: QUERY, 2: QUERY, 3: SYNC}, {f: emulated for f in calls}, calls,
+                scout_s=0.00053, budget=0.01, interval_s=1.0, rare_share=0.0)
+    probe, timed = frozenset(calls), frozenset({3})
+    assert p.window_cost_per_s(probe, timed) == 1.0  # every window seems to cost the job all its time
+    assert not any(p.marker_fits(f, probe, timed) for f in calls)  # a quarter of "all of it": none
+    m = p.choose_marker(probe, timed)
+    assert m == 3  # the cheapest whose rate is a quarter of the window's at most
+    assert p.marker_fits(m, probe, timed, strict=False) and p.marker_cost_per_s(3) < p.marker_cost_per_s(2)
+    assert p.plan().marker == m  # and the plan takes it
+
+
 def test_a_window_second_costs_the_job_at_most_a_second():
     """Probes at 5 probe-seconds a second cannot take more than the window: it is the planned budget
     x interval / 2 long (two windows), not a fifth of that."""

@@ -260,24 +260,45 @@ class Policy:
         return frozenset(left)
 
     # --- costs --------------------------------------------------------------------------------
+    def hit_s_per_s(self, probe: frozenset[int], timed: frozenset[int]) -> float:
+        """Calibrated probe seconds a second of window at the rates known, times the exposure planned
+        by: not capped (window_cost_per_s is), so that two sets' costs compare as their rates do."""
+        return self.exposure * sum(self.rates.get(f, 0.0) * self.costs[f].cost_ns(f in timed) * 1e-9
+                                   for f in probe)
+
     def window_cost_per_s(self, probe: frozenset[int], timed: frozenset[int]) -> float:
         """Expected job seconds lost per second of window: at most one (a job slowed to a stop for
         the window loses the window, no more; rates measured under probes overstate that)."""
-        return min(1.0, self.exposure * sum(self.rates.get(f, 0.0) * self.costs[f].cost_ns(f in timed) * 1e-9
-                                            for f in probe))
+        return min(1.0, self.hit_s_per_s(probe, timed))
 
     def marker_cost_per_s(self, f: int | None) -> float:
         if f is None:
             return 0.0
-        return min(1.0, self.exposure * self.rates.get(f, 0.0) * self.costs[f].entry_ns * 1e-9)
+        return min(1.0, self.hit_s_per_s(frozenset((f,)), frozenset()))
+
+    def marker_fits(self, f: int, probe: frozenset[int], timed: frozenset[int], strict: bool = True) -> bool:
+        """Whether f's reference span costs at most a quarter of what a window of `probe` does: as
+        the job loses time (both capped at all of it), or, not `strict`, as their rates compare
+        (uncapped on both sides: how far each is from costing the job all its time aside)."""
+        if strict:
+            return self.marker_cost_per_s(f) <= self.window_cost_per_s(probe, timed) / 4
+        return self.hit_s_per_s(frozenset((f,)), frozenset()) <= self.hit_s_per_s(probe, timed) / 4
 
     def choose_marker(self, probe: frozenset[int], timed: frozenset[int]) -> int | None:
         """The most-called probed function whose reference span costs at most a quarter of what the
-        window does (called at least 100 times a second: fewer count too little to tell)."""
-        cap = self.window_cost_per_s(probe, timed) / 4
-        ok = [(r, f) for f, r in self.rates.items()
-              if f in probe and r >= 100.0 and self.marker_cost_per_s(f) <= cap]
-        return max(ok)[1] if ok else None
+        window does (called at least 100 times a second: fewer count too little to tell). Where
+        none does because the window seems to cost the job all its time, the cheapest whose rate
+        is a quarter of the window's at most: where the exposure is not measured yet, rates read
+        under probes that took most of a window come out several times too high, every window then
+        seems to stop the job, and no function was cheap enough. No marker means no exposure
+        measured, so the rates stayed that high: on the H200 a copy loop's counted windows went
+        without a marker for a whole attach (its rates +-555%)."""
+        called = [f for f, r in self.rates.items() if f in probe and r >= 100.0]
+        ok = [(self.rates[f], f) for f in called if self.marker_fits(f, probe, timed)]
+        if ok:
+            return max(ok)[1]
+        dear = [(self.marker_cost_per_s(f), f) for f in called if self.marker_fits(f, probe, timed, strict=False)]
+        return min(dear)[1] if dear else None
 
     def affordable_s(self, probe: frozenset[int], timed: frozenset[int], marker: int | None, n: int,
                      intervals: int = 1, share: float = 1.0) -> float:
@@ -507,8 +528,12 @@ class AlignedPolicy(Policy):
             return None
         called = {f for p in members for f, r in p.rates.items() if f in probe and r >= 100.0}
         ok = [(sum(p.rates.get(f, 0.0) for p in members), f) for f in called
-              if all(p.marker_cost_per_s(f) <= p.window_cost_per_s(probe, timed) / 4 for p in members)]
-        return max(ok)[1] if ok else None
+              if all(p.marker_fits(f, probe, timed) for p in members)]
+        if ok:
+            return max(ok)[1]
+        dear = [(max(p.marker_cost_per_s(f) for p in members), f) for f in called  # as Policy.choose_marker
+                if all(p.marker_fits(f, probe, timed, strict=False) for p in members)]
+        return min(dear)[1] if dear else None
 
     def merge(self, windows: int) -> None:
         """After the members observed an interval with `windows` windows: the union of what they saw."""
