@@ -86,3 +86,18 @@ def test_a_checkpoint_without_o_goes_where_top_finds_it(procs, shim_dir, tmp_pat
     assert path.startswith(str(tmp_path / "ckpts") + "/") and path.rsplit("/", 1)[1].startswith(f"{p.pid}-")
     listed = CheckpointerAdapter().list_checkpoints(p.pid)
     assert [c.id for c in listed] == [path], listed
+
+
+def test_every_place_that_offers_restore_says_it_rolls_back_device_memory_only():
+    """`restore -p` puts device memory back and nothing else: the README's usage line, the command's
+    help and the TUI's palette entry say so (the report and the TUI's confirmation are tested with them)."""
+    from pathlib import Path
+
+    from gputrace.tui.app import PALETTE_ACTIONS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.strip().startswith("gputrace restore -p"))
+    assert "device memory" in line and "host memory goes on" in line
+    help_text = gputrace("restore", "--help").stdout
+    assert "Only device memory goes back" in help_text and "restore --full" in help_text
+    assert "device memory" in dict(PALETTE_ACTIONS)["restore"]

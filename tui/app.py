@@ -31,7 +31,7 @@ QUESTIONS = {
 # gputrace's actions in the command palette, with what each does.
 PALETTE_ACTIONS = (
     ("checkpoint", "Checkpoint the selected process's GPU memory (the shim's fast path)"),
-    ("restore", "Roll the selected process back to one of its checkpoints"),
+    ("restore", "Roll the selected process's device memory back to a checkpoint (host memory goes on)"),
     ("suspend", "Move the selected process's device memory off the GPU"),
     ("resume", "Bring a suspended process's device memory back"),
     ("checkpoint_full", "Checkpoint the whole job, GPU and CPU state (CRIU), left running"),

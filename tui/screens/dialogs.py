@@ -59,7 +59,8 @@ class RestoreScreen(ModalScreen["str | None"]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(f"Roll pid {self.pid} ({self.comm}) back to which checkpoint? (enter picks, esc cancels)")
+            yield Label(f"Roll pid {self.pid} ({self.comm})'s device memory back to which checkpoint? (device memory only; "
+                        "enter picks, esc cancels)")
             yield OptionList(*(Option(f"{c.id}  ({fmt_checkpoint(c)})", id=c.id) for c in self.checkpoints),
                              id="checkpoints")
 
@@ -78,7 +79,7 @@ HELP = """\
 [b]filtering[/b]   /  filter by command or pid ("shim": shimmed only)      esc  clear it
 [b]preset[/b]      p  switch the interception preset the OVERHEAD column predicts for
 [b]actions[/b]     on a shimmed process (started with `gputrace run --checkpointable`):
-            c  checkpoint     r  restore (pick a checkpoint)     s  suspend     u  resume
+            c  checkpoint     r  restore device memory     s  suspend     u  resume
             each asks first, shows progress below the table, then the freeze time
             w  checkpoint the whole job (GPU and CPU state, CRIU), left running; any process,
                shimmed or not (top takes its own probes off the job while CRIU copies it)
