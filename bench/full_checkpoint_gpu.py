@@ -19,6 +19,8 @@ On the GPU machine (see bench/gpu-env.sh; CRIU from bench/make-criu-bundle in .g
 The `traced` path (--paths traced): the gputrace path for a job that `gputrace attach --exact` traced while it
 spun; checkpointing it under the live tracer must be refused, and after the tracer has gone (the kernel's
 [uprobes] page stays in the job) it must checkpoint, restore and train on as the others (CRIU >= 4.2).
+A JAX job (bench/full_job_jax.py: XLA's allocator, its many threads and fds) instead of PyTorch's:
+    python3 bench/full_checkpoint_gpu.py --framework jax --out bench/results/full-jax-h200 --sizes 1,4 --images /dev/shm/gtfull
 Here, without a GPU (simcuda's train workload in device mode, sizes in MiB):
     .venv/bin/python bench/full_checkpoint_gpu.py --simcuda --out /tmp/full-sim --sizes 4,64
     .venv/bin/python bench/full_checkpoint_gpu.py --dry-run --out /tmp/x     checks only, runs nothing
@@ -142,6 +144,23 @@ class TorchJob:
 
     def close(self) -> None:
         pass
+
+
+class JaxJob(TorchJob):
+    """bench/full_job_jax.py: the same protocol, XLA's allocator (not preallocating) and its many threads."""
+
+    def env(self, shimmed: bool) -> dict:
+        return dict(super().env(shimmed), XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                    XLA_FLAGS="--xla_gpu_deterministic_ops=true")
+
+    def argv(self, size: int, spin: bool = False) -> list[str]:
+        if spin:
+            raise SystemExit("--framework jax runs the baseline and gputrace paths only")
+        return [sys.executable, str(REPO / "bench" / "full_job_jax.py"), "--hold", str(size * self.unit),
+                "--steps-before", str(self.args.steps_before), "--steps-after", str(self.args.steps_after)]
+
+    def limit(self, size: int) -> dict:
+        return super().limit(size)  # PyTorch's pinned copies: the bus is the same
 
 
 class SimJob:
@@ -404,6 +423,8 @@ def main() -> int:
     ap.add_argument("--gpu-map", action="append", default=[], metavar="OLD=NEW",
                     help="restore onto another GPU (restore --full --gpu-map); repeat for several")
     ap.add_argument("--simcuda", action="store_true", help="simcuda's train workload instead of PyTorch (no GPU)")
+    ap.add_argument("--framework", choices=("torch", "jax"), default="torch",
+                    help="the GPU job: PyTorch (bench/full_job.py) or JAX (bench/full_job_jax.py)")
     ap.add_argument("--dry-run", action="store_true", help="check the prerequisites and print the plan only")
     args = ap.parse_args()
     _imports()
@@ -449,7 +470,7 @@ def main() -> int:
     images.mkdir(parents=True, exist_ok=True)
     work = out / "logs"
     work.mkdir(exist_ok=True)
-    job = SimJob(args) if args.simcuda else TorchJob(args)
+    job = SimJob(args) if args.simcuda else JaxJob(args) if args.framework == "jax" else TorchJob(args)
     cases, failures = [], []
     try:
         for size in sizes:

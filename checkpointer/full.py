@@ -331,9 +331,22 @@ def _restored_driver(pid: int, path: Path) -> "driver.Driver":
             raise CheckpointError(f"the restored process {pid} {ended} right after CRIU restored it, before its GPU "
                                   "state was given back", f"the job's own output (where its stdout and stderr "
                                   f"went) says why; {again}") from None
-        raise CheckpointError(f"the restored process {pid} maps no libcuda ({exc.msg})",
+        raise CheckpointError(f"the restored process {pid} maps no libcuda ({exc.msg}; {_maps_summary(pid)})",
                               f"CRIU restored it without the driver's library: check that the files it had open "
                               f"at the checkpoint are there unchanged; {again}") from None
+
+
+def _maps_summary(pid: int) -> str:
+    """What a restored process maps, in a line: its number of mappings and the driver-like files among
+    them (what tells a libcuda CRIU brought back under another name from one it did not bring back)."""
+    try:
+        text = Path(f"/proc/{pid}/maps").read_text()
+    except OSError as exc:
+        return f"its memory map is unreadable: {exc.strerror or exc}"
+    names = [ln.split(maxsplit=5)[5] for ln in text.splitlines() if len(ln.split(maxsplit=5)) == 6]
+    driver = sorted({n for n in names if "cuda" in n.lower() or "nvidia" in n.lower()})
+    listed = ", ".join(driver[:6]) + (f" and {len(driver) - 6} more" if len(driver) > 6 else "")
+    return f"{len(text.splitlines())} mappings, driver-like files: {listed or 'none'}"
 
 
 def _ended(pid: int) -> str | None:

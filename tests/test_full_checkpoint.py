@@ -670,6 +670,7 @@ def test_a_restored_process_that_is_not_there_to_drive_says_what_happened(tmp_pa
         with pytest.raises(CheckpointError, match="maps no libcuda") as e:
             _restored_driver(alive.pid, tmp_path / "ck")
         assert "files it had open" in e.value.hint
+        assert "mappings, driver-like files: none" in e.value.msg  # what it maps instead, in a line
     finally:
         alive.kill()
         alive.wait()
