@@ -144,6 +144,39 @@ def test_a_marker_is_chosen_where_the_unmeasured_exposure_makes_every_window_see
     assert p.plan().marker == m  # and the plan takes it
 
 
+def test_windows_span_whole_periods_of_the_slowest_kept_function():
+    """A GPU-bound loop's calls come in a burst a step (on the H200: 133 in a 13.7-ms step, one
+    cuMemcpyDtoHAsync each, kept): windows are whole steps long, stretched by what their probes slow
+    the job, so each counts as many bursts as steps wherever it starts."""
+    p = scouted({0: QUERY, 1: SUB, 2: QUERY}, {f: CHEAP for f in range(3)}, {0: 50, 1: 1, 2: 10}, budget=0.01,
+                interval_s=1.0, rare_share=0.0)
+    p.observe_kept({1: 73.0})
+    assert p.kept == frozenset({1})
+    for _ in range(5):
+        plan = p.plan()
+        period = p.period_s(p.window_cost_per_s(plan.probe, plan.timed))
+        assert period > 1 / 73.0  # stretched by the window's own cost
+        for _, w in plan.windows:
+            assert w / period == pytest.approx(round(w / period), abs=1e-6) and round(w / period) >= 1
+        assert window_cost(p, plan) <= PLAN_SHARE * 0.01 * (1 + 1e-9)  # never beyond the budget
+        p.observe(len(plan.windows), {0: 10_000.0, 2: 2_000.0}, {0: 100, 2: 20})
+        p.observe_kept({1: 73.0})
+
+
+def test_a_window_the_growth_limit_holds_under_one_period_is_given_one_where_the_budget_pays():
+    kw = dict(budget=0.02, interval_s=1.0, rare_share=0.0, max_growth=2.0)
+    p = scouted({0: QUERY, 1: SUB, 2: QUERY}, {f: CHEAP for f in range(3)}, {0: 50, 1: 1, 2: 10}, **kw)
+    p.observe_kept({1: 40.0})  # a 25-ms step
+    last = p.last_window_s
+    plan = p.plan()
+    (_, w), _ = plan.windows
+    assert w > 2 * last and w == pytest.approx(p.period_s(p.window_cost_per_s(plan.probe, plan.timed)))
+    assert window_cost(p, plan) <= PLAN_SHARE * 0.02 * (1 + 1e-9)
+    q = scouted({0: QUERY, 1: SUB, 2: QUERY}, {f: CHEAP for f in range(3)}, {0: 50, 1: 1, 2: 10}, keep_share=0.0, **kw)
+    (_, w0), _ = q.plan().windows
+    assert w0 <= 2 * q.scout_s() + 1e-12  # without a kept function the growth limit stands
+
+
 def test_a_window_second_costs_the_job_at_most_a_second():
     """Probes at 5 probe-seconds a second cannot take more than the window: it is the planned budget
     x interval / 2 long (two windows), not a fifth of that."""
