@@ -156,12 +156,13 @@ def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True,
     return ns
 
 
-def restore(c: Criu, images: Path, work: Path, pid: int, on_start: Callable[[int], None] | None = None) -> int:
-    """`criu restore --restore-detached` from `images` (read only; logs go to `work`).  Returns the ns
-    it took; CriuFailed if it fails."""
+def restore(c: Criu, images: Path, work: Path, pid: int, on_start: Callable[[int], None] | None = None,
+            leave_stopped: bool = False) -> int:
+    """`criu restore --restore-detached` from `images` (read only; logs go to `work`), the tasks left
+    stopped with `leave_stopped`.  Returns the ns it took; CriuFailed if it fails."""
     log = work / "restore.log"
     cmd = [c.path, "restore", "-D", str(images), "-W", str(work), "-o", "restore.log", "-v2", "--file-locks",
-           "--restore-detached", "--pidfile", str(work / "restored.pid")]
+           "--restore-detached", "--pidfile", str(work / "restored.pid"), *(["--leave-stopped"] if leave_stopped else [])]
     ns, errs = _run(c, cmd, log, on_start)
     if errs is not None:
         text = " ".join(errs)

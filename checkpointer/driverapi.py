@@ -44,6 +44,15 @@ class Driver:
                                   "it must have initialized CUDA, and belong to this user (or run this as root)")
         return STATES.get(st.value, f"state {st.value}")
 
+    def restore_tid(self) -> int | None:
+        """The thread of the process that serves the driver's checkpoint calls, or None where the
+        driver does not say (cuCheckpointProcessGetRestoreThreadId: CUDA 12.8+ drivers)."""
+        fn = getattr(self.lib, "cuCheckpointProcessGetRestoreThreadId", None)
+        if fn is None:
+            return None
+        tid = ctypes.c_int(0)
+        return tid.value if fn(self.pid, ctypes.byref(tid)) == 0 and tid.value > 0 else None
+
     def call(self, name: str, timeout_ms: int = 0) -> int:
         args = (ctypes.c_uint8 * 64)()  # the args structs: 64 bytes, zeroed; lock's first u32 is the timeout
         ctypes.c_uint32.from_buffer(args).value = timeout_ms

@@ -19,8 +19,9 @@ A failure in steps 2-4 resumes the job the same way (SIGCONT, Restore, Unlock, r
 frozen or half-checkpointed.
 
 restore_full(DIR): every file checked against the manifest before anything runs, then `criu restore
---restore-detached` (the process comes back stopped in the driver's checkpointed state), driver Restore
-+ Unlock, shim resume: the job continues.
+--restore-detached --leave-stopped` (the process comes back stopped, in the driver's checkpointed
+state), driver Restore + Unlock with every thread but the driver's own held still (checkpointer/hold.py:
+a thread that touched device memory before Restore would fault), shim resume: the job continues.
 
 Manifest (schema 1, DIR/manifest.json): schema, format ("gputrace-full-checkpoint"), complete, created_unix,
 host, target {pid, comm, cmdline}, gpu {libcuda, shim (the shim's suspend report or null), driver_state},
@@ -51,7 +52,7 @@ from gputrace.base.errors import CheckpointError, CorruptCheckpoint, NoLibcuda, 
 from gputrace.base.procs import comm as procs_comm, require_process, require_running, stat_fields, stop_point
 
 from . import criu as criu_mod
-from . import driver, driverapi, store, uprobes
+from . import driver, driverapi, hold, store, uprobes
 from .store import HASH, MANIFEST, Progress, check_target, disk_error
 from .guardian import Guardian
 from .schema import open_regular
@@ -475,7 +476,7 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
     guard = Guardian(pid, "restore --full")
     shim_held = (m["gpu"].get("shim") or {}).get("allocations") is not None
     try:
-        criu_ns = criu_mod.restore(c, path / IMAGES, work, pid,
+        criu_ns = criu_mod.restore(c, path / IMAGES, work, pid, leave_stopped=True,
                                    on_start=lambda criu_pid: guard.note(criu=criu_pid, driver=True, shim=shim_held))
     except criu_mod.CriuFailed:
         guard.done()
@@ -491,12 +492,15 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
         _subreaper(False)
     try:
         d = _restored_driver(pid, path)
-        st = d.state()
-        if st != "checkpointed":
-            raise CheckpointError(f"the restored process {pid} is {st} in the driver, not checkpointed",
-                                  "the image was not taken by `gputrace checkpoint --full`")
-        rs_ns = _restore_gpu(d, pairs) if pairs else d.call("Restore")
-        un_ns = d.call("Unlock")
+        # CRIU left it stopped: until the driver has put its device mappings back, only the thread
+        # that serves the driver's calls runs (checkpointer/hold.py).
+        with hold.held(pid, d.restore_tid()):
+            st = d.state()
+            if st != "checkpointed":
+                raise CheckpointError(f"the restored process {pid} is {st} in the driver, not checkpointed",
+                                      "the image was not taken by `gputrace checkpoint --full`")
+            rs_ns = _restore_gpu(d, pairs) if pairs else d.call("Restore")
+            un_ns = d.call("Unlock")
         shim_ns = resume(pid).total_ns if shim_held else 0
     except CheckpointError as exc:
         # A process back from CRIU without its GPU state is of no use: end it, so that the checkpoint

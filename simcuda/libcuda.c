@@ -3247,6 +3247,7 @@ int simcudaListAllocations(simcudaAllocation *out, int max)
  * past its entry when the lock is taken may still finish during it (the real driver has no such
  * window); the tests lock processes that are idle or waiting on stdin. */
 
+#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <linux/falloc.h>
@@ -3355,6 +3356,7 @@ static int ckpt_bring_back(struct saved *v)
 }
 
 static int g_ckpt_tid; /* the thread that serves the checkpoint calls: cuCheckpointProcessGetRestoreThreadId */
+#define CKPT_THREAD_NAME "simcuda-ckpt" /* its name (comm), by which that call finds it in a stopped process */
 
 /* Restore's GPU pairs, "OLDHEX:NEWHEX,..." (32 hex digits each): every old UUID must be a device of
  * this process and every new one a device there is.  All simulated devices share one memory, so a
@@ -3493,6 +3495,7 @@ static void *ckpt_thread(void *arg)
     pthread_mutex_lock(&G);
     g_ckpt_tid = (int)gettid();
     pthread_mutex_unlock(&G);
+    pthread_setname_np(pthread_self(), CKPT_THREAD_NAME);
     for (;;) {
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) {
@@ -3596,6 +3599,31 @@ CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
     int v = 0;
     if (!tid)
         return CUDA_ERROR_INVALID_VALUE;
+    /* As the real driver, answered for a process that is stopped (CRIU restores it so): its serving
+     * thread by name, without asking it. */
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", pid);
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) && !v) {
+            char path[128], name[32] = "";
+            if (e->d_name[0] == '.')
+                continue;
+            snprintf(path, sizeof path, "%s/%s/comm", dir, e->d_name);
+            FILE *f = fopen(path, "re");
+            if (f) {
+                if (fgets(name, sizeof name, f) && !strncmp(name, CKPT_THREAD_NAME "\n", sizeof CKPT_THREAD_NAME))
+                    v = atoi(e->d_name);
+                fclose(f);
+            }
+        }
+        closedir(d);
+        if (v) {
+            *tid = v;
+            return CUDA_SUCCESS;
+        }
+    }
     CUresult r = ckpt_call(pid, "tid", 0, &v);
     if (!r)
         *tid = v;

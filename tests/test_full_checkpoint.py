@@ -243,6 +243,43 @@ def test_checkpoint_kill_restore_continues_like_an_uninterrupted_run(job, device
     assert j.out.read_text() == reference  # every step, device memory and host state intact
 
 
+def test_a_restored_job_is_held_still_but_the_drivers_thread_until_its_gpu_state_is_back(job, device, tmp_path,
+                                                                                         reference, monkeypatch):
+    """On the H200 every JAX job restored whole died of SIGSEGV as soon as CRIU let it run, before
+    the driver's Restore had put its device mappings back (XLA's threads run on where PyTorch's sit
+    idle). CRIU now leaves the job stopped, and while the driver restores it every thread but the one
+    that serves the driver's calls is held in a tracing stop; all run once it is unlocked."""
+    from gputrace.checkpointer import driverapi, full, hold
+
+    j = job()
+    j.at_step(4)
+    ck = tmp_path / "ck"
+    r = ckpt(j, "checkpoint", "-o", str(ck))
+    assert r.returncode == 0, r.stderr
+    assert j.reap() == -signal.SIGKILL
+    seen: dict[str, dict[int, str]] = {}
+    call = driverapi.Driver.call
+
+    def spy(self, name: str, timeout_ms: int = 0) -> int:
+        seen[name] = {t: hold.thread_state(self.pid, t) for t in hold.threads(self.pid)}
+        seen[name + " tid"] = self.restore_tid()
+        return call(self, name, timeout_ms)
+
+    monkeypatch.setattr(driverapi.Driver, "call", spy)
+    back = full.restore_full(ck)
+    j.restored = True
+    assert back.pid == j.pid
+    served = seen["Restore tid"]
+    assert served and served != j.pid  # simcuda's serving thread, not the main one
+    for name in ("Restore", "Unlock"):
+        states = seen[name]
+        assert len(states) >= 2 and states[served] not in ("t", "T", ""), states
+        assert all(st == "t" for t, st in states.items() if t != served), (name, states)  # the rest held
+    assert all(hold.thread_state(j.pid, t) != "t" for t in hold.threads(j.pid))  # and let go after
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference
+
+
 def test_leave_running_keeps_the_job_going(job, device, tmp_path, reference):
     j = job()
     j.at_step(3)

@@ -1,0 +1,79 @@
+"""Every thread of a process held still but one, by ptrace: how a job CRIU has just restored waits
+while the driver brings its GPU state back.
+
+Until the driver's Restore has put the process's device mappings back, a thread that touches one
+faults: on the H200 every JAX job restored whole died of SIGSEGV right after CRIU let it run (XLA's
+threads run on where a PyTorch job's sit idle), and CRIU's own CUDA plugin keeps restored tasks
+frozen for the same reason. The driver serves its checkpoint calls from one thread of the process
+(cuCheckpointProcessGetRestoreThreadId): that one alone runs.
+
+`held(pid, keep)` expects the process stopped (`criu restore --leave-stopped`): each other thread is
+seized (PTRACE_SEIZE) and its stop collected, so it stays in a tracing stop; then SIGCONT lets the
+kept thread alone run. Leaving the block detaches them all, and the job runs. If this process dies
+in between, the kernel detaches them the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+from typing import Iterator
+
+from gputrace.base.errors import CheckpointError
+
+_PTRACE_SEIZE = 0x4206
+_PTRACE_DETACH = 17
+_WALL = 0x40000000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+_libc.ptrace.restype = ctypes.c_long
+
+
+def threads(pid: int) -> list[int]:
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        return []
+
+
+def thread_state(pid: int, tid: int) -> str:
+    """The thread's state letter from /proc (R, S, T stopped, t tracing stop, ...), "" if gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+@contextlib.contextmanager
+def held(pid: int, keep: int | None) -> Iterator[list[int]]:
+    """Every thread of stopped process `pid` but `keep` held in a tracing stop, and the process
+    continued; yields the held thread ids. With `keep` None nothing is held (the process is only
+    continued). CheckpointError if a thread cannot be seized (all seized so far are let go)."""
+    seized: list[int] = []
+    try:
+        if keep is not None:
+            for tid in threads(pid):
+                if tid == keep:
+                    continue
+                if _libc.ptrace(_PTRACE_SEIZE, tid, None, None) != 0:
+                    err = ctypes.get_errno()
+                    if err == 3:  # ESRCH: the thread has gone
+                        continue
+                    raise CheckpointError(f"cannot hold thread {tid} of the restored process {pid}: "
+                                          f"{os.strerror(err)}",
+                                          "another tracer (a debugger, strace) may hold it: let it go and try again")
+                seized.append(tid)
+            for tid in seized:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(tid, _WALL | os.WUNTRACED)  # its stop, reported to this tracer
+        os.kill(pid, signal.SIGCONT)
+        yield seized
+    finally:
+        for tid in seized:
+            _libc.ptrace(_PTRACE_DETACH, tid, None, None)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
