@@ -30,7 +30,9 @@ one every k intervals where even one costs more than an interval's budget. Host-
 every second interval (`every`), as long as both intervals' budget pays for. Windows grow at most `max_growth`
 from one interval to the next (a job that turns busy must not pay a long window at its new rate
 before its rates are seen). Hot functions (above `hot_hz`, not synchronizing) are counted without
-timing except in every `retime_every`-th window.
+timing except in every `retime_every`-th window. Where a kept function tells the job's period (called
+once a step), windows are whole periods long (`whole_periods`): calls that come in a burst a step are
+then counted in whole bursts.
 """
 
 from __future__ import annotations
