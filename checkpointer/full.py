@@ -509,7 +509,13 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-        raise CheckpointError(f"{exc.msg}; the restored process was ended", exc.hint) from None
+        hint = exc.hint
+        if exc.msg.startswith("cuCheckpointProcess"):
+            # The driver's own hint speaks of a live job; this one is ended, its checkpoint intact.
+            hint = (f"the driver could not give the job its GPU state back (the GPU it ran on gone, busy or of "
+                    f"another driver? `--gpu-map OLD=NEW` restores onto another GPU); the checkpoint is "
+                    f"untouched: `gputrace restore --full {path}` once the cause is fixed")
+        raise CheckpointError(f"{exc.msg}; the restored process was ended", hint) from None
     finally:
         guard.done()
         _unlink_gpu_image(link)  # after resume the shim holds the file no more

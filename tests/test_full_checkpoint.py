@@ -280,6 +280,42 @@ def test_a_restored_job_is_held_still_but_the_drivers_thread_until_its_gpu_state
     assert j.out.read_text() == reference
 
 
+def test_a_restore_the_driver_fails_ends_the_process_says_so_and_loses_nothing(job, device, tmp_path, reference,
+                                                                               monkeypatch):
+    """The driver's Restore failing after CRIU made the process: the error names the driver's call,
+    says the process was ended, and the hint fits `restore --full` (another GPU, the same command
+    again), not the driver's own hint for a live job; the checkpoint then restores as ever."""
+    from gputrace.base.errors import CheckpointError
+    from gputrace.checkpointer import driverapi, full
+
+    j = job()
+    j.at_step(3)
+    ck = tmp_path / "ck"
+    assert ckpt(j, "checkpoint", "-o", str(ck)).returncode == 0
+    assert j.reap() == -signal.SIGKILL
+    call = driverapi.Driver.call
+
+    def failing(self, name: str, timeout_ms: int = 0) -> int:
+        if name == "Restore":
+            raise CheckpointError(f"cuCheckpointProcessRestore on process {self.pid} failed: CUresult 999",
+                                  "see `gputrace shim status` / the driver's state of the process")
+        return call(self, name, timeout_ms)
+
+    monkeypatch.setattr(driverapi.Driver, "call", failing)
+    with pytest.raises(CheckpointError) as e:
+        full.restore_full(ck)
+    assert "cuCheckpointProcessRestore" in e.value.msg and "the restored process was ended" in e.value.msg
+    assert "--gpu-map" in e.value.hint and f"gputrace restore --full {ck}" in e.value.hint
+    assert "shim status" not in e.value.hint
+    assert not Path(f"/proc/{j.pid}").exists()  # ended and reaped: the pid is free for the next try
+    monkeypatch.setattr(driverapi.Driver, "call", call)
+    r = gputrace("restore", "--full", str(ck))
+    assert r.returncode == 0, r.stderr
+    j.restored = True
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference
+
+
 def test_leave_running_keeps_the_job_going(job, device, tmp_path, reference):
     j = job()
     j.at_step(3)
