@@ -7,9 +7,9 @@ threads run on where a PyTorch job's sit idle), and CRIU's own CUDA plugin keeps
 frozen for the same reason. The driver serves its checkpoint calls from one thread of the process
 (cuCheckpointProcessGetRestoreThreadId): that one alone runs.
 
-`held(pid, keep)` expects the process stopped (`criu restore --leave-stopped`): each other thread is
-seized (PTRACE_SEIZE) and its stop collected, so it stays in a tracing stop; then SIGCONT lets the
-kept thread alone run. Leaving the block detaches them all, and the job runs. If this process dies
+`held(pid, keep)` takes the process stopped (`criu restore --leave-stopped`) or running: each other
+thread is seized (PTRACE_SEIZE), interrupted, and its stop collected, so it stays in a tracing stop;
+then SIGCONT lets the kept thread alone run. Leaving the block detaches them all, and the job runs. If this process dies
 in between, the kernel detaches them the same way.
 """
 
@@ -24,6 +24,7 @@ from typing import Iterator
 from gputrace.base.errors import CheckpointError
 
 _PTRACE_SEIZE = 0x4206
+_PTRACE_INTERRUPT = 0x4207
 _PTRACE_DETACH = 17
 _WALL = 0x40000000
 
@@ -67,6 +68,9 @@ def held(pid: int, keep: int | None) -> Iterator[list[int]]:
                                           f"{os.strerror(err)}",
                                           "another tracer (a debugger, strace) may hold it: let it go and try again")
                 seized.append(tid)
+                # A thread that was not stopped (CRIU left it running, or it was continued) would
+                # never report a stop to wait for: made to stop.
+                _libc.ptrace(_PTRACE_INTERRUPT, tid, None, None)
             for tid in seized:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(tid, _WALL | os.WUNTRACED)  # its stop, reported to this tracer
