@@ -19,12 +19,12 @@ restores it, and sends SIGUSR1: the losses after that must equal an uninterrupte
 """
 
 import argparse
-import json
 import os
 import signal
 
 import torch
 from ckpt_job import checksums, copy_limit, fill  # bench/, beside this file
+from job_protocol import emit, pause_then_finish
 
 
 def main() -> int:
@@ -48,9 +48,6 @@ def main() -> int:
     xs = torch.randn(32, 128, 512, device=dev, generator=g)
     ys = torch.randn(32, 128, 512, device=dev, generator=g)
     held = fill(a.hold, dev, g)
-
-    def emit(**kw) -> None:
-        print(json.dumps(kw), flush=True)
 
     def checksum() -> list:
         return checksums(held)
@@ -82,12 +79,7 @@ def main() -> int:
                 w = torch.tanh(w @ w)
             torch.cuda.synchronize()
         del w
-    train(0, a.steps_before)
-    emit(paused=a.steps_before, checksum=checksum())
-    signal.sigwait({signal.SIGUSR1})
-    emit(resumed=True, checksum=checksum())
-    train(a.steps_before, a.steps_before + a.steps_after)
-    emit(done=True, checksum=checksum())
+    pause_then_finish(train, checksum, a.steps_before, a.steps_after)
     return 0
 
 

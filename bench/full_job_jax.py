@@ -11,15 +11,15 @@ XLA_PYTHON_CLIENT_PREALLOCATE=false: a whole-process checkpoint would copy all o
 """
 
 import argparse
-import json
 import os
 import signal
 
-# Before JAX starts its threads: they inherit the mask, so SIGUSR1 reaches only sigwait below.
+# Before JAX starts its threads: they inherit the mask, so SIGUSR1 reaches only the protocol's sigwait.
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from job_protocol import emit, pause_then_finish  # noqa: E402  (bench/, beside this file)
 
 
 def main() -> int:
@@ -48,9 +48,6 @@ def main() -> int:
         loss, g = jax.value_and_grad(loss_fn)(ps, x, y)
         return [w - 1e-2 * gw for w, gw in zip(ps, g)], loss
 
-    def emit(**kw) -> None:
-        print(json.dumps(kw), flush=True)
-
     def checksum() -> list:
         return [[int(jnp.sum(t, dtype=jnp.uint32)), int(jnp.sum(t[::4099], dtype=jnp.uint32))] for t in held]
 
@@ -65,12 +62,7 @@ def main() -> int:
             params, loss = step(params, xs[i], ys[i])
             emit(step=k + 1, loss=float(loss).hex())
 
-    train(0, a.steps_before)
-    emit(paused=a.steps_before, checksum=checksum())
-    signal.sigwait({signal.SIGUSR1})
-    emit(resumed=True, checksum=checksum())
-    train(a.steps_before, a.steps_before + a.steps_after)
-    emit(done=True, checksum=checksum())
+    pause_then_finish(train, checksum, a.steps_before, a.steps_after)
     return 0
 
 

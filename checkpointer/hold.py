@@ -22,6 +22,7 @@ import signal
 from typing import Iterator
 
 from gputrace.base.errors import CheckpointError
+from gputrace.base.procs import stat_fields
 
 _PTRACE_SEIZE = 0x4206
 _PTRACE_INTERRUPT = 0x4207
@@ -41,12 +42,9 @@ def threads(pid: int) -> list[int]:
 
 
 def thread_state(pid: int, tid: int) -> str:
-    """The thread's state letter from /proc (R, S, T stopped, t tracing stop, ...), "" if gone."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+    """Thread `tid` of `pid`: its state letter (R, S, T stopped, t tracing stop, ...), "" if gone."""
+    f = stat_fields(tid) if os.path.isdir(f"/proc/{pid}/task/{tid}") else None  # /proc/TID is the thread's own
+    return f[0].decode() if f else ""
 
 
 @contextlib.contextmanager
