@@ -28,7 +28,7 @@ from gputrace.base.errors import (CheckpointBusy, CheckpointError, CheckpointMis
 from gputrace.base.procs import alive, boot_id, comm, require_running, start_time
 from gputrace.shim import client
 
-from . import image, store
+from . import chain, digest, image, store
 
 DEFAULT_LANES = 4
 DEFAULT_CHUNK = 8 << 20
@@ -48,14 +48,21 @@ class CheckpointReport:
     write_ns: int  # hashing and writing, after the gate reopened
     total_ns: int
     direct: bool = False  # the copies went straight into the registered image (no staging)
+    digest_ns: int = 0    # hashing the device memory on the device, inside the freeze
+    chunks: int = 0       # digests taken (0: none; then digest_why says why, where they were wanted)
+    chunks_copied: int = 0
+    bytes_copied: int = 0  # device memory copied out: all of it, or the chunks that changed since `parent`
+    stored_bytes: int = 0  # written to the directory (the image, or a link's head and changed chunks)
+    parent: str | None = None  # the checkpoint this one holds only the changes since
+    digest_why: str | None = None
 
     @property
     def copy_gbps(self) -> float:
-        return self.bytes / self.copy_ns if self.copy_ns else 0.0
+        return self.bytes_copied / self.copy_ns if self.copy_ns else 0.0
 
     @property
     def write_gbps(self) -> float:
-        return self.image_bytes / self.write_ns if self.write_ns else 0.0
+        return self.stored_bytes / self.write_ns if self.write_ns else 0.0
 
     def to_dict(self) -> dict:
         return {**asdict(self), "copy_gbps": self.copy_gbps, "write_gbps": self.write_gbps}
@@ -74,6 +81,12 @@ class RestoreReport:
     freeze_ns: int
     total_ns: int
     direct: bool = False
+    digest_ns: int = 0    # hashing the live device memory on the device, inside the freeze
+    chunks: int = 0       # chunks compared (0: none compared, everything copied; digest_why says why)
+    chunks_copied: int = 0  # ... of which differed from the checkpoint and were copied back
+    bytes_copied: int = 0
+    links: int = 1        # checkpoints read: this one and the earlier links of its chain
+    digest_why: str | None = None
 
     @property
     def verify_gbps(self) -> float:
@@ -81,7 +94,7 @@ class RestoreReport:
 
     @property
     def copy_gbps(self) -> float:
-        return self.bytes / self.copy_ns if self.copy_ns else 0.0
+        return self.bytes_copied / self.copy_ns if self.copy_ns else 0.0
 
     def to_dict(self) -> dict:
         return {**asdict(self), "verify_gbps": self.verify_gbps, "copy_gbps": self.copy_gbps}
@@ -180,28 +193,48 @@ def copy_timeout(nbytes: int) -> float:
 
 
 def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
-               timeout_ms: int = 5000, direct: bool = True, progress: store.Progress | None = None) -> CheckpointReport:
+               timeout_ms: int = 5000, direct: bool = True, progress: store.Progress | None = None,
+               since: Path | str | None = None, digest_chunk: int | None = None) -> CheckpointReport:
     """Checkpoints the device memory of shimmed process `pid` into the new directory `out` (default
     PID-TIME under store.default_root(), where `top` finds it).  `progress(phase, done, total)` is called with phase "freeze" (once,
     before the gate closes) and "write" (per chunk written).  `direct`: the shim maps and pins the image
     before the freeze and the copies go straight into it (no staging, no CPU copy: on an H200 this
     is what makes the freeze the bus's time, see bench/results/checkpoint-h200.md); where the driver
     cannot pin it, the staging path is used and the report says direct=False.  direct=False: the
-    staging path (pinned buffers per lane, then a CPU copy into the image)."""
+    staging path (pinned buffers per lane, then a CPU copy into the image).
+    `since`: an earlier checkpoint of the same process; only the chunks whose digest differs from it
+    are copied and stored, and the new directory is a link of its chain (chain.py).  Where it has no
+    digests, the checkpoint is whole and says why.  `digest_chunk`: bytes each digest covers (the
+    shim's default; 0: no digests, so no later checkpoint can be taken since this one)."""
     t0 = time.monotonic_ns()
     out = Path(out) if out is not None else store.default_out(pid)
     out = out.absolute()
     store.check_target(out)
+    parent = base = None
+    if since is not None:
+        parent = Path(since).absolute()
+        pm = store.read_manifest(parent)
+        who = identity_differences(pm, pid)
+        if who:
+            raise CheckpointMismatch(f"{parent} is not a checkpoint of process {pid}: {'; '.join(who)}",
+                                     "an incremental checkpoint is taken since an earlier checkpoint of the same "
+                                     "process; leave out --since for a whole one")
+        base = chain.head(chain.Link(parent, pm))
     with ShimSession(pid, "checkpoint") as s:
         status = s.request("status")
         _refuse_suspended(status, pid, "dump its device memory")
         held = sum(size for _, size, _ in image.saved_allocations(status))
         memfd = os.memfd_create(f"gputrace-ckpt-{pid}", os.MFD_CLOEXEC)
         try:
+            words = f"dump lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}"
+            if digest_chunk is not None:
+                words += f" digest={digest_chunk}"
+            if base is not None:
+                _write_head(memfd, base, parent)
+                words += " base=1"
             if progress:
                 progress("freeze", 0, held)
-            r = s.request(f"dump lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
-                          timeout_s=copy_timeout(held))
+            r = s.request(words, fd=memfd, timeout_s=copy_timeout(held))
             if not r.get("ok"):
                 raise shim_failure(r, pid, "dump its device memory")
             nbytes = os.fstat(memfd).st_size
@@ -209,17 +242,50 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
                 raise CheckpointError(f"the image is {nbytes} bytes, the shim said {r['image_bytes']}",
                                       "this is a bug; nothing was kept")
             hdr, manifest = manifest_of(pid, status, r, memfd, nbytes)
-            m = store.write(out, memfd, nbytes, manifest, progress)
+            runs = None
+            if hdr.partial:
+                manifest["schema"] = store.SCHEMA_LINK
+                manifest["parent"] = chain.parent_ref(parent, out)
+                runs = [(0, hdr.data_offset), *hdr.held_runs()]
+            m = store.write(out, memfd, nbytes, manifest, progress, runs)
         finally:
             os.close(memfd)
     t = m["timings"]
     return CheckpointReport(str(out), pid, len(hdr.entries), r["bytes"], nbytes, t["drain_ns"], t["sync_ns"],
-                            t["copy_ns"], t["freeze_ns"], t["write_ns"], time.monotonic_ns() - t0, r.get("direct", False))
+                            t["copy_ns"], t["freeze_ns"], t["write_ns"], time.monotonic_ns() - t0, r.get("direct", False),
+                            r.get("digest_ns", 0), r.get("chunks", 0), r.get("chunks_copied", 0),
+                            r.get("bytes_copied", r["bytes"]), m["data"]["bytes"],
+                            str(parent) if hdr.partial else None, _digest_why(r, since))
+
+
+def _write_head(memfd: int, base: image.Header, path: Path) -> None:
+    """The base checkpoint's image head (header, entries, digests) into the memfd the shim reads it from."""
+    fd, f = chain._data_file(chain.Link(path, store.read_manifest(path)))
+    try:
+        head = os.pread(fd, base.data_offset, 0)  # checked by chain.head() just before
+    finally:
+        os.close(fd)
+    if len(head) != base.data_offset:
+        raise CorruptCheckpoint(f"{f} ended early", "the checkpoint is damaged; take a whole one")
+    os.pwrite(memfd, head, 0)
+
+
+def _digest_why(r: dict, since: object) -> str | None:
+    if r.get("digests"):
+        return None
+    why = r.get("digest_why")
+    if since is not None and not why:
+        why = "no digests were taken"
+    return why
 
 
 def manifest_of(pid: int, status: dict, r: dict, memfd: int, nbytes: int) -> tuple[image.Header, dict]:
     """The image's header and the manifest for it, from the shim's status and its dump (or suspend) reply."""
-    hdr = image.parse(os.pread(memfd, min(nbytes, 64 + 32 * r["allocations"] + 4096), 0))
+    try:
+        hdr = image.parse(os.pread(memfd, image.head_bytes(os.pread(memfd, 64, 0)), 0))
+    except image.BadImage as exc:
+        raise CheckpointError(f"the shim wrote an image this gputrace cannot read: {exc}",
+                              "the shim and gputrace are of different versions; nothing was kept") from None
     manifest = {
         "schema": store.SCHEMA, "format": store.FORMAT, "complete": True, "created_unix": time.time(),
         "host": os.uname().nodename,
@@ -230,9 +296,11 @@ def manifest_of(pid: int, status: dict, r: dict, memfd: int, nbytes: int) -> tup
         "allocations": [{"base": e.base, "size": e.size, "device": e.device, "kind": e.kind, "offset": e.offset}
                         for e in hdr.entries],
         "bytes": r["bytes"],
-        "timings": {k: r[k] for k in ("setup_ns", "drain_ns", "sync_ns", "copy_ns", "freeze_ns")},
+        "timings": {k: r.get(k, 0) for k in ("setup_ns", "drain_ns", "sync_ns", "digest_ns", "copy_ns", "freeze_ns")},
         "shim": {"lanes": r["lanes"], "chunk": r["chunk"], "direct": r.get("direct", False),
                  "skipped_unmapped_vmm": r.get("skipped", 0)},
+        "digests": {"algorithm": digest.ALGO, "chunk_bytes": hdr.digest_chunk, "chunks": hdr.digest_count,
+                    "chunks_copied": r.get("chunks_copied", 0)} if hdr.digest_chunk else None,
     }
     return hdr, manifest
 
@@ -278,12 +346,17 @@ def identity_differences(manifest: dict, pid: int) -> list[str]:
     return out
 
 
-def verified_image(path: Path, manifest: dict, fd: int, progress: store.Progress | None = None) -> int:
-    """The checkpoint's image copied into `fd`, every chunk's checksum checked, and its header held
-    against the manifest's allocations; its size in bytes."""
-    nbytes = store.verified_copy(path, manifest, fd, progress)
+def verified_image(path: Path, manifest: dict, fd: int, progress: store.Progress | None = None,
+                   links: list | None = None) -> int:
+    """The checkpoint's image copied into `fd` (an incremental one's put together from its chain),
+    every chunk's checksum checked, and its header held against the manifest's allocations; its size
+    in bytes."""
+    if manifest.get("parent") is not None:
+        nbytes = chain.assemble(links or chain.links(path, manifest), fd, progress)
+    else:
+        nbytes = store.verified_copy(path, manifest, fd, progress)
     try:
-        hdr = image.parse(os.pread(fd, min(nbytes, 1 << 24), 0))
+        hdr = image.parse(os.pread(fd, image.head_bytes(os.pread(fd, 64, 0)), 0))
     except image.BadImage as exc:
         raise CorruptCheckpoint(f"{path / store.DATA}: {exc}", "take a new checkpoint") from None
     if [(e.base, e.size) for e in hdr.entries] != [(a["base"], a["size"]) for a in manifest["allocations"]]:
@@ -294,11 +367,13 @@ def verified_image(path: Path, manifest: dict, fd: int, progress: store.Progress
 
 def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
             timeout_ms: int = 5000, direct: bool = True, progress: store.Progress | None = None,
-            other_process: bool = False) -> RestoreReport:
+            other_process: bool = False, diff: bool = True) -> RestoreReport:
     """Rolls the device memory of shimmed process `pid` back to the checkpoint in `path`.
     `progress(phase, done, total)`: "verify" per chunk checked, "freeze" once before the gate closes.
     A checkpoint of another process (pid and start time) is refused unless `other_process`: the
-    allocations may match by chance, and the data are that process's."""
+    allocations may match by chance, and the data are that process's.  `diff`: where the checkpoint
+    has digests, the shim hashes the live memory under the gate and copies back only the chunks that
+    differ (False: every byte)."""
     t0 = time.monotonic_ns()
     path = Path(path).absolute()
     manifest = store.read_manifest(path)
@@ -309,6 +384,7 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
                                      "restore it into the process it was taken of, or pass --into-other-process to "
                                      "put that process's data into this one (its allocations must match); "
                                      "nothing was changed")
+    links = chain.links(path, manifest)  # an incremental checkpoint's earlier links, each checked
     with ShimSession(pid, "restore") as s:
         status = s.request("status")
         _refuse_suspended(status, pid, "restore its device memory")
@@ -318,12 +394,12 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
         memfd = os.memfd_create(f"gputrace-restore-{pid}", os.MFD_CLOEXEC)
         try:
             tv = time.monotonic_ns()
-            nbytes = verified_image(path, manifest, memfd, progress)
+            nbytes = verified_image(path, manifest, memfd, progress, links)
             verify_ns = time.monotonic_ns() - tv
             if progress:
                 progress("freeze", 0, manifest["bytes"])
-            r = s.request(f"restore lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
-                          timeout_s=copy_timeout(nbytes))
+            r = s.request(f"restore lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)} "
+                          f"diff={int(diff)}", fd=memfd, timeout_s=copy_timeout(nbytes))
         finally:
             os.close(memfd)
         if not r.get("ok"):
@@ -333,4 +409,7 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
                 raise _mismatch(pid, path, d or ["its allocations changed"])
             raise shim_failure(r, pid, "restore its device memory")
     return RestoreReport(str(path), pid, r["allocations"], r["bytes"], verify_ns, r["drain_ns"], r["sync_ns"],
-                         r["copy_ns"], r["freeze_ns"], time.monotonic_ns() - t0, r.get("direct", False))
+                         r["copy_ns"], r["freeze_ns"], time.monotonic_ns() - t0, r.get("direct", False),
+                         r.get("digest_ns", 0), r.get("chunks", 0), r.get("chunks_copied", 0),
+                         r.get("bytes_copied", r["bytes"]), len(links),
+                         None if r.get("digests") or not diff else r.get("digest_why"))

@@ -121,8 +121,10 @@ def device_checkpoint(m: dict, where: Path) -> None:
     if len(sums) != (size + chunk - 1) // chunk:
         raise c.fail("data.chunks", f"lists {len(sums)} checksums for {size} bytes in chunks of {chunk}")
     for i, h in enumerate(sums):
-        if not isinstance(h, str) or len(h) != 16 or any(ch not in "0123456789abcdef" for ch in h):
+        if not _hex16(h):
             raise c.fail(f"data.chunks[{i}]", "is not an xxh3_64 digest")
+    if "runs" in data or "parent" in m:  # a link of an incremental chain: data.img holds parts of the image
+        size = _link(c, m, data, size)
     c.int(m, "bytes", "manifest", 0, 1 << 62)
     allocs = c.list(m, "allocations", "manifest", MAX_ALLOCATIONS)
     prev_end, prev_off = -1, 0
@@ -140,6 +142,34 @@ def device_checkpoint(m: dict, where: Path) -> None:
         if off < prev_off or off + n > size:
             raise c.fail(f"{f}.offset", f"({off}, {n} bytes) is not within the data file's {size} bytes in order")
         prev_end, prev_off = base + n - 1, off + n
+
+
+def _hex16(h: object) -> bool:
+    return isinstance(h, str) and len(h) == 16 and all(ch in "0123456789abcdef" for ch in h)
+
+
+def _link(c: Checker, m: dict, data: dict, stored: int) -> int:
+    """An incremental link's runs (the parts of its image data.img holds, in order) and its parent;
+    returns the size of its whole image."""
+    image_size = c.int(data, "image_bytes", "data", 0, 1 << 62)
+    runs = c.list(data, "runs", "data", MAX_ALLOCATIONS)
+    end = total = 0
+    for i, r in enumerate(runs):
+        if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in r)):
+            raise c.fail(f"data.runs[{i}]", "is not an [offset, length] pair")
+        off, n = r
+        if off < end or n < 1 or off + n > image_size:
+            raise c.fail(f"data.runs[{i}]", f"({off}, {n}) overlaps the run before it or runs past the image's "
+                                            f"{image_size} bytes")
+        end, total = off + n, total + n
+    if total != stored:
+        raise c.fail("data.runs", f"cover {total} bytes; data.bytes says {stored}")
+    parent = c.obj(m.get("parent"), "parent")
+    c.str(parent, "path", "parent")
+    c.str(parent, "relative", "parent")
+    if not _hex16(parent.get("manifest_xxh3")):
+        raise c.fail("parent.manifest_xxh3", "is not an xxh3_64 digest")
+    return image_size
 
 
 def full_checkpoint(m: dict, where: Path) -> None:

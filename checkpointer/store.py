@@ -34,6 +34,7 @@ from gputrace.base.errors import CheckpointError, CorruptCheckpoint, DiskFull
 from . import schema
 
 SCHEMA = 1
+SCHEMA_LINK = 2  # a link of an incremental chain: data.img holds its changed chunks, the rest is its parent's
 FORMAT = "gputrace-checkpoint"
 MANIFEST = "manifest.json"
 DATA = "data.img"
@@ -142,33 +143,62 @@ class PartialDir:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: Progress | None = None) -> dict:
+def _pieces(runs: list[tuple[int, int]]):
+    """The runs cut so that no piece crosses a CHUNK_BYTES boundary of the file they are written to,
+    each with whether it ends one of those chunks (the file's last counts)."""
+    out_at = 0
+    total = sum(n for _, n in runs)
+    for off, n in runs:
+        while n:
+            take = min(n, CHUNK_BYTES - out_at % CHUNK_BYTES)
+            out_at += take
+            yield off, take, out_at % CHUNK_BYTES == 0 or out_at == total
+            off += take
+            n -= take
+
+
+def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: Progress | None = None,
+          runs: list[tuple[int, int]] | None = None) -> dict:
     """Hashes and writes the image in `image_fd` and the manifest (completed here with the data
-    section and write_ns) to `out`, atomically.  Returns the manifest as written."""
+    section and write_ns) to `out`, atomically.  Returns the manifest as written.
+    `runs`: (offset, length) of the parts of the image to keep, in order (an incremental link's head
+    and changed chunks); data.img is then their concatenation, and the data section says where each
+    came from.  Default: the whole image, byte for byte."""
     part = PartialDir(out)
     t0 = time.monotonic_ns()
     chunks: list[str] = []
+    whole = runs is None
+    runs = [(0, image_bytes)] if whole else list(runs)
+    size = sum(n for _, n in runs)
     tmp = part.create()
     try:
         fd = os.open(tmp / DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             with mmap.mmap(image_fd, image_bytes, prot=mmap.PROT_READ) as mm:
                 mv = memoryview(mm)
+                h = xxhash.xxh3_64()
+                done = 0
                 try:
-                    for off in range(0, image_bytes, CHUNK_BYTES):
-                        with mv[off:off + CHUNK_BYTES] as piece:  # released even when a write fails
-                            chunks.append(_digest(piece))
+                    for off, n, ends in _pieces(runs):
+                        with mv[off:off + n] as piece:  # released even when a write fails
+                            h.update(piece)
                             _write_all(fd, piece)
-                        if progress:
-                            progress("write", min(off + CHUNK_BYTES, image_bytes), image_bytes)
+                        done += n
+                        if ends:
+                            chunks.append(h.hexdigest())
+                            h.reset()
+                            if progress:
+                                progress("write", done, size)
                 finally:
                     mv.release()
             os.fsync(fd)
         finally:
             os.close(fd)
         manifest = dict(manifest)
-        manifest["data"] = {"file": DATA, "bytes": image_bytes, "chunk_bytes": CHUNK_BYTES, "hash": HASH,
+        manifest["data"] = {"file": DATA, "bytes": size, "chunk_bytes": CHUNK_BYTES, "hash": HASH,
                             "chunks": chunks}
+        if not whole:
+            manifest["data"].update(image_bytes=image_bytes, runs=[[o, n] for o, n in runs])
         manifest["timings"] = dict(manifest["timings"], write_ns=time.monotonic_ns() - t0)
         part.write_file(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
         part.commit()
@@ -209,10 +239,12 @@ class Kind:
     restore: str                         # the command that restores it
     complete: Callable[[dict], bool]     # its data section is there and says what it holds
     check: Callable[[dict, Path], None]  # every field restore reads (schema.py)
+    reads: tuple[int, ...] = ()          # other schemas of the same format this gputrace reads
 
 
 DEVICE = Kind(FORMAT, SCHEMA, "a GPU-memory checkpoint", "gputrace checkpoint", "gputrace restore -p PID DIR",
-              lambda m: isinstance(m.get("data"), dict) and m["data"].get("hash") == HASH, schema.device_checkpoint)
+              lambda m: isinstance(m.get("data"), dict) and m["data"].get("hash") == HASH, schema.device_checkpoint,
+              (SCHEMA_LINK,))
 FULL = Kind("gputrace-full-checkpoint", 1, "a whole-process checkpoint", "gputrace checkpoint --full",
             "gputrace restore --full DIR",
             lambda m: m.get("hash") == HASH and isinstance(m.get("files"), list) and bool(m["files"]),
@@ -230,7 +262,7 @@ def read_manifest(path: Path, kind: Kind = DEVICE) -> dict:
         raise CorruptCheckpoint(f"{path} is not {kind.what}",
                                 f"it is {other.what}: restore it with `{other.restore}`" if other else
                                 f"give the directory `{kind.wrote}` wrote")
-    if m.get("schema") != kind.schema:
+    if m.get("schema") not in (kind.schema, *kind.reads):
         raise CorruptCheckpoint(f"{path} has manifest schema {m.get('schema')}; this gputrace reads schema {kind.schema}",
                                 "restore it with the gputrace version that wrote it")
     if m.get("complete") is not True or not kind.complete(m):

@@ -4,11 +4,24 @@
  * (SCM_RIGHTS; the checkpointer's memfd, so nothing is left behind if either side dies) or a path
  * it names.  The shim writes an *image* into it with pwrite (no mmap: a full filesystem is an
  * ENOSPC reply, never a SIGBUS in the job):
- *     header  {magic "GPUTRACE-IMG-1\n\0", u64 count, u64 data_offset, u64 data_bytes, u64 chunk}
+ *     header  {magic "GPUTRACE-IMG-2\n\0", u64 count, u64 data_offset, u64 data_bytes, u64 chunk,
+ *              u64 digest_chunk, u64 digest_offset, u64 digest_count, u64 held_offset, u64 flags}
  *     entries count x {u64 base, u64 size, u64 offset, i32 device, i32 kind}
+ *     digests digest_count x {u64 a, u64 b} at digest_offset: each allocation's chunks of digest_chunk
+ *             bytes in turn, the last of each allocation shorter (digest.c; none where digest_chunk is 0)
+ *     held    flags & PARTIAL: digest_count bytes at held_offset, 1 where this image holds the chunk's
+ *             data; the others are the same as in the base image the dump was given (base=1)
  *     data    each allocation at its `offset` (4 KiB aligned) in the file
- * `restore` reads the same format back.  The image is the checkpoint's data file byte for byte,
- * so the checkpointer only hashes and stores it after the gate has reopened.
+ * `restore` reads the same format back (and version 1's, which ends after `chunk` and has no
+ * digests), but never a partial image: the checkpointer puts a chain together first.  A full image
+ * is the checkpoint's data file byte for byte, so the checkpointer only hashes and stores it after
+ * the gate has reopened.
+ *
+ * What changed.  With digests (digest=BYTES, the default), a dump hashes every chunk on the device
+ * under the gate; given the digests of an earlier image (base=1: the fd then holds that image's
+ * header, entries and digests), it copies only the chunks whose digest differs.  A restore of an
+ * image with digests hashes the live memory the same way and copies only the chunks that differ
+ * (diff=0: everything).
  *
  * How it moves.  Gate closed and every context synchronized (within the command's timeout=, as the
  * pause: work that cannot finish gives the job back instead of holding it), the allocations are cut into chunks
@@ -35,15 +48,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#define IMG_MAGIC "GPUTRACE-IMG-1\n" /* 15 chars + NUL = 16 bytes */
+#define IMG_MAGIC "GPUTRACE-IMG-2\n" /* 15 chars + NUL = 16 bytes */
+#define IMG_MAGIC_V1 "GPUTRACE-IMG-1\n"
+#define IMG_V1_HDR 48u /* version 1's header: up to `chunk` */
+#define IMG_PARTIAL 1u
 #define IMG_ALIGN 4096u
 #define MAX_LANES 16
 #define MIN_CHUNK (64u << 10)
 #define MAX_CHUNK (1u << 30)
+#define DIGEST_DEFAULT (1u << 20)
 
 struct img_hdr {
     char magic[16];
     uint64_t count, data_offset, data_bytes, chunk;
+    uint64_t digest_chunk, digest_offset, digest_count, held_offset, flags;
 };
 struct img_ent {
     uint64_t base, size, offset;
@@ -598,12 +616,15 @@ struct opts {
     int lanes;
     size_t chunk;
     int timeout_ms;
+    uint64_t digest; /* bytes each digest covers; 0: no digests */
+    int base;        /* dump: the fd holds the base image's header, entries and digests */
+    int diff;        /* restore: copy only the chunks whose digest differs */
 };
 
 /* "lanes=N chunk=BYTES timeout=MS PATH" in any order; returns the path or NULL; -1 on a bad word. */
 static int parse_opts(char *args, struct opts *o, char **path)
 {
-    *o = (struct opts){.lanes = 4, .chunk = 8u << 20, .timeout_ms = 5000};
+    *o = (struct opts){.lanes = 4, .chunk = 8u << 20, .timeout_ms = 5000, .digest = DIGEST_DEFAULT, .diff = 1};
     *path = NULL;
     for (char *save = NULL, *w = strtok_r(args, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
         char *end;
@@ -619,6 +640,15 @@ static int parse_opts(char *args, struct opts *o, char **path)
             o->chunk = (size_t)v;
         } else if (!strcmp(w, "direct=1") || !strcmp(w, "direct=0")) {
             o->direct = w[7] == '1';
+        } else if (!strncmp(w, "digest=", 7)) {
+            unsigned long long v = strtoull(w + 7, &end, 10);
+            if (*end || w[7] == '-' || (v && (v < MIN_CHUNK || v > MAX_CHUNK || v % IMG_ALIGN)))
+                return -1;
+            o->digest = v;
+        } else if (!strcmp(w, "base=1") || !strcmp(w, "base=0")) {
+            o->base = w[5] == '1';
+        } else if (!strcmp(w, "diff=1") || !strcmp(w, "diff=0")) {
+            o->diff = w[5] == '1';
         } else if (!strncmp(w, "timeout=", 8)) {
             long v = strtol(w + 8, &end, 10);
             if (*end || v < 0 || v > 600000)
@@ -648,20 +678,37 @@ static void json_err(struct sbuf *b, const char *err, const char *detail)
     sb_printf(b, "}");
 }
 
-/* Cuts the items into pieces of at most `chunk` bytes. */
-static struct piece *cut(const struct item *v, int n, size_t chunk, size_t *np)
+/* Cuts what is to be copied of the items into pieces of at most `chunk` bytes: all of each, or
+ * (held non-NULL) the runs of chunks of `dchunk` bytes whose held[] is set, each item's in turn. */
+static struct piece *cut(const struct item *v, int n, size_t chunk, const unsigned char *held, uint64_t dchunk,
+                         size_t *np)
 {
     size_t total = 0;
     for (int i = 0; i < n; i++)
-        total += (v[i].size + chunk - 1) / chunk;
+        total += (v[i].size + chunk - 1) / chunk + (held ? (v[i].size + dchunk - 1) / dchunk : 0);
     struct piece *p = calloc(total ? total : 1, sizeof *p);
     if (!p)
         return NULL;
-    size_t k = 0;
-    for (int i = 0; i < n; i++)
-        for (uint64_t o = 0; o < v[i].size; o += chunk)
-            p[k++] = (struct piece){.dev = v[i].base + o, .off = v[i].off + o,
-                                    .len = v[i].size - o < chunk ? v[i].size - o : chunk, .ctx = v[i].ctx};
+    size_t k = 0, d = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t at = 0;
+        while (at < v[i].size) {
+            uint64_t end = v[i].size; /* the run [at, end) */
+            if (held) {
+                for (; at < v[i].size && !held[d]; at += dchunk)
+                    d++;
+                if (at >= v[i].size)
+                    break;
+                for (end = at; end < v[i].size && held[d]; end += dchunk)
+                    d++;
+                end = end < v[i].size ? end : v[i].size;
+            }
+            for (uint64_t o = at; o < end; o += chunk)
+                p[k++] = (struct piece){.dev = v[i].base + o, .off = v[i].off + o,
+                                        .len = end - o < chunk ? end - o : chunk, .ctx = v[i].ctx};
+            at = end;
+        }
+    }
     *np = k;
     return p;
 }
@@ -882,14 +929,15 @@ static void direct_unmap(char *m, uint64_t len, uint64_t ctx)
 }
 
 struct timing {
-    uint64_t setup, drain, sync, copy, freeze;
+    uint64_t setup, drain, sync, digest, copy, freeze;
 };
 
 static void timing_json(struct sbuf *b, const struct timing *t)
 {
-    sb_printf(b, ", \"setup_ns\": %llu, \"drain_ns\": %llu, \"sync_ns\": %llu, \"copy_ns\": %llu, \"freeze_ns\": %llu",
-              (unsigned long long)t->setup, (unsigned long long)t->drain, (unsigned long long)t->sync,
-              (unsigned long long)t->copy, (unsigned long long)t->freeze);
+    sb_printf(b, ", \"setup_ns\": %llu, \"drain_ns\": %llu, \"sync_ns\": %llu, \"digest_ns\": %llu, \"copy_ns\": %llu, "
+              "\"freeze_ns\": %llu", (unsigned long long)t->setup, (unsigned long long)t->drain,
+              (unsigned long long)t->sync, (unsigned long long)t->digest, (unsigned long long)t->copy,
+              (unsigned long long)t->freeze);
 }
 
 /* Compares a checkpoint's entries with the live items (both in address order); describes up to a few
@@ -922,38 +970,78 @@ static int diff(const struct img_ent *e, int ne, const struct item *v, int nv, s
     return nd;
 }
 
-/* Reads and checks a restore image's header and entries (malloc'ed into *out).  Every offset and size
- * is checked without overflow against the file's size: the image comes from outside the job, and a
- * copy that runs past the mapped file would kill it. */
-static const char *read_image(int fd, struct img_hdr *h, struct img_ent **out)
+/* How many digests an image of these allocations has, at `dchunk` bytes each (0: none). */
+static uint64_t n_digests(const uint64_t *sizes, size_t stride, int n, uint64_t dchunk)
 {
-    *out = NULL;
+    uint64_t k = 0;
+    for (int i = 0; dchunk && i < n; i++) {
+        uint64_t size = *(const uint64_t *)((const char *)sizes + (size_t)i * stride);
+        k += (size + dchunk - 1) / dchunk;
+    }
+    return k;
+}
+
+/* Reads and checks an image's header, entries and digests (malloc'ed into *ents and *dig; *dig NULL
+ * where it has none).  Every offset and size is checked without overflow against the file's size:
+ * the image comes from outside the job, and a copy that runs past the mapped file would kill it.
+ * head_only: the file holds only what comes before the data (a base for a dump). */
+static const char *read_image(int fd, int head_only, struct img_hdr *h, struct img_ent **ents, uint64_t **dig)
+{
+    *ents = NULL;
+    *dig = NULL;
     struct stat st;
     if (fstat(fd, &st) != 0)
         return "cannot stat the image";
     if (!S_ISREG(st.st_mode))
         return "the image is not a regular file";
     uint64_t fsize = (uint64_t)st.st_size;
-    if (io_all(1, fd, h, sizeof *h, 0) || memcmp(h->magic, IMG_MAGIC, sizeof h->magic))
+    memset(h, 0, sizeof *h);
+    if (io_all(1, fd, h, IMG_V1_HDR, 0))
+        return "not a gputrace image (too short)";
+    size_t hsize = sizeof *h;
+    if (!memcmp(h->magic, IMG_MAGIC_V1, sizeof h->magic))
+        hsize = IMG_V1_HDR; /* no digests */
+    else if (memcmp(h->magic, IMG_MAGIC, sizeof h->magic) || io_all(1, fd, h, sizeof *h, 0))
         return "not a gputrace image (bad magic)";
-    if (h->count > (1u << 24) || h->data_offset < sizeof *h + h->count * sizeof(struct img_ent) ||
-        h->data_offset > fsize || h->data_bytes != fsize - h->data_offset)
+    if (h->count > (1u << 24) || h->data_offset < hsize + h->count * sizeof(struct img_ent) ||
+        h->data_offset > fsize || (!head_only && h->data_bytes != fsize - h->data_offset))
         return "image header inconsistent with its size";
+    if (!head_only && (h->flags & IMG_PARTIAL))
+        return "a partial image (one link of an incremental checkpoint's chain): it must be put together first";
     struct img_ent *e = calloc(h->count ? h->count : 1, sizeof *e);
     if (!e)
         return "out of memory";
-    if (h->count && io_all(1, fd, e, h->count * sizeof *e, sizeof *h)) {
+    if (h->count && io_all(1, fd, e, h->count * sizeof *e, hsize)) {
         free(e);
         return "image too short for its entries";
     }
+    uint64_t end = head_only ? UINT64_MAX : fsize;
     for (uint64_t i = 0; i < h->count; i++)
-        if (e[i].offset < h->data_offset || e[i].offset > fsize || e[i].size > fsize - e[i].offset ||
+        if (e[i].offset < h->data_offset || e[i].offset > end || e[i].size > end - e[i].offset ||
             e[i].base + e[i].size < e[i].base || (i && e[i].base <= e[i - 1].base) ||
             (i && e[i].offset < e[i - 1].offset + e[i - 1].size)) {
             free(e);
             return "image entry out of range or out of order";
         }
-    *out = e;
+    *ents = e;
+    uint64_t dc = h->digest_chunk;
+    if (!dc) {
+        h->digest_count = 0;
+        return NULL;
+    }
+    if (dc < MIN_CHUNK || dc > MAX_CHUNK || dc % IMG_ALIGN ||
+        h->digest_count != n_digests(&e[0].size, sizeof *e, (int)h->count, dc) ||
+        h->digest_offset < hsize + h->count * sizeof *e || h->digest_offset > h->data_offset ||
+        h->digest_count > (h->data_offset - h->digest_offset) / 16)
+        return "image digests inconsistent with its entries";
+    uint64_t *d = malloc(h->digest_count ? h->digest_count * 16 : 1);
+    if (!d)
+        return "out of memory";
+    if (h->digest_count && io_all(1, fd, d, h->digest_count * 16, h->digest_offset)) {
+        free(d);
+        return "image too short for its digests";
+    }
+    *dig = d;
     return NULL;
 }
 
@@ -970,6 +1058,16 @@ struct op {
     struct collect c;
     struct img_hdr h;
     struct img_ent *ents;
+    uint64_t *idig;          /* restore: the image's digests */
+    struct img_hdr bh;       /* dump base=1: the base image's header, entries and digests */
+    struct img_ent *bents;
+    uint64_t *bdig;
+    uint64_t dchunk;         /* bytes each digest covers here (0: no digests) */
+    struct digester *dg;     /* made before the freeze; NULL: no digests (dg_why says why, if wanted) */
+    char dg_why[160];
+    uint64_t *dig;           /* this command's digests of the live memory, 2 words each */
+    unsigned char *held;     /* 1: the chunk is copied */
+    uint64_t nd, copied_chunks, copied_bytes;
     struct lane L[MAX_LANES];
     int nl;
     char *map; /* direct: the image mapped and pinned */
@@ -999,8 +1097,9 @@ static int op_open(struct op *op, char *args, int fd)
     op->fd = fd;
     op->own_fd = fd >= 0; /* a passed fd is ours to close (a suspend keeps it), even when the words are wrong */
     if (parse_opts(args, &op->o, &path) != 0 || (path && op->mode == M_UNSUSPEND)) {
-        snprintf(op->err, sizeof op->err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS] [direct=0|1]%s",
-                 mode_name[op->mode], op->mode == M_UNSUSPEND ? "" : " [/PATH] (or pass an fd)");
+        snprintf(op->err, sizeof op->err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS] [direct=0|1]%s%s",
+                 mode_name[op->mode], op->mode == M_DUMP ? " [digest=BYTES|0] [base=0|1]"
+                 : op->mode == M_RESTORE ? " [diff=0|1]" : "", op->mode == M_UNSUSPEND ? "" : " [/PATH] (or pass an fd)");
         return fail(op, op->err, NULL);
     }
     if (op->mode == M_UNSUSPEND) {
@@ -1028,11 +1127,59 @@ static int op_open(struct op *op, char *args, int fd)
     if (!drv_load())
         return fail(op, "the driver lacks a function the copy needs", NULL);
     if (op->restore) {
-        const char *e = read_image(op->fd, &op->h, &op->ents);
+        const char *e = read_image(op->fd, 0, &op->h, &op->ents, &op->idig);
         if (e)
             return fail(op, "bad image", e);
+    } else if (op->o.base) {
+        if (!op->own_fd || path)
+            return fail(op, "base=1 needs the base image's head in the fd passed with the command", NULL);
+        const char *e = read_image(op->fd, 1, &op->bh, &op->bents, &op->bdig);
+        if (e)
+            return fail(op, "bad base image", e);
     }
     return 0;
+}
+
+/* The digests this command computes: none for a suspension (its memory is given back, not compared),
+ * the base's chunking for a dump given one, the image's for a restore. */
+static uint64_t digest_chunk_of(const struct op *op)
+{
+    if (op->mode == M_DUMP && op->o.digest)
+        return op->o.base ? (op->bdig ? op->bh.digest_chunk : 0) : op->o.digest;
+    if (op->mode == M_RESTORE && op->o.diff)
+        return op->idig ? op->h.digest_chunk : 0;
+    return 0;
+}
+
+/* Before the freeze: the digest kernel loaded and its scratch made in every context, room for the
+ * chunks there are now and some more (what the job allocates meanwhile). */
+static void digests_prepare(struct op *op)
+{
+    struct collect *c = &op->c;
+    op->dchunk = digest_chunk_of(op);
+    if (op->mode == M_DUMP && op->o.digest && op->o.base && !op->dchunk)
+        snprintf(op->dg_why, sizeof op->dg_why, "the base image has no digests");
+    if (op->mode == M_RESTORE && op->o.diff && !op->dchunk)
+        snprintf(op->dg_why, sizeof op->dg_why, "the image has no digests");
+    if (!op->dchunk || !c->n)
+        return;
+    size_t caps[64] = {0};
+    for (int i = 0; i < c->n; i++)
+        for (int k = 0; k < c->nctx; k++)
+            if (c->ctxs[k] == c->v[i].ctx)
+                caps[k] += (c->v[i].size + op->dchunk - 1) / op->dchunk;
+    for (int k = 0; k < c->nctx; k++)
+        caps[k] += caps[k] / 4 + 64;
+    op->dg = dg_open(c->ctxs, caps, c->nctx, op->dg_why, sizeof op->dg_why);
+    if (!op->dg && op->mode == M_DUMP)
+        op->dchunk = 0; /* the image says it has none */
+}
+
+/* Where the data start in a dump's image of these allocations. */
+static uint64_t head_bytes(int n, uint64_t nd, int partial)
+{
+    uint64_t dig_at = round_up(sizeof(struct img_hdr) + (uint64_t)n * sizeof(struct img_ent), 16);
+    return round_up(dig_at + nd * 16 + (partial ? nd : 0), IMG_ALIGN);
 }
 
 /* While the job still runs: what there is to copy, the image's space, the pinned memory. */
@@ -1047,12 +1194,14 @@ static int op_prepare(struct op *op)
         op->nl = 0;
         return fail(op, "unsupported", "device memory but no context to copy it in");
     }
+    digests_prepare(op);
     if (op->restore) {
         op->map_len = op->h.data_offset + op->h.data_bytes;
     } else if (c->n) {
         /* Reserve the image's space while the job runs: page allocation (tmpfs, memfd) or block
          * allocation (a disk) leaves the freeze, and a full filesystem fails here, before it. */
-        op->map_len = round_up(sizeof op->h + (uint64_t)c->n * sizeof(struct img_ent), IMG_ALIGN);
+        uint64_t nd = n_digests(&c->v[0].size, sizeof *c->v, c->n, op->dchunk);
+        op->map_len = head_bytes(c->n, nd + nd / 4 + 64, op->o.base);
         for (int i = 0; i < c->n; i++)
             op->map_len = round_up(op->map_len + c->v[i].size, IMG_ALIGN);
         int e = posix_fallocate(op->fd, 0, (off_t)op->map_len);
@@ -1121,22 +1270,32 @@ static int op_layout(struct op *op)
         free(d.p);
         for (int i = 0; i < c->n; i++)
             c->v[i].off = op->ents[i].offset;
+        op->nd = op->dg ? op->h.digest_count : 0;
     } else {
         struct img_hdr *h = &op->h;
-        uint64_t off = round_up(sizeof *h + (uint64_t)c->n * sizeof(struct img_ent), IMG_ALIGN);
+        op->nd = n_digests(&c->v[0].size, sizeof *c->v, c->n, op->dchunk);
+        int partial = op->o.base && op->dchunk;
+        memset(h, 0, sizeof *h);
+        memcpy(h->magic, IMG_MAGIC, sizeof h->magic);
+        h->count = (uint64_t)c->n;
+        h->data_offset = head_bytes(c->n, op->nd, partial);
+        uint64_t off = h->data_offset;
         for (int i = 0; i < c->n; i++) {
             c->v[i].off = off;
             off = round_up(off + c->v[i].size, IMG_ALIGN);
         }
-        memset(h, 0, sizeof *h);
-        memcpy(h->magic, IMG_MAGIC, sizeof h->magic);
-        h->count = (uint64_t)c->n;
-        h->data_offset = round_up(sizeof *h + (uint64_t)c->n * sizeof(struct img_ent), IMG_ALIGN);
         h->data_bytes = off - h->data_offset;
         h->chunk = op->o.chunk;
+        h->digest_chunk = op->dchunk;
+        h->digest_count = op->nd;
+        h->digest_offset = round_up(sizeof *h + (uint64_t)c->n * sizeof(struct img_ent), 16);
+        h->held_offset = partial ? h->digest_offset + op->nd * 16 : 0;
+        h->flags = partial ? IMG_PARTIAL : 0;
         if (op->map && h->data_offset + h->data_bytes > op->map_len)
             return fail(op, "busy", "the process allocated device memory meanwhile; try again");
     }
+    if (op->nd && (!(op->dig = calloc(op->nd, 16)) || !(op->held = calloc(op->nd, 1))))
+        return fail(op, "out of memory", NULL);
     for (int i = 0; i < c->n; i++)
         if (!c->v[i].ctx) {
             snprintf(op->err, sizeof op->err, "no context known for the allocation at %#llx",
@@ -1162,6 +1321,49 @@ static int run_copy(struct op *op, int restore)
     return 0;
 }
 
+/* The live memory's digests (op->dig), and which chunks to copy (op->held): for a dump given a base,
+ * those whose digest differs from the base's for the same allocation (every chunk of one the base
+ * lacks); for a restore, those that differ from the image's.  Returns whether digests were used; when
+ * not, op->dg_why says why and everything is copied. */
+static int digests_compare(struct op *op)
+{
+    struct collect *c = &op->c;
+    if (!op->dg || !op->nd)
+        return 0;
+    struct dg_span *sp = calloc(op->nd, sizeof *sp);
+    if (!sp) {
+        snprintf(op->dg_why, sizeof op->dg_why, "out of memory");
+        return 0;
+    }
+    uint64_t k = 0;
+    for (int i = 0; i < c->n; i++)
+        for (uint64_t o = 0; o < c->v[i].size; o += op->dchunk)
+            sp[k++] = (struct dg_span){.ptr = c->v[i].base + o, .ctx = c->v[i].ctx,
+                                       .len = c->v[i].size - o < op->dchunk ? c->v[i].size - o : op->dchunk};
+    const char *e = dg_run(op->dg, sp, op->nd, op->dig, &op->t.digest, op->dg_why, sizeof op->dg_why);
+    free(sp);
+    if (e)
+        return 0;
+    const uint64_t *want = op->restore ? op->idig : op->bdig;
+    if (!want) { /* a dump without a base: every chunk */
+        memset(op->held, 1, op->nd);
+        return 1;
+    }
+    /* Walk the live allocations and the reference's entries together, both in address order. */
+    const struct img_ent *ref = op->restore ? op->ents : op->bents;
+    uint64_t nref = op->restore ? op->h.count : op->bh.count, r = 0, rd = 0;
+    k = 0;
+    for (int i = 0; i < c->n; i++) {
+        uint64_t n = (c->v[i].size + op->dchunk - 1) / op->dchunk;
+        for (; r < nref && ref[r].base < c->v[i].base; r++)
+            rd += (ref[r].size + op->dchunk - 1) / op->dchunk;
+        int same = r < nref && ref[r].base == c->v[i].base && ref[r].size == c->v[i].size;
+        for (uint64_t x = 0; x < n; x++, k++)
+            op->held[k] = !same || op->dig[2 * k] != want[2 * (rd + x)] || op->dig[2 * k + 1] != want[2 * (rd + x) + 1];
+    }
+    return 1;
+}
+
 /* The shared copy: work in flight finished, the data moved, and for a dump the image's header and
  * entries written after it. */
 static int op_copy(struct op *op)
@@ -1183,10 +1385,20 @@ static int op_copy(struct op *op)
         snprintf(op->err, sizeof op->err, "%s", se);
         return fail(op, "driver error", op->err);
     }
+    op->t.sync = now_ns() - t2;
+    int used = digests_compare(op);
+    if (!used && !op->restore && op->dchunk) { /* a dump whose digests failed: an image without any */
+        op->h.digest_chunk = op->h.digest_count = op->h.held_offset = op->h.flags = 0;
+    }
+    if (!used)
+        op->nd = 0;
     uint64_t t3 = now_ns();
-    op->t.sync = t3 - t2;
-    if (!(op->pieces = cut(c->v, c->n, op->o.chunk, &op->np)))
+    if (!(op->pieces = cut(c->v, c->n, op->o.chunk, used ? op->held : NULL, op->dchunk, &op->np)))
         return fail(op, "out of memory", NULL);
+    for (size_t i = 0; i < op->np; i++)
+        op->copied_bytes += op->pieces[i].len;
+    for (uint64_t i = 0; used && i < op->nd; i++)
+        op->copied_chunks += op->held[i];
     if (!op->restore && ftruncate(op->fd, (off_t)(op->h.data_offset + op->h.data_bytes)) != 0)
         return fail(op, "cannot size the image file", strerror(errno));
     int failed = run_copy(op, op->restore);
@@ -1204,6 +1416,10 @@ static int op_copy(struct op *op)
         werr = io_all(0, op->fd, &op->h, sizeof op->h, 0);
     if (!werr && c->n)
         werr = io_all(0, op->fd, e, (size_t)c->n * sizeof *e, sizeof op->h);
+    if (!werr && op->h.digest_count)
+        werr = io_all(0, op->fd, op->dig, op->h.digest_count * 16, op->h.digest_offset);
+    if (!werr && (op->h.flags & IMG_PARTIAL))
+        werr = io_all(0, op->fd, op->held, op->h.digest_count, op->h.held_offset);
     free(e);
     if (werr)
         return fail(op, "writing the image header failed", strerror(werr));
@@ -1227,6 +1443,20 @@ static void op_done(struct op *op)
               op->direct_used ? "true" : "false", c->n, (unsigned long long)bytes,
               (unsigned long long)(op->h.data_offset + op->h.data_bytes), c->skipped, op->nl, op->o.chunk, op->np);
     timing_json(&op->b, &op->t);
+    /* What was compared and copied: with digests, the chunks copied of all there are; without, why
+     * not (where they were asked for). */
+    int used = op->nd != 0;
+    sb_printf(&op->b, ", \"digests\": %s, \"digest_chunk\": %llu, \"chunks\": %llu, \"chunks_copied\": %llu, "
+              "\"bytes_copied\": %llu, \"partial\": %s", used ? "true" : "false",
+              (unsigned long long)(used ? op->dchunk : 0), (unsigned long long)op->nd,
+              (unsigned long long)op->copied_chunks, (unsigned long long)op->copied_bytes,
+              (op->h.flags & IMG_PARTIAL) && !op->restore ? "true" : "false");
+    if (!used && op->dg_why[0]) {
+        sb_printf(&op->b, ", \"digest_why\": \"");
+        for (const char *p = op->dg_why; *p; p++)
+            sb_printf(&op->b, "%c", (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20) ? '?' : *p);
+        sb_printf(&op->b, "\"");
+    }
 }
 
 /* Unpinning and freeing pinned memory wait for the device to be idle (as cuMemFreeHost does on a GPU):
@@ -1295,8 +1525,15 @@ static void op_close(struct op *op)
     lanes_free(op->L, op->nl);
     if (op->own_fd && op->fd >= 0)
         close(op->fd);
+    if (op->dg && !op->stuck) /* after the gate reopened; kept (a few bytes) where the device may still use it */
+        dg_close(op->dg);
     free(op->pieces);
     free(op->ents);
+    free(op->idig);
+    free(op->bents);
+    free(op->bdig);
+    free(op->dig);
+    free(op->held);
     free(op->c.v);
 }
 

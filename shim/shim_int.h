@@ -146,6 +146,19 @@ HIDDEN uint64_t vmm_retained(uint64_t driver_handle); /* cuMemRetainAllocationHa
  * is suspended and has none. */
 HIDDEN int vmm_translate_handle(uint64_t h, uint64_t *drv, CUmemAllocationProp *prop);
 
+/* ---- digest.c: digests of device memory chunks, computed on the device (shim/digest.cu) */
+struct dg_span {
+    uint64_t ptr, len, ctx; /* one chunk: where, how long, the context its allocation belongs to */
+};
+struct digester;
+/* Loads the kernel and makes scratch for up to caps[i] chunks in each context ctxs[i] (before the
+ * gate closes).  NULL, with why filled, where the device or the driver cannot. */
+HIDDEN struct digester *dg_open(const uint64_t *ctxs, const size_t *caps, int nctx, char *why, size_t wl);
+/* The digests of n chunks, 2 words each, in the chunks' order, into out; NULL, or why not. */
+HIDDEN const char *dg_run(struct digester *d, const struct dg_span *s, size_t n, uint64_t *out, uint64_t *ns,
+                          char *why, size_t wl);
+HIDDEN void dg_close(struct digester *d);
+
 /* ---- control.c */
 HIDDEN void control_start(void);     /* once per process (and again in a forked child) */
 HIDDEN void control_atfork_child(void);

@@ -378,7 +378,8 @@ static size_t round_up(size_t x, size_t a)
  * Builtin kernels.  Parameters are packed like CUDA's parameter buffer: each at its natural
  * alignment, in order. */
 
-enum { K_SPIN, K_FILL_U32, K_ADD_F32, K_SCALE_F32, K_INC_U32, K_SUM_U32, K_LCG_U32, K_ALLREDUCE_U32, K_COUNT };
+enum { K_SPIN, K_FILL_U32, K_ADD_F32, K_SCALE_F32, K_INC_U32, K_SUM_U32, K_LCG_U32, K_ALLREDUCE_U32, K_CHUNK_DIGEST,
+       K_COUNT };
 
 static const struct builtin {
     const char *name;
@@ -393,7 +394,34 @@ static const struct builtin {
     [K_SUM_U32] = {"sum_u32", 3, {8, 8, 8}},       /* (u32 *src, u64 n, u64 *out) */
     [K_LCG_U32] = {"lcg_u32", 3, {8, 4, 8}},       /* (u32 *x, u32 add, u64 n): x[i] = x[i]*1664525 + 1013904223 + add + i */
     [K_ALLREDUCE_U32] = {"allreduce_u32", 2, {8, 8}}, /* (u32 *buf, u64 n): in place, summed over the group's ranks */
+    [K_CHUNK_DIGEST] = {"chunk_digest", 3, {8, 8, 8}}, /* (u64 *spans, u64 n, u64 *out): the shim's digest kernel */
 };
+
+/* The digest of one chunk, as shim/digest.cu defines it (and checkpointer/digest.py again). */
+static uint64_t fmix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static void chunk_digest(const unsigned char *p, uint64_t len, uint64_t out[2])
+{
+    const uint64_t K1 = 0x9E3779B97F4A7C15ull, K2 = 0xC2B2AE3D27D4EB4Full, S1 = 0x243F6A8885A308D3ull,
+                   S2 = 0x13198A2E03707344ull;
+    uint64_t a = 0, b = 0, nw = (len + 7) / 8;
+    for (uint64_t j = 0; j < nw; j++) {
+        uint64_t v = 0;
+        memcpy(&v, p + 8 * j, len - 8 * j < 8 ? len - 8 * j : 8);
+        a += fmix64((v ^ S1) + K1 * (j + 1));
+        b += fmix64((v ^ S2) + K2 * (j + 1));
+    }
+    out[0] = fmix64(a + len * K2);
+    out[1] = fmix64(b ^ len);
+}
 
 /* ------------------------------------------------------------------------------------------------
  * Collectives.  A group of processes is named by SIMCUDA_GROUP=ID:NRANKS:RANK (read at cuInit); its
@@ -553,6 +581,19 @@ static int kernel_args_ok(int b, const unsigned char *pa, int allow_pending)
     case K_ALLREDUCE_U32:
         n = P64(pa, 8);
         return n <= COLL_MAX_WORDS && dev_range_ok(P64(pa, 0), n * 4, 1, allow_pending);
+    case K_CHUNK_DIGEST: {
+        n = P64(pa, 8);
+        if (n > SIZE_MAX / 16 || !dev_range_ok(P64(pa, 0), n * 16, 0, allow_pending) ||
+            !dev_range_ok(P64(pa, 16), n * 16, 1, allow_pending))
+            return 0;
+        /* Each chunk it reads, too, once it runs (allow_pending: at launch the table may still be
+         * on its way, copied on the same stream). */
+        const uint64_t *sp = (const uint64_t *)(uintptr_t)P64(pa, 0);
+        for (uint64_t i = 0; allow_pending && i < n; i++)
+            if (!dev_range_ok(sp[2 * i], sp[2 * i + 1], 0, allow_pending))
+                return 0;
+        return 1;
+    }
     default:
         return 1;
     }
@@ -605,6 +646,13 @@ static void kernel_run(int b, const unsigned char *pa)
     case K_ALLREDUCE_U32:
         allreduce_u32((uint32_t *)(uintptr_t)P64(pa, 0), P64(pa, 8));
         break;
+    case K_CHUNK_DIGEST: {
+        const uint64_t *sp = (const uint64_t *)(uintptr_t)P64(pa, 0);
+        uint64_t *out = (uint64_t *)(uintptr_t)P64(pa, 16);
+        for (uint64_t i = 0, n = P64(pa, 8); i < n; i++)
+            chunk_digest((const unsigned char *)(uintptr_t)sp[2 * i], sp[2 * i + 1], out + 2 * i);
+        break;
+    }
     default:
         break;
     }
@@ -2627,8 +2675,45 @@ static int builtin_by_name(const char *s)
 #define MODULE_MAGIC "SIMCUDA-MODULE\n"
 
 /* Parses the text image into a module (not yet registered).  G not held. */
+/* PTX the simulator runs: an entry it knows by name, run by its C definition here (one module, one
+ * function).  The shim's digest kernel is the only one. */
+static const struct {
+    const char *entry;
+    int builtin;
+} known_ptx[] = {{"gputrace_chunk_digest", K_CHUNK_DIGEST}};
+
+static CUresult parse_ptx(const char *image, struct CUmod_st **out)
+{
+    for (size_t i = 0; i < sizeof known_ptx / sizeof *known_ptx; i++) {
+        char want[96];
+        snprintf(want, sizeof want, ".entry %s(", known_ptx[i].entry);
+        if (!strstr(image, want))
+            continue;
+        struct CUmod_st *m = calloc(1, sizeof *m);
+        struct CUfunc_st *f = calloc(1, sizeof *f);
+        struct CUfunc_st **fs = calloc(1, sizeof *fs);
+        char *name = strdup(known_ptx[i].entry);
+        if (!m || !f || !fs || !name) {
+            free(m), free(f), free(fs), free(name);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        f->mod = m;
+        f->name = name;
+        f->builtin = known_ptx[i].builtin;
+        fs[0] = f;
+        m->funcs = fs;
+        m->n = 1;
+        *out = m;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_IMAGE; /* PTX of a kernel the simulator cannot run */
+}
+
 static CUresult parse_image(const char *image, struct CUmod_st **out)
 {
+    if (image && strncmp(image, MODULE_MAGIC, strlen(MODULE_MAGIC)) && strstr(image, ".version ") &&
+        strstr(image, ".target "))
+        return parse_ptx(image, out);
     if (!image || strncmp(image, MODULE_MAGIC, strlen(MODULE_MAGIC)))
         return CUDA_ERROR_INVALID_IMAGE;
     char *text = strdup(image + strlen(MODULE_MAGIC));

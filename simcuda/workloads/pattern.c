@@ -23,6 +23,8 @@
  *   fill SEED    overwrite every byte from SEED        -> {"sum": "<hex>"}
  *   sum          checksum of all device memory held    -> {"sum": "<hex>"}
  *   alloc BYTES  one more cuMemAlloc_v2 (filled)       -> {"sum": "<hex>", "base": N}
+ *   touch I OFF N SEED  overwrite N bytes at OFF of allocation I (in the order of "allocations") from
+ *                SEED, the rest of it unchanged            -> {"sum": "<hex>"}
  *   meminfo      cuMemGetInfo_v2 (not a gated call: answers while the process is suspended)
  *                                                      -> {"free": N, "total": N}
  *   remap        (own VMM) unmap every mapping and map it again with the handle the program holds,
@@ -265,7 +267,23 @@ filled:;
         unsigned long long v;
         if (!strncmp(line, "quit", 4))
             break;
-        if (sscanf(line, "fill %llu", &v) == 1) {
+        unsigned long long ti, toff, tn, tseed;
+        if (sscanf(line, "touch %llu %llu %llu %llu", &ti, &toff, &tn, &tseed) == 4) {
+            if (ti >= (unsigned long long)nbufs || toff > bufs[ti].n || tn > bufs[ti].n - toff) {
+                printf("{\"error\": \"out of range\"}\n");
+                fflush(stdout);
+                continue;
+            }
+            unsigned char *h = malloc(tn ? tn : 1);
+            uint64_t s = tseed * 0x9E3779B97F4A7C15ull + 1;
+            if (!h)
+                wl_die("out of memory");
+            for (size_t k = 0; k < tn; k++)
+                h[k] = (unsigned char)(xorshift(&s) >> 24);
+            CU(cuMemcpyHtoD_v2, bufs[ti].p + toff, h, tn);
+            free(h);
+            printf("{\"sum\": \"%016llx\"}\n", (unsigned long long)checksum());
+        } else if (sscanf(line, "fill %llu", &v) == 1) {
             for (int i = 0; i < nbufs; i++)
                 fill_one(i, v);
             printf("{\"sum\": \"%016llx\"}\n", (unsigned long long)checksum());

@@ -1,0 +1,189 @@
+"""Checkpoints that copy only what changed: digests of device memory computed on the device (simcuda
+runs the shim's kernel by its C definition), held against checkpointer/digest.py's; chains of
+incremental checkpoints restored byte for byte, a damaged earlier link refusing the later ones, and
+rollback restores that copy back only the chunks that differ, counted in their reports."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gputrace.base.errors import CheckpointMismatch, CorruptCheckpoint
+from gputrace.checkpointer import checkpoint, read_manifest, restore
+from gputrace.checkpointer import chain, digest, image
+
+from ckpttest import target  # noqa: F401  (fixtures)
+from shimtest import procs, shim_dir  # noqa: F401  (fixtures)
+
+DC = 64 << 10  # the smallest digest chunk the shim takes: several chunks in each test allocation
+SIZE = 1 << 20
+
+
+def head(path: Path) -> image.Header:
+    return chain.head(chain.Link(path, read_manifest(path)))
+
+
+def chunk_of(t, alloc: int, offset: int) -> int:
+    """The index, among all the image's digests, of the chunk holding `offset` of allocation `alloc`
+    (in the order the workload lists them)."""
+    base = t.ready["allocations"][alloc]["base"]
+    h = None
+    k = 0
+    for a in sorted(t.ready["allocations"], key=lambda a: a["base"]):
+        if a["base"] == base:
+            return k + offset // DC
+        k += -(-a["size"] // DC)
+    raise AssertionError(h)
+
+
+def test_the_devices_digests_are_the_definitions(target, tmp_path):
+    t = target(SIZE)
+    checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
+    h = head(tmp_path / "a")
+    assert h.digest_chunk == DC and not h.partial
+    data = (tmp_path / "a" / "data.img").read_bytes()
+    want = b""
+    for e in h.entries:
+        for a, b in digest.digests(data[e.offset:e.offset + e.size], DC):
+            want += a.to_bytes(8, "little") + b.to_bytes(8, "little")
+    assert h.digest_count == len(want) // 16 > len(h.entries)
+    assert h.digests == want
+    m = read_manifest(tmp_path / "a")
+    assert m["digests"] == {"algorithm": digest.ALGO, "chunk_bytes": DC, "chunks": h.digest_count,
+                            "chunks_copied": h.digest_count}
+
+
+def test_a_chain_of_incremental_checkpoints_restores_each_link_byte_for_byte(target, tmp_path):
+    t = target(SIZE)
+    ra = checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
+    sum_a = t.sum()
+    assert ra.parent is None and ra.chunks_copied == ra.chunks > 0 and ra.bytes_copied == ra.bytes
+    # One byte in one chunk of the first allocation, and 100 KiB across two chunks of the second.
+    t.cmd(f"touch 0 {3 * DC + 5} 1 11")
+    sum_b = t.cmd(f"touch 1 {DC - 50_000} 100000 12")["sum"]
+    rb = checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a")
+    assert rb.parent == str(tmp_path / "a")
+    assert rb.chunks == ra.chunks and rb.chunks_copied == 3
+    assert rb.bytes_copied == 3 * DC and rb.bytes == ra.bytes
+    hb = head(tmp_path / "b")
+    assert hb.partial and sum(hb.held) == 3
+    assert {i for i, x in enumerate(hb.held) if x} == {chunk_of(t, 0, 3 * DC), chunk_of(t, 1, 0), chunk_of(t, 1, DC)}
+    mb = read_manifest(tmp_path / "b")
+    assert mb["schema"] == 2 and mb["data"]["bytes"] == hb.data_offset + 3 * DC
+    assert os.path.getsize(tmp_path / "b" / "data.img") < os.path.getsize(tmp_path / "a" / "data.img") / 4
+    # A third link, since the second; then everything overwritten.
+    sum_c = t.cmd(f"touch 0 0 {2 * DC} 13")["sum"]
+    rc = checkpoint(t.pid, tmp_path / "c", since=tmp_path / "b")
+    assert rc.chunks_copied == 2
+    assert t.cmd("fill 99")["sum"] not in (sum_a, sum_b, sum_c)
+    for name, want, links in (("c", sum_c, 3), ("b", sum_b, 2), ("a", sum_a, 1), ("c", sum_c, 3)):
+        rr = restore(t.pid, tmp_path / name)
+        assert t.sum() == want, name
+        assert rr.links == links and rr.chunks == ra.chunks
+    assert t.gate_open()
+
+
+def test_a_rollback_restore_copies_back_only_the_chunks_that_differ(target, tmp_path):
+    t = target(SIZE)
+    ra = checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
+    saved = t.sum()
+    assert t.cmd(f"touch 0 {5 * DC} {DC + 1} 21")["sum"] != saved  # chunks 5 and 6 (one byte of 6)
+    rr = restore(t.pid, tmp_path / "a")
+    assert t.sum() == saved
+    assert rr.chunks == ra.chunks and rr.chunks_copied == 2 and rr.bytes_copied == 2 * DC
+    assert rr.digest_ns > 0 and rr.digest_why is None
+    again = restore(t.pid, tmp_path / "a")  # nothing differs now
+    assert again.chunks_copied == 0 and again.bytes_copied == 0 and t.sum() == saved
+    t.cmd("fill 5")
+    whole = restore(t.pid, tmp_path / "a", diff=False)
+    assert whole.chunks == 0 and whole.bytes_copied == whole.bytes == ra.bytes and t.sum() == saved
+
+
+def test_a_damaged_earlier_link_makes_the_later_ones_invalid_and_leaves_the_job_alone(target, tmp_path):
+    t = target(SIZE)
+    checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
+    t.cmd("touch 0 0 10 31")
+    checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a")
+    t.cmd("touch 0 70000 10 32")
+    checkpoint(t.pid, tmp_path / "c", since=tmp_path / "b")
+    now = t.cmd("fill 7")["sum"]
+    data = tmp_path / "a" / "data.img"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CorruptCheckpoint) as e:
+        restore(t.pid, tmp_path / "c")
+    assert f"{tmp_path / 'a' / 'data.img'}" in e.value.msg and "checksum" in e.value.msg
+    assert t.sum() == now and t.gate_open()
+    # An earlier link replaced by another checkpoint (of the same process, even) breaks the chain too.
+    data.unlink()
+    (tmp_path / "a" / "manifest.json").unlink()
+    (tmp_path / "a").rmdir()
+    checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
+    with pytest.raises(CorruptCheckpoint, match="is not the checkpoint .* was taken against"):
+        restore(t.pid, tmp_path / "c")
+    # And a missing one.
+    os.rename(tmp_path / "b", tmp_path / "b-moved")
+    with pytest.raises(CorruptCheckpoint, match="earlier link .* is gone"):
+        restore(t.pid, tmp_path / "c")
+    assert t.sum() == now and t.gate_open()
+
+
+def test_a_chain_moved_together_still_restores(target, tmp_path):
+    t = target(SIZE)
+    (tmp_path / "x").mkdir()
+    checkpoint(t.pid, tmp_path / "x" / "a", digest_chunk=DC)
+    want = t.cmd("touch 2 0 100 41")["sum"]
+    checkpoint(t.pid, tmp_path / "x" / "b", since=tmp_path / "x" / "a")
+    os.rename(tmp_path / "x", tmp_path / "y")
+    t.cmd("fill 3")
+    restore(t.pid, tmp_path / "y" / "b")
+    assert t.sum() == want
+
+
+def test_memory_allocated_since_the_parent_is_copied_whole(target, tmp_path):
+    t = target(SIZE)
+    checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
+    extra = t.cmd(f"alloc {3 * DC + 100}")
+    want = t.sum()
+    rb = checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a")
+    assert rb.chunks_copied == 4 and rb.allocations == len(t.ready["allocations"]) + 1
+    assert any(e.base == extra["base"] for e in head(tmp_path / "b").entries)
+    t.cmd("fill 8")
+    restore(t.pid, tmp_path / "b")
+    assert t.sum() == want
+
+
+def test_without_digests_the_next_checkpoint_is_whole_and_says_why(target, tmp_path):
+    t = target(SIZE)
+    checkpoint(t.pid, tmp_path / "a", digest_chunk=0)
+    assert head(tmp_path / "a").digest_chunk == 0 and read_manifest(tmp_path / "a")["digests"] is None
+    rb = checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a")
+    assert rb.parent is None and rb.bytes_copied == rb.bytes and "has no digests" in rb.digest_why
+    assert read_manifest(tmp_path / "b")["schema"] == 1
+    rr = restore(t.pid, tmp_path / "a")
+    assert rr.chunks == 0 and rr.bytes_copied == rr.bytes and "no digests" in rr.digest_why
+
+
+def test_since_must_name_a_checkpoint_of_the_same_process(target, tmp_path):
+    t1, t2 = target(SIZE), target(SIZE)
+    checkpoint(t1.pid, tmp_path / "a", digest_chunk=DC)
+    with pytest.raises(CheckpointMismatch, match="not a checkpoint of process"):
+        checkpoint(t2.pid, tmp_path / "b", since=tmp_path / "a")
+    assert not (tmp_path / "b").exists() and t2.gate_open()
+
+
+def test_a_links_manifest_that_lies_about_its_runs_is_refused(target, tmp_path):
+    t = target(SIZE)
+    checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
+    t.cmd("touch 0 0 10 51")
+    checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a")
+    mf = tmp_path / "b" / "manifest.json"
+    m = orjson.loads(mf.read_bytes())
+    m["data"]["runs"][-1][1] += 4096
+    mf.write_bytes(orjson.dumps(m))
+    with pytest.raises(CorruptCheckpoint, match="data.runs"):
+        restore(t.pid, tmp_path / "b")
