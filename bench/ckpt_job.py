@@ -8,6 +8,9 @@ size with known contents, and answers each command with one JSON line on stdout:
                  seeded generator on the device; reply with their checksum
   checksum       the held tensors' checksum (int64 sums of the data and of a stride, per tensor)
   scribble       overwrite the held tensors and the model's weights (every byte changes)
+  write OFF N    add 1 to each of the N bytes at byte OFF of the held tensors (taken end to end): a
+                 part of the device memory changes, the rest stays (incremental checkpoints)
+  stripe P N     the same for N bytes at the start of every P bytes of the held tensors
   train K        K training steps from the current step; reply with the losses (float.hex)
   seek S         set the step counter to S (the only training state on the CPU side, see below)
   save PATH      torch.save of model, optimizer and held tensors to PATH, flushed and fsynced:
@@ -105,6 +108,25 @@ def main() -> int:
                     p.add_(1.0)
             torch.cuda.synchronize()
             reply(ok=True)
+        elif cmd in ("write", "stripe"):
+            spans, flat_at = [], 0
+            if cmd == "write":
+                spans = [(int(arg[0]), int(arg[1]))]
+            else:
+                period, n = int(arg[0]), int(arg[1])
+                total = sum(t.numel() for t in held)
+                spans = [(o, n) for o in range(0, total, period)]
+            changed = 0
+            with torch.no_grad():
+                for t in held:  # each tensor's share of every span
+                    for off, n in spans:
+                        a, b = max(off, flat_at), min(off + n, flat_at + t.numel())
+                        if a < b:
+                            t[a - flat_at:b - flat_at].add_(1)
+                            changed += b - a
+                    flat_at += t.numel()
+            torch.cuda.synchronize()
+            reply(ok=True, changed_bytes=changed, checksum=checksum(), ns=time.perf_counter_ns() - t0)
         elif cmd == "train":
             losses = []
             for _ in range(int(arg[0])):

@@ -258,6 +258,24 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
                             str(parent) if hdr.partial else None, _digest_why(r, since))
 
 
+def latest(pid: int, where: Path) -> Path | None:
+    """The newest complete checkpoint of process `pid` (this very process: its start time too) directly
+    in directory `where`; None when there is none."""
+    best, when = None, -1.0
+    try:
+        entries = [e for e in os.scandir(where) if e.is_dir() and not e.name.startswith(".")]
+    except OSError:
+        return None
+    for e in entries:
+        try:
+            m = store.read_manifest(Path(e.path))
+        except CorruptCheckpoint:
+            continue
+        if not identity_differences(m, pid) and float(m.get("created_unix", 0)) > when:
+            best, when = Path(e.path), float(m.get("created_unix", 0))
+    return best
+
+
 def _write_head(memfd: int, base: image.Header, path: Path) -> None:
     """The base checkpoint's image head (header, entries, digests) into the memfd the shim reads it from."""
     fd, f = chain._data_file(chain.Link(path, store.read_manifest(path)))

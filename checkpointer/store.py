@@ -1,14 +1,17 @@
 """A checkpoint on disk: a directory that is valid only once complete.
 
     DIR/manifest.json   orjson, schema below; written last
-    DIR/data.img        the shim's image (checkpointer/image.py), byte for byte
+    DIR/data.img        the shim's image (checkpointer/image.py), byte for byte (a link: parts of it)
 
 Manifest (schema 1): schema, format ("gputrace-checkpoint"), complete (true), created_unix, host,
   target {pid, comm}, driver {path, version}, devices [{ordinal, name, uuid}],
   registry {the status totals: device_bytes, contexts, allocations, modules, streams, events, ...},
   allocations [{base, size, device, kind, offset}] (offset: in data.img),
   data {file, bytes, chunk_bytes, hash ("xxh3_64"), chunks [hex digest of each chunk_bytes piece]},
-  timings {setup_ns, drain_ns, sync_ns, copy_ns, freeze_ns, write_ns, total_ns}, shim {lanes, chunk}.
+  timings {setup_ns, drain_ns, sync_ns, digest_ns, copy_ns, freeze_ns, write_ns, total_ns}, shim {lanes, chunk},
+  digests {algorithm, chunk_bytes, chunks, chunks_copied} or null (the image's own digests are in its head).
+Schema 2, a link of an incremental chain (chain.py): as schema 1, plus parent {path, relative,
+  manifest_xxh3}, and data {image_bytes, runs [[offset, length] of the image that data.img holds, in order]}.
 
 Writing goes to a hidden sibling `.NAME.partial-PID`: data, then the manifest, each fsynced, then the
 directory, then one rename(2) to NAME and an fsync of the parent.  A crash at any point leaves at

@@ -187,3 +187,34 @@ def test_a_links_manifest_that_lies_about_its_runs_is_refused(target, tmp_path):
     mf.write_bytes(orjson.dumps(m))
     with pytest.raises(CorruptCheckpoint, match="data.runs"):
         restore(t.pid, tmp_path / "b")
+
+
+def test_incremental_checkpoints_from_the_cli(target, tmp_path):
+    import subprocess
+    import sys
+
+    def gputrace(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "gputrace", *args], capture_output=True, text=True, timeout=120)
+
+    t = target(SIZE)
+    pid = str(t.pid)
+    r = gputrace("checkpoint", "-p", pid, "-o", str(tmp_path / "a"), "--incremental", "--digest-chunk", str(DC))
+    assert r.returncode == 0, r.stderr
+    assert "whole    no earlier checkpoint of this process there" in r.stdout and "digest " in r.stdout
+    want = t.cmd(f"touch 0 {DC} 10 61")["sum"]
+    r = gputrace("checkpoint", "-p", pid, "-o", str(tmp_path / "b"), "--incremental", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = orjson.loads(r.stdout)
+    assert rep["parent"] == str(tmp_path / "a") and rep["chunks_copied"] == 1 and rep["bytes_copied"] == DC
+    assert rep["stored_bytes"] == os.path.getsize(tmp_path / "b" / "data.img")
+    t.cmd("fill 2")
+    r = gputrace("restore", "-p", pid, str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    assert "(2 links of an incremental chain)" in r.stdout and f"of {rep['chunks']} chunks differed" in r.stdout
+    assert t.sum() == want
+    r = gputrace("restore", "-p", pid, str(tmp_path / "b"), "--copy-all", "--json")
+    assert r.returncode == 0 and orjson.loads(r.stdout)["bytes_copied"] == rep["bytes"]
+    r = gputrace("checkpoint", "-p", pid, "-o", str(tmp_path / "c"), "--digest-chunk", "4096")
+    assert r.returncode == 2 and "below 65536" in r.stderr and not (tmp_path / "c").exists()
+    r = gputrace("checkpoint", "-p", pid, "-o", str(tmp_path / "c"), "--since", str(tmp_path / "nope"))
+    assert r.returncode != 0 and "not a checkpoint directory" in r.stderr and "Traceback" not in r.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..base.errors import UsageError
 from ..base.units import fmt_bytes
@@ -14,6 +15,8 @@ CHECKPOINT_EPILOG = """examples:
   gputrace checkpoint -p 1234                   into ~/.local/share/gputrace/checkpoints/1234-TIME (or $GPUTRACE_CKPT_DIR), where top finds it
   gputrace checkpoint -p 1234 -o /ckpt/step100  into a new directory /ckpt/step100
   gputrace checkpoint -p 1234 --json            the report as JSON
+  gputrace checkpoint -p 1234 --incremental    only what changed since this process's newest checkpoint there
+  gputrace checkpoint -p 1234 -o /ckpt/step200 --since /ckpt/step100   only what changed since that one
   gputrace checkpoint -p 1234 --backend driver  NVIDIA's cuCheckpointProcess* on the same job, to compare
   gputrace checkpoint -p 1234,1235 -o /ckpt/j1  a job of two processes (ranks), stopped together
   gputrace checkpoint --tree 1200 -o /ckpt/j1   a launcher's ranks: 1200 and its descendants that run the shim
@@ -27,6 +30,12 @@ nothing is kept.  The directory then holds job.json and one checkpoint per rank 
 The job must run with the shim (gputrace run --checkpointable -- CMD).  It is frozen only while its
 device memory is copied to host memory; the data are then checksummed and written while it runs on.
 The directory appears only once complete (written as .NAME.partial-PID, synced, then renamed).
+
+Every checkpoint hashes the job's device memory on the GPU, chunk by chunk (--digest-chunk, default
+1 MiB), inside the freeze.  An incremental one (--since DIR, --incremental) copies and stores only
+the chunks whose hash differs from DIR's: its directory holds those and names DIR, and restoring it
+reads the whole chain, checking every link; keep the earlier ones beside it (a chain moved together
+still resolves).
 """
 
 RESTORE_EPILOG = """examples:
@@ -37,7 +46,9 @@ RESTORE_EPILOG = """examples:
 
 Rolls the job's device memory back to the checkpoint.  The checkpoint's checksums, and that the job
 holds the same allocations (addresses and sizes), are checked before the job is touched; on any
-mismatch nothing changes.  Only device memory goes back: the process's host memory (a step counter,
+mismatch nothing changes.  Under the freeze the job's memory is hashed on the GPU and only the chunks
+that differ from the checkpoint are copied back (the report counts them; --copy-all copies every
+byte).  An incremental checkpoint is put together from its chain first, each link checked.  Only device memory goes back: the process's host memory (a step counter,
 the optimizer's host-side state, open files) goes on from where it is.  For both, checkpoint and
 restore the whole process: `checkpoint --full` and `restore --full`.  A job's checkpoint (-p A,B)
 is restored whole: every rank's is verified before any process is touched, then all ranks are
@@ -107,6 +118,16 @@ def _backend(p: argparse.ArgumentParser) -> None:
 def configure_checkpoint(p: argparse.ArgumentParser) -> None:
     add_job(p)
     p.add_argument("-o", "--output", help="new directory to write (default PID-TIME under $GPUTRACE_CKPT_DIR, else ~/.local/share/gputrace/checkpoints: where `gputrace top` looks)")
+    inc = p.add_mutually_exclusive_group()
+    inc.add_argument("--since", metavar="DIR", help="an earlier checkpoint of the same process: copy and store only "
+                                                    "the chunks that changed since it")
+    inc.add_argument("--incremental", action="store_true",
+                     help="--since this process's newest checkpoint in the directory the new one goes to (a whole "
+                          "checkpoint where there is none)")
+    p.add_argument("--digest-chunk", type=number(int, lo=0, hi=1 << 30, multiple=4096), default=None,
+                   metavar="BYTES", help="bytes each GPU-computed digest covers, a multiple of 4096 from 65536 "
+                                         "(default 1 MiB; 0: none, so no checkpoint can later be taken --since this "
+                                         "one); --since takes the earlier checkpoint's")
     _backend(p)
     _tuning(p, direct=True)
     add_json(p)
@@ -146,6 +167,8 @@ def configure_restore(p: argparse.ArgumentParser) -> None:
     p.add_argument("--into-other-process", action="store_true",
                    help="restore a checkpoint of another process (or of an earlier one with this pid) into this "
                         "one; its allocations must still match")
+    p.add_argument("--copy-all", dest="diff", action="store_false",
+                   help="copy every byte back, not only the chunks whose GPU-computed digest differs")
     _tuning(p, direct=True)
     add_json(p)
 
@@ -156,6 +179,9 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
     from ..checkpointer import checkpoint
 
     job = _job(args, "checkpoint")
+    if job is not None and (args.since or args.incremental or args.digest_chunk is not None):
+        raise UsageError("--since, --incremental and --digest-chunk take one process",
+                         "checkpoint the job whole, or each process with its own -p PID")
     if job is not None:
         from ..checkpointer import gang
 
@@ -166,10 +192,22 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
     if args.backend == "driver":
         return _by_driver(args, "checkpoint")
 
+    if args.backend == "driver" and (args.since or args.incremental or args.digest_chunk is not None):
+        raise UsageError("--since, --incremental and --digest-chunk are the shim's", "drop them, or use --backend shim")
+    if args.digest_chunk and args.digest_chunk < 65536:
+        raise UsageError(f"--digest-chunk {args.digest_chunk} is below 65536",
+                         "give a multiple of 4096 from 65536 to 1 GiB, or 0 for no digests")
+    since = args.since
+    if args.incremental:
+        from ..checkpointer import store
+        from ..checkpointer.ops import latest
+
+        where = Path(args.output).absolute().parent if args.output else store.default_root()
+        since = latest(args.pid, where)
     prog = Progress(not args.json and sys.stderr.isatty())
     try:
         r = checkpoint(args.pid, args.output, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
-                       direct=args.direct, progress=prog)
+                       direct=args.direct, progress=prog, since=since, digest_chunk=args.digest_chunk)
     finally:
         prog.end()
     if args.json:
@@ -177,16 +215,22 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
         return 0
     print(f"checkpoint of pid {r.pid}: {r.path}")
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
+    if r.parent:
+        print(f"  changed  {r.chunks_copied} of {r.chunks} chunks ({fmt_bytes(r.bytes_copied)}) since {r.parent}")
+    elif since is not None or args.incremental:
+        print(f"  whole    {r.digest_why or 'no earlier checkpoint of this process there'}: every byte copied")
     _print_freeze(r)
-    print(f"  write    {ms(r.write_ns)} at {gbps(r.image_bytes, r.write_ns)} (job running)")
+    print(f"  write    {ms(r.write_ns)}, {fmt_bytes(r.stored_bytes)} at {gbps(r.stored_bytes, r.write_ns)} "
+          "(job running)")
     print(f"  total    {ms(r.total_ns)}")
     return 0
 
 
 def _print_freeze(r) -> None:
     """The freeze of a shim checkpoint or restore, by phase: the same fields in both reports."""
-    print(f"  freeze   {ms(r.freeze_ns)} (drain {ms(r.drain_ns)}, sync {ms(r.sync_ns)}, "
-          f"copy {ms(r.copy_ns)} at {gbps(r.bytes, r.copy_ns)}{', direct' if r.direct else ''})")
+    hashed = f"digest {ms(r.digest_ns)}, " if r.chunks else ""
+    print(f"  freeze   {ms(r.freeze_ns)} (drain {ms(r.drain_ns)}, sync {ms(r.sync_ns)}, {hashed}"
+          f"copy {ms(r.copy_ns)} at {gbps(r.bytes_copied, r.copy_ns)}{', direct' if r.direct else ''})")
 
 
 @command("restore", "roll a shimmed process's GPU memory back to a checkpoint", RESTORE_EPILOG)(configure_restore)
@@ -213,7 +257,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
     prog = Progress(not args.json and sys.stderr.isatty())
     try:
         r = restore(args.pid, args.dir, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
-                    direct=args.direct, progress=prog, other_process=args.into_other_process)
+                    direct=args.direct, progress=prog, other_process=args.into_other_process, diff=args.diff)
     finally:
         prog.end()
     if args.json:
@@ -221,7 +265,12 @@ def restore_cmd(args: argparse.Namespace) -> int:
         return 0
     print(f"restored pid {r.pid} from {r.path}")
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
-    print(f"  verify   {ms(r.verify_ns)} at {gbps(r.bytes, r.verify_ns)} (job running)")
+    chain = f" ({r.links} links of an incremental chain)" if r.links > 1 else ""
+    print(f"  verify   {ms(r.verify_ns)} at {gbps(r.bytes, r.verify_ns)}{chain} (job running)")
+    if r.chunks:
+        print(f"  copied   {r.chunks_copied} of {r.chunks} chunks differed: {fmt_bytes(r.bytes_copied)} copied back")
+    elif r.digest_why:
+        print(f"  copied   every byte ({r.digest_why})")
     _print_freeze(r)
     print(f"  total    {ms(r.total_ns)}")
     print("  note     device memory only: the process's host state (step counters, host tensors) was not "
