@@ -153,7 +153,7 @@ def summary(r: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, help="the JSON to write (and OUT.md beside it)")
     ap.add_argument("--gib", type=int, default=16)
     ap.add_argument("--images", type=Path, default=Path("/dev/shm/gtinc"))
     ap.add_argument("--report", type=Path, help="only write the Markdown of an earlier run's JSON")
@@ -162,6 +162,8 @@ def main() -> int:
         r = json.loads(a.report.read_text())
         a.report.with_suffix(".md").write_text(summary(r))
         return 0
+    if not a.out:
+        ap.error("--out is required (or --report JSON)")
     t0 = time.time()
     r = run(a.gib, a.images)
     r["command"] = "python3 bench/incremental_gpu.py " + " ".join(sys.argv[1:])
