@@ -177,6 +177,45 @@ def test_a_window_the_growth_limit_holds_under_one_period_is_given_one_where_the
     assert w0 <= 2 * q.scout_s() + 1e-12  # without a kept function the growth limit stands
 
 
+def test_where_an_interval_pays_for_less_than_a_step_a_whole_step_comes_every_few_intervals():
+    """A GPT-2 training step on the H200: 300k calls/s in bursts of one 15-ms step, and 1% of an
+    interval paying for 3-ms windows, a fifth of a step each (the hottest functions then read
+    -22..+21% after 5 s). A window of one whole step of every probed function, the rarer ones too,
+    every few intervals, paid for by all of them, counts each burst of one step wherever it starts."""
+    classes = {0: SUB, 1: SUB, 2: QUERY, 3: STATE}
+    p = scouted(classes, {f: CHEAP for f in classes}, {0: 1500, 1: 1, 2: 20, 3: 10}, budget=0.01, interval_s=1.0)
+    p.observe_exposure(1.0)
+    p.observe_kept({1: 60.0})  # once a step
+    assert p.kept == frozenset({1})
+    whole = quiet = 0
+    for _ in range(16):
+        plan = p.plan()
+        if not plan.windows:
+            quiet += 1
+            continue
+        if plan.timed != frozenset(classes):  # (the interval that times every function plans as before)
+            (_, w), = plan.windows
+            period = p.period_s(p.window_cost_per_s(plan.probe, plan.timed))
+            assert w == pytest.approx(period) and period > 1 / 60.0
+            assert plan.probe == frozenset(p.seen) and plan.rare is None  # the rarer ones counted in it too
+            k = p.skip + 1
+            assert 2 <= k <= 3 and window_cost(p, plan) <= k * PLAN_SHARE * 0.01 * (1 + 1e-9)
+            assert window_cost(p, plan) > (k - 1) * PLAN_SHARE * 0.01  # the fewest intervals that pay for it
+            whole += 1
+        p.observe(len(plan.windows), {0: 300_000.0, 2: 4_000.0, 3: 2_000.0}, {0: 900, 2: 12, 3: 6})
+        p.observe_kept({1: 60.0})
+    assert whole >= 3 and quiet >= whole - 1  # each followed by the intervals that paid for it
+    # Where a step is so long that no few intervals pay for one, the windows stay as they were.
+    q = scouted(classes, {f: CHEAP for f in classes}, {0: 1500, 1: 1, 2: 20, 3: 10}, budget=0.01, interval_s=1.0)
+    q.observe_exposure(1.0)
+    q.observe_kept({1: 4.0})
+    for _ in range(4):
+        plan = q.plan()
+        assert len(plan.windows) == 2 and all(w < 1 / 4.0 for _, w in plan.windows)
+        q.observe(2, {0: 300_000.0, 2: 4_000.0, 3: 2_000.0}, {0: 900, 2: 12, 3: 6})
+        q.observe_kept({1: 4.0})
+
+
 def test_a_window_second_costs_the_job_at_most_a_second():
     """Probes at 5 probe-seconds a second cannot take more than the window: it is the planned budget
     x interval / 2 long (two windows), not a fifth of that."""

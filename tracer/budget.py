@@ -90,6 +90,12 @@ FOLLOW_MAX_S = 0.05
 # A kept function called at least this often a second gives the job's period for window lengths
 # (`Policy.whole_periods`): slower ones have periods longer than any window.
 PERIOD_MIN_HZ = 2.0
+# Where an interval's budget pays only for windows shorter than the job's period but this many
+# intervals' (at most) pay for one of a whole period, that is what is planned (`Policy.whole_step`):
+# on the H200 a GPT-2 training step made its 300k/s calls in bursts of a 15-ms step, and 3-ms windows
+# (what 1% paid for each interval) read them -22..+21% after 5 s; a window of the whole step counts
+# every burst of one step, wherever it starts.
+WHOLE_MAX_EVERY = 3
 
 
 @dataclass(frozen=True)
@@ -411,6 +417,15 @@ class Policy:
         while n > 1 and w < self.min_window_s:
             n -= 1
             w = self.affordable_s(hot, timed, marker, n, self.every, share)
+        whole = self.whole_step(probe, timed, w) if not retime else None
+        if whole is not None:
+            # One window of a whole period of every probed function (the rarer ones too: it counts
+            # their whole step as well), every k intervals, paid for by all k.
+            k, marker, w = whole
+            self.skip, self.rare_due, self.last_window_s = k - self.every, 0, w
+            lead = w if marker is not None else 0.0
+            at = lead + self.rng.uniform(0.0, self.interval_s - lead - w)
+            return Plan(True, ((at, w),), timed, probe, marker)
         if w < self.min_window_s:
             # Even one window costs more than an interval's budget: one every k intervals, paid for
             # by all k (and no rare window). Never for good: rates and exposure are measured again.
@@ -440,6 +455,21 @@ class Policy:
         at = span + self.rng.uniform(0.0, RARE_SLOT * self.interval_s - rare_w)
         return Plan(True, windows, timed, hot, marker, rare=(at, rare_w), rare_probe=rare_probe,
                     rare_timed=rare_timed, rare_set=rare)
+
+    def whole_step(self, probe: frozenset[int], timed: frozenset[int], w: float) -> tuple[int, int | None, float] | None:
+        """Where the windows an interval pays for (each `w` long) are shorter than the job's period,
+        but WHOLE_MAX_EVERY intervals' budget at most pays for one window of a whole period of every
+        function in `probe`: (the intervals it comes every, its marker, its length).  None otherwise."""
+        marker = self.choose_marker(probe, timed)
+        p = self.period_s(self.window_cost_per_s(probe, timed))
+        if p is None or w >= p or p > self.interval_s / (3 if marker is not None else 2):
+            return None
+        k = self.every
+        while self.affordable_s(probe, timed, marker, 1, k) < p:
+            k += self.every
+            if k > WHOLE_MAX_EVERY * self.every:
+                return None
+        return k, marker, p
 
     def period_s(self, cost_per_s: float) -> float | None:
         """The job's period as its slowest kept function tells it, stretched by what a window of
