@@ -253,7 +253,9 @@ class CheckpointerAdapter:
 
     def restore(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
         r, took = self._run("restore", pid, lambda fn: fn(pid, checkpoint_id, progress=_reporter(progress)))
-        return ActionResult("restore", pid, f"{fmt_bytes(r.bytes)} from {r.path} in {took:.2f} s", r.freeze_ns / 1e9)
+        copied = f" ({fmt_bytes(r.bytes_copied)} differed and was copied back)" if r.chunks else ""
+        return ActionResult("restore", pid, f"{fmt_bytes(r.bytes)} from {r.path}{copied} in {took:.2f} s",
+                            r.freeze_ns / 1e9)
 
     def suspend(self, pid: int, progress: Progress) -> ActionResult:
         r, took = self._run("suspend", pid, lambda fn: fn(pid, progress=_reporter(progress)))

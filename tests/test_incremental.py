@@ -30,13 +30,12 @@ def chunk_of(t, alloc: int, offset: int) -> int:
     """The index, among all the image's digests, of the chunk holding `offset` of allocation `alloc`
     (in the order the workload lists them)."""
     base = t.ready["allocations"][alloc]["base"]
-    h = None
     k = 0
     for a in sorted(t.ready["allocations"], key=lambda a: a["base"]):
         if a["base"] == base:
             return k + offset // DC
         k += -(-a["size"] // DC)
-    raise AssertionError(h)
+    raise AssertionError(f"no allocation {alloc}")
 
 
 def test_the_devices_digests_are_the_definitions(target, tmp_path):

@@ -216,6 +216,34 @@ def test_where_an_interval_pays_for_less_than_a_step_a_whole_step_comes_every_fe
         q.observe_kept({1: 4.0})
 
 
+def test_counted_and_timed_windows_are_planned_at_their_own_exposures():
+    """The estimator measures the exposure of windows that count the hot functions apart from that
+    of windows that time every function (on the H200, GPT-2: 0.62 +- 0.62 and 1.68 +- 0.33): each
+    kind is planned at its own, so the counted windows are not priced at the timed ones' factor."""
+    classes = {0: QUERY, 1: SUB, 2: SUB}
+    calls = {0: 1500, 1: 50, 2: 20}
+    both = scouted(classes, {f: CHEAP for f in classes}, calls, rare_share=0.0, keep_share=0.0)
+    own = scouted(classes, {f: CHEAP for f in classes}, calls, rare_share=0.0, keep_share=0.0)
+    both.observe_exposure(2.0)
+    own.observe_exposure(0.6, 2.0)
+    seen = set()
+    for _ in range(8):
+        a, b = both.plan(), own.plan()
+        assert a.timed == b.timed
+        wa, wb = sum(w for _, w in a.windows), sum(w for _, w in b.windows)
+        if a.timed >= a.probe:  # a window that times every function: the same exposure (its counted
+            assert wb == pytest.approx(wa, rel=0.25)  # reference span aside), about the same plan
+        else:
+            assert wb > 2 * wa
+        seen.add(a.timed >= a.probe)
+        assert window_cost(own, b) <= PLAN_SHARE * 0.01 * (1 + 1e-9)
+        for p, plan in ((both, a), (own, b)):
+            p.observe(len(plan.windows), {0: 300_000.0, 1: 10_000.0, 2: 4_000.0}, {0: 900, 1: 30, 2: 12})
+    assert seen == {True, False}
+    own.observe_exposure(0.6)  # one figure: both kinds
+    assert own.exposure == own.exposure_timed == 0.6
+
+
 def test_a_window_second_costs_the_job_at_most_a_second():
     """Probes at 5 probe-seconds a second cannot take more than the window: it is the planned budget
     x interval / 2 long (two windows), not a fifth of that."""

@@ -286,8 +286,12 @@ class Tracee:
             # Which have a per-call time yet: the rare window times those that have none.
             self.policy.untimed = frozenset(f for f in self.policy.seen
                                             if not ((t := self._since_start(f)) and t.timed))
+            # Each kind of window planned at its own exposure's upper end; a kind not measured yet
+            # at the most that is known (the calibration's error is alike for both, if not equal).
             known = [e.value + e.err for e in (expo.counted, expo.timed) if e.measured]
-            self.policy.observe_exposure(min(est.EXPOSURE_MAX, max(known)) if known else None)
+            most = min(est.EXPOSURE_MAX, max(known)) if known else None
+            self.policy.observe_exposure(*((e.value + e.err) if e.measured else most
+                                           for e in (expo.counted, expo.timed)))
             self.policy.observe_extra(unplanned)
         if not snapshot:
             return None
