@@ -5,7 +5,8 @@
  * (nvcc -ptx -arch=compute_75, its .version lowered so that older drivers JIT it too), and committed:
  * the shim is built where there is no CUDA toolkit.
  *
- * Definition (the same in simcuda/libcuda.c and tests/digestref.py), for a chunk of `len` bytes:
+ * Definition (the same in simcuda/libcuda.c, which runs it for the tests, and in
+ * checkpointer/digest.py), for a chunk of `len` bytes:
  *     words w_j, j = 0 .. ceil(len/8)-1: the chunk's bytes as little-endian u64, the last zero-padded
  *     a = sum_j fmix64((w_j ^ S1) + K1 * (j + 1))   (mod 2^64)
  *     b = sum_j fmix64((w_j ^ S2) + K2 * (j + 1))
