@@ -66,6 +66,7 @@ static struct {
     uint64_t kernel_ns;
     uint64_t launch_ns;
     uint64_t fail_copy_bytes; /* SIMCUDA_FAIL_COPY_BYTES: async copies of exactly this size fail (tests) */
+    uint64_t no_ptx;          /* SIMCUDA_NO_PTX=1: PTX is refused, as by a driver too old to JIT it (tests) */
     size_t mem_bytes;
     int ndev;
 } cfg;
@@ -1188,6 +1189,7 @@ CUresult cuInit(unsigned int Flags)
         cfg.kernel_ns = env_u64("SIMCUDA_KERNEL_NS", 0, &cfg.kernel_ns_set);
         cfg.launch_ns = env_u64("SIMCUDA_LAUNCH_NS", 0, NULL);
         cfg.fail_copy_bytes = env_u64("SIMCUDA_FAIL_COPY_BYTES", 0, NULL);
+        cfg.no_ptx = env_u64("SIMCUDA_NO_PTX", 0, NULL);
         cfg.mem_bytes = round_up(env_u64("SIMCUDA_MEM_BYTES", 16ULL << 30, NULL), VMM_GRANULARITY);
         cfg.ndev = (int)env_u64("SIMCUDA_DEVICES", 1, NULL);
         coll_config();
@@ -2684,6 +2686,8 @@ static const struct {
 
 static CUresult parse_ptx(const char *image, struct CUmod_st **out)
 {
+    if (cfg.no_ptx)
+        return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
     for (size_t i = 0; i < sizeof known_ptx / sizeof *known_ptx; i++) {
         char want[96];
         snprintf(want, sizeof want, ".entry %s(", known_ptx[i].entry);

@@ -217,3 +217,56 @@ def test_incremental_checkpoints_from_the_cli(target, tmp_path):
     assert r.returncode == 2 and "below 65536" in r.stderr and not (tmp_path / "c").exists()
     r = gputrace("checkpoint", "-p", pid, "-o", str(tmp_path / "c"), "--since", str(tmp_path / "nope"))
     assert r.returncode != 0 and "not a checkpoint directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_where_the_digest_kernel_cannot_load_everything_is_copied_and_the_report_says_why(procs, shim_dir, tmp_path,
+                                                                                          monkeypatch):
+    """A driver too old to compile the shim's PTX (simcuda refuses it here): checkpoints are whole,
+    restores copy every byte, and both say why; nothing else changes."""
+    from ckpttest import Target
+
+    monkeypatch.setenv("SIMCUDA_NO_PTX", "1")
+    t = Target(procs, SIZE)
+    ra = checkpoint(t.pid, tmp_path / "a")
+    assert ra.chunks == 0 and ra.bytes_copied == ra.bytes and "loading the digest kernel" in ra.digest_why
+    assert head(tmp_path / "a").digest_chunk == 0
+    saved = t.sum()
+    t.cmd("fill 4")
+    rr = restore(t.pid, tmp_path / "a")
+    assert t.sum() == saved and rr.bytes_copied == rr.bytes and "no digests" in rr.digest_why
+    rb = checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a")
+    assert rb.parent is None and "has no digests" in rb.digest_why and t.gate_open()
+
+
+def test_the_shim_refuses_a_partial_image_and_a_base_it_cannot_read(target, tmp_path):
+    """The shim's own checks, under the checkpointer's: a link's image handed to restore as it is
+    stored (its chain not put together), and a base that is not an image, are refused with the
+    job untouched."""
+    from gputrace.shim import client
+
+    t = target(SIZE)
+    checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
+    t.cmd("touch 0 0 10 71")
+    checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a")
+    before = t.sum()
+    link = tmp_path / "b" / "data.img"
+    full = tmp_path / "b-as-image"
+    h = head(tmp_path / "b")
+    with open(full, "wb") as f:  # the link's head at its place, padded to a whole image's size
+        f.write(link.read_bytes()[:h.data_offset])
+        f.truncate(h.image_bytes)
+    conn = client.Connection(t.pid)
+    try:
+        with open(full, "rb") as f:
+            r = conn.request("restore", fd=f.fileno())
+        assert r["ok"] is False and r["error"] == "bad image" and "partial image" in r["detail"]
+        with open(tmp_path / "junk", "wb+") as f:
+            f.write(b"not an image at all" * 10)
+            f.flush()
+            r = conn.request("dump base=1", fd=f.fileno())
+        assert r["ok"] is False and r["error"] == "bad base image"
+        r = conn.request(f"dump base=1 {tmp_path / 'x.img'}")
+        assert r["ok"] is False and "base=1 needs" in r["error"]
+    finally:
+        conn.close()
+    assert t.sum() == before and t.gate_open()
