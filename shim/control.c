@@ -390,7 +390,7 @@ static void command(struct client *cl, int idx, char *line)
         cl->passed = -1;
         size_t n = 0;
         int was = gate_suspended();
-        char *buf = dump_command(mode, args, fd, g_pauser == idx, &n);
+        char *buf = dump_command(mode, args, fd, g_pauser == idx, idx, &n);
         if (gate_suspended() && g_pauser == idx)
             g_pauser = -1; /* the gate is the suspension's now, not this connection's */
         if (!was && gate_suspended())
@@ -424,11 +424,12 @@ static void drop(struct client *cls, int i)
     cls[i].passed = -1;
     cls[i].fd = -1;
     cls[i].len = 0;
+    dump_unstage(i); /* what it staged is no one's now */
     if (g_susp_holder == i) { /* its suspender went away before keeping it: give the job back */
         g_susp_holder = -1;
         size_t n = 0;
         char none[1] = "";
-        char *buf = dump_command(M_UNSUSPEND, none, -1, 1, &n);
+        char *buf = dump_command(M_UNSUSPEND, none, -1, 1, -1, &n);
         if (gate_suspended())
             shim_log("the connection that suspended this process closed before keeping the suspension, and "
                      "unsuspending failed: %s", buf ? buf : "out of memory");

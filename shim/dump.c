@@ -619,6 +619,7 @@ struct opts {
     uint64_t digest; /* bytes each digest covers; 0: no digests */
     int base;        /* dump: the fd holds the base image's header, entries and digests */
     int diff;        /* restore: copy only the chunks whose digest differs */
+    int stage;       /* only prepare (map and pin the image, load the digests) and keep it for the next command */
 };
 
 /* "lanes=N chunk=BYTES timeout=MS PATH" in any order; returns the path or NULL; -1 on a bad word. */
@@ -649,6 +650,8 @@ static int parse_opts(char *args, struct opts *o, char **path)
             o->base = w[5] == '1';
         } else if (!strcmp(w, "diff=1") || !strcmp(w, "diff=0")) {
             o->diff = w[5] == '1';
+        } else if (!strcmp(w, "stage=1")) {
+            o->stage = 1;
         } else if (!strncmp(w, "timeout=", 8)) {
             long v = strtol(w + 8, &end, 10);
             if (*end || v < 0 || v > 600000)
@@ -1079,6 +1082,7 @@ struct op {
     uint64_t t_gate; /* when the gate began to close */
     struct sbuf b;   /* the reply */
     char err[320];
+    int prepared; /* op_prepare has run (for a staged command: when it was staged) */
     int stuck; /* a synchronization did not return: the device may still use the pinned memory */
     int failed; /* the reply is an error: the device may be busy, even held (a collective's peer stopped) */
 };
@@ -1097,7 +1101,7 @@ static int op_open(struct op *op, char *args, int fd)
     op->fd = fd;
     op->own_fd = fd >= 0; /* a passed fd is ours to close (a suspend keeps it), even when the words are wrong */
     if (parse_opts(args, &op->o, &path) != 0 || (path && op->mode == M_UNSUSPEND)) {
-        snprintf(op->err, sizeof op->err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS] [direct=0|1]%s%s",
+        snprintf(op->err, sizeof op->err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS] [direct=0|1] [stage=1]%s%s",
                  mode_name[op->mode], op->mode == M_DUMP ? " [digest=BYTES|0] [base=0|1]"
                  : op->mode == M_RESTORE ? " [diff=0|1]" : "", op->mode == M_UNSUSPEND ? "" : " [/PATH] (or pass an fd)");
         return fail(op, op->err, NULL);
@@ -1222,6 +1226,7 @@ static int op_prepare(struct op *op)
     }
     op->t_gate = now_ns();
     op->t.setup = op->t_gate - t0;
+    op->prepared = 1;
     return 0;
 }
 
@@ -1541,7 +1546,7 @@ static void op_close(struct op *op)
 
 static void cmd_dump(struct op *op)
 {
-    if (op_prepare(op) || op_freeze(op) || op_layout(op) || op_copy(op))
+    if ((!op->prepared && op_prepare(op)) || op_freeze(op) || op_layout(op) || op_copy(op))
         return;
     op_done(op);
     identity_json(&op->b, &op->c);
@@ -1550,7 +1555,7 @@ static void cmd_dump(struct op *op)
 
 static void cmd_restore(struct op *op)
 {
-    if (op_prepare(op) || op_freeze(op) || op_layout(op) || op_copy(op))
+    if ((!op->prepared && op_prepare(op)) || op_freeze(op) || op_layout(op) || op_copy(op))
         return;
     op_done(op);
     sb_printf(&op->b, "}");
@@ -1559,7 +1564,7 @@ static void cmd_restore(struct op *op)
 /* A dump, then the VMM-served memory given back to the GPU; the gate stays closed, the image kept. */
 static void cmd_suspend(struct op *op)
 {
-    if (op_prepare(op) || op_freeze(op))
+    if ((!op->prepared && op_prepare(op)) || op_freeze(op))
         return;
     /* Stream-ordered frees the streams have reached (frozen: all of them) give their memory back now:
      * it is in no record, and a suspension must leave none held. */
@@ -1672,26 +1677,108 @@ still_suspended:;
     own_free(&own);
 }
 
-char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len)
+/* A command staged (`stage=1`): prepared while the job ran, kept for the next command of its mode
+ * from the same connection with the gate held (a job's ranks: gang.py stages every rank's copy, then
+ * stops them all, then copies), so that mapping and pinning its image and loading the digest kernel
+ * are no part of the freeze.  Any other command of the family, or the connection closing, drops it. */
+static struct op *g_staged;
+static int g_staged_conn = -1;
+
+static void op_free(struct op *op)
 {
-    struct op *op = calloc(1, sizeof *op);
-    if (!op) {
-        if (fd >= 0)
-            close(fd);
+    op_close(op);
+    free(op->b.p);
+    free(op);
+}
+
+static void *op_free_run(void *arg)
+{
+    op_free(arg);
+    return NULL;
+}
+
+/* Unpinning and freeing wait for the device (as after a failed copy, `free_later`): a staged command
+ * is dropped when its gang failed, perhaps because a peer holds this process's collective, so that
+ * is done on a thread of its own, never on the control thread. */
+void dump_unstage(int conn)
+{
+    if (g_staged && (conn < 0 || conn == g_staged_conn)) {
+        struct op *op = g_staged;
+        g_staged = NULL;
+        g_staged_conn = -1;
+        if (shim_spawn_detached(op_free_run, op, 0) != 0)
+            op_free(op);
+    }
+}
+
+/* The staged op, for a command of `mode` from `conn` that holds the gate: its own words may set only
+ * the timeout (the rest were given when it was staged), and an fd it passes is not needed. */
+static struct op *take_staged(int mode, char *args, int fd, int have_pause, int conn)
+{
+    struct opts o;
+    char *path;
+    if (!g_staged || g_staged->mode != mode || g_staged_conn != conn || !have_pause ||
+        parse_opts(args, &o, &path) != 0 || o.stage || path) {
+        dump_unstage(-1);
         return NULL;
     }
-    op->mode = mode;
-    op->restore = mode == M_RESTORE || mode == M_UNSUSPEND;
-    op->have_pause = have_pause;
-    if (op_open(op, args, fd) == 0) {
-        if (mode == M_DUMP)
+    struct op *op = g_staged;
+    g_staged = NULL;
+    g_staged_conn = -1;
+    if (fd >= 0)
+        close(fd);
+    if (strstr(args, "timeout="))
+        op->o.timeout_ms = o.timeout_ms;
+    op->have_pause = 1;
+    op->t_gate = now_ns(); /* the freeze, as this process sees it, starts with this command */
+    return op;
+}
+
+char *dump_command(int mode, char *args, int fd, int have_pause, int conn, size_t *len)
+{
+    struct op *op = take_staged(mode, args, fd, have_pause, conn);
+    if (op) {
+        fd = -1;
+    } else {
+        if (!(op = calloc(1, sizeof *op))) {
+            if (fd >= 0)
+                close(fd);
+            return NULL;
+        }
+        op->mode = mode;
+        op->restore = mode == M_RESTORE || mode == M_UNSUSPEND;
+        op->have_pause = have_pause;
+    }
+    if (op->prepared || op_open(op, args, fd) == 0) {
+        if (op->o.stage && !op->prepared) {
+            if (mode == M_UNSUSPEND || have_pause) {
+                fail(op, "stage=1 is for dump, restore and suspend, before the gate closes", NULL);
+            } else if (op_prepare(op) == 0) {
+                op->o.stage = 0; /* the command that takes it up runs it */
+                char *out = NULL;
+                struct sbuf r = {0};
+                sb_printf(&r, "{\"ok\": true, \"staged\": \"%s\", \"direct\": %s, \"digests\": %s, \"setup_ns\": %llu}",
+                          mode_name[mode], op->map ? "true" : "false", op->dg ? "true" : "false",
+                          (unsigned long long)op->t.setup);
+                if (!r.oom && r.p) {
+                    out = r.p;
+                    *len = r.len;
+                } else {
+                    free(r.p);
+                }
+                g_staged = op;
+                g_staged_conn = conn;
+                return out;
+            }
+        } else if (mode == M_DUMP) {
             cmd_dump(op);
-        else if (mode == M_RESTORE)
+        } else if (mode == M_RESTORE) {
             cmd_restore(op);
-        else if (mode == M_SUSPEND)
+        } else if (mode == M_SUSPEND) {
             cmd_suspend(op);
-        else
+        } else {
             cmd_unsuspend(op);
+        }
     }
     op_close(op);
     char *out = op->b.oom || !op->b.p ? NULL : op->b.p;

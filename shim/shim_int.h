@@ -119,7 +119,8 @@ HIDDEN const char *dump_sync(int timeout_ms, uint64_t *ns); /* every context syn
  * `fd` a file passed with it (-1: none; taken over), `have_pause` whether the caller's connection
  * already holds the gate.  Returns the JSON reply, malloc'ed (NULL: out of memory). */
 enum dump_mode { M_DUMP, M_RESTORE, M_SUSPEND, M_UNSUSPEND };
-HIDDEN char *dump_command(int mode, char *args, int fd, int have_pause, size_t *len);
+HIDDEN char *dump_command(int mode, char *args, int fd, int have_pause, int conn, size_t *len);
+HIDDEN void dump_unstage(int conn); /* drops a command `conn` staged (-1: whoever staged it) */
 HIDDEN const char *dump_rehome(int fd); /* NULL: the suspended image now lives in fd (taken over) */
 
 /* ---- vmm.c: cuMemAlloc_v2 through the VMM API when GPUTRACE_SHIM_VMM=1, so `suspend` can release
