@@ -38,6 +38,22 @@ def stat_fields(pid: int) -> list[bytes] | None:
         return None
 
 
+def environ(pid: int) -> dict[str, str]:
+    """The environment process `pid` was started with (/proc/PID/environ); {} where it cannot be read.
+    A process that changed its own environment since (setenv) shows what it had at exec."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            out[k.decode(errors="replace")] = v.decode(errors="replace")
+    return out
+
+
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (with the pid, what names one process for good)."""
     f = stat_fields(pid)

@@ -49,7 +49,7 @@ import orjson
 import xxhash
 
 from gputrace.base.errors import CheckpointError, CorruptCheckpoint, NoLibcuda, NoSuchProcess, NotSuspendable
-from gputrace.base.procs import comm as procs_comm, require_process, require_running, stat_fields, stop_point
+from gputrace.base.procs import comm as procs_comm, environ, require_process, require_running, stat_fields, stop_point
 
 from . import criu as criu_mod
 from . import driver, driverapi, hold, store, uprobes
@@ -115,11 +115,8 @@ def _shim_suspendable(pid: int) -> bool:
 
     if not client.has_shim(pid):
         return False
-    try:  # set by `gputrace run --checkpointable --suspendable` (shim/vmm.c)
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"GPUTRACE_SHIM_VMM=1" in env and client.socket_path(pid) is not None
+    # set by `gputrace run --checkpointable --suspendable` (shim/vmm.c)
+    return environ(pid).get("GPUTRACE_SHIM_VMM") == "1" and client.socket_path(pid) is not None
 
 
 def _hash_file(path: Path) -> str:

@@ -46,7 +46,7 @@ import orjson
 
 from gputrace.base.errors import (CheckpointError, CheckpointMismatch, CorruptCheckpoint,
                                   GputraceError, NoSuchProcess, ShimUnavailable, UsageError)
-from gputrace.base.procs import alive, comm, require_process, stat_fields, stop_point
+from gputrace.base.procs import alive, comm, environ, require_process, stat_fields, stop_point
 from gputrace.shim import client
 
 from . import schema, store
@@ -65,23 +65,9 @@ RELEASE_TIMEOUT_S = 5.0
 # Which processes
 
 
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return {}
-    out = {}
-    for item in raw.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            out[k.decode(errors="replace")] = v.decode(errors="replace")
-    return out
-
-
 def job_of(pid: int) -> str:
     """What names the job process `pid` belongs to: its $GPUTRACE_JOB, else its session."""
-    env = _environ(pid)
+    env = environ(pid)
     if env.get("GPUTRACE_JOB"):
         return f"job {env['GPUTRACE_JOB']}"
     try:

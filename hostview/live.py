@@ -30,6 +30,7 @@ from gputrace.tracer.targets import CudaScanner, LibcudaFile
 from .checkpoints import Checkpointer
 from .gpus import read_gpus
 from .model import HostSnapshot, ProcessRow
+from .jobs import JobTag, job_tag
 from .pods import Identity, identity_of
 
 _COMPILE = threading.Lock()  # one bcc compile at a time: LLVM in several threads at once is not worth the risk
@@ -134,6 +135,7 @@ class LiveSource:
         self._pids: dict[int, tuple[_FileTracer, LibcudaFile]] = {}
         self._shimmed: dict[int, bool] = {}
         self._identity: dict[int, Identity] = {}  # read once, when the process is found
+        self._job: dict[int, JobTag] = {}          # the same
         self._notes: dict[int, str] = {}
         self._mode: str | None = None
         self._cal: Calibration | None = None
@@ -184,6 +186,7 @@ class LiveSource:
                                                     self.cumulative, self.history)
             self._shimmed[pid] = bool(has_shim(pid))
             self._identity[pid] = identity_of(pid)
+            self._job[pid] = job_tag(pid)
             self.first_seen.setdefault(pid, time.monotonic())
             self._pids[pid] = (ft, lib)
             ft.add(pid)
@@ -194,6 +197,7 @@ class LiveSource:
                 del self._pids[pid]
                 self._shimmed.pop(pid, None)
                 self._identity.pop(pid, None)
+                self._job.pop(pid, None)
                 forget = getattr(self.discover, "forget", None)
                 if forget is not None and pid in ft.gone:
                     forget(pid)
@@ -211,13 +215,15 @@ class LiveSource:
             cks = self.checkpointer.list_checkpoints(pid)
             last = max(cks, key=lambda c: c.taken_at) if cks else None
         ident = self._identity.get(pid, Identity())
+        job = self._job.get(pid, JobTag())
         prev = self._rows.get(pid)
         if prev is not None and prev.snapshot is snap and prev.calls_history is hist and prev.shimmed == shimmed \
-                and prev.last_checkpoint == last and prev.library == lib.path and prev.identity == ident:
+                and prev.last_checkpoint == last and prev.library == lib.path and prev.identity == ident \
+                and prev.job == job:
             # Nothing new for this process (a refresh without a window): the same row, so what was
             # worked out from it (its audits, its cells on screen) stands.
             return prev
-        return ProcessRow(pid, snap.comm, snap, shimmed, last, hist, lib.path, ident)
+        return ProcessRow(pid, snap.comm, snap, shimmed, last, hist, lib.path, ident, job)
 
     def snapshot(self) -> HostSnapshot:
         gpus, note = read_gpus()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from gputrace.tracer.audit import PRESETS, Audit, audit
 from gputrace.tracer.model import ProcessSnapshot
 
+from .jobs import JobTag
 from .pods import Identity
 
 SCHEMA = 2  # 2: as the attach report's 2 (gputrace/report.py); pending rows are the not measured ones
@@ -50,6 +51,7 @@ class ProcessRow:
     calls_history: tuple[float, ...] = ()   # calls/s of recent intervals, oldest first (sparklines)
     library: str = ""
     identity: Identity = Identity()         # its container and pod, where it runs in one
+    job: JobTag = JobTag()                  # the distributed job it is a rank of, where it is one
 
     def audit(self, preset: str) -> Audit:
         # Asked for three times a row and refresh (sort key, cell, header): kept on the row.
@@ -75,12 +77,56 @@ class HostSnapshot:
     def tracer_cost_s(self) -> float:
         return sum(p.snapshot.tracer_cost_s for p in self.processes)
 
+    def jobs(self, preset: str) -> tuple["Job", ...]:
+        """The processes that are ranks of one job (a key two or more share), by job."""
+        groups: dict[str, list[ProcessRow]] = {}
+        for r in self.processes:
+            if r.job.key:
+                groups.setdefault(r.job.key, []).append(r)
+        return tuple(job_of(key, rows, preset) for key, rows in sorted(groups.items()) if len(rows) > 1)
+
     @property
     def tracer_overhead(self) -> float | None:
         """The tracer's cost to the process it costs most, as a share of that process's time:
         the budget holds for each process, so this is what to hold against it."""
         shares = [p.snapshot.tracer_overhead for p in self.processes if p.snapshot.tracer_overhead is not None]
         return max(shares) if shares else None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job's ranks, and what a layer would cost the job. A data-parallel step ends in a collective
+    that waits for every rank, so the job moves at its slowest rank's pace: it slows by at least the
+    largest of its ranks' lower bounds and at most the largest of their upper bounds. A bound any
+    rank lacks (not measured) the job lacks too."""
+
+    key: str
+    ranks: tuple[tuple[int | None, int], ...]   # (rank as its launcher numbers it, pid), in rank order
+    world: int | None                           # the ranks the launcher says there are (None: not said)
+    calls_hz: float | None                      # all ranks' driver calls a second (None: one not measured)
+    slowdown_lower: float | None
+    slowdown_upper: float | None
+    slowest: int | None                          # the pid of the rank with the largest upper bound
+
+
+def _worst(values: list[float | None]) -> float | None:
+    return None if not values or any(v is None for v in values) else max(values)
+
+
+def job_of(key: str, rows: list[ProcessRow], preset: str) -> Job:
+    rows = sorted(rows, key=lambda r: (r.job.rank is None, r.job.rank or 0, r.pid))
+    audits = [r.audit(preset) for r in rows]
+    calls = [r.snapshot.calls_hz for r in rows]
+    uppers = [a.slowdown_upper for a in audits]
+    upper = _worst(uppers)
+    worlds = {r.job.world for r in rows if r.job.world is not None}
+    return Job(key, tuple((r.job.rank, r.pid) for r in rows), worlds.pop() if len(worlds) == 1 else None,
+               None if any(c is None for c in calls) else sum(calls), _worst([a.slowdown_lower for a in audits]),
+               upper, None if upper is None else rows[uppers.index(upper)].pid)
+
+
+def job_dict(j: Job) -> dict:
+    return {**dataclasses.asdict(j), "ranks": [{"rank": rank, "pid": pid} for rank, pid in j.ranks]}
 
 
 # --- codec ------------------------------------------------------------------------------------
@@ -93,6 +139,7 @@ def row_dict(r: ProcessRow) -> dict:
         "last_checkpoint": dataclasses.asdict(r.last_checkpoint) if r.last_checkpoint else None,
         "calls_history": list(r.calls_history),
         "identity": dataclasses.asdict(r.identity),
+        "job": dataclasses.asdict(r.job),
         "snapshot": r.snapshot.to_dict(),
         "audits": {name: dataclasses.asdict(r.audit(name)) for name in PRESETS},
     }
@@ -103,7 +150,7 @@ def row_from_dict(d: dict) -> ProcessRow:
     return ProcessRow(
         pid=d["pid"], comm=d["comm"], snapshot=ProcessSnapshot.from_dict(d["snapshot"]), shimmed=bool(d["shimmed"]),
         last_checkpoint=Checkpoint(**ck) if ck else None, calls_history=tuple(d.get("calls_history", ())),
-        library=d.get("library", ""), identity=Identity(**d.get("identity", {})),
+        library=d.get("library", ""), identity=Identity(**d.get("identity", {})), job=JobTag(**d.get("job", {})),
     )
 
 
@@ -121,6 +168,7 @@ def host_dict(h: HostSnapshot) -> dict:
         "pending": list(h.pending),
         "notes": list(h.notes),
         "processes": [row_dict(r) for r in h.processes],
+        "jobs": {name: [job_dict(j) for j in h.jobs(name)] for name in PRESETS},
     }
 
 

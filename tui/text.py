@@ -79,15 +79,19 @@ def overhead_level(r: ProcessRow, preset: str) -> str | None:
     return next((name for limit, name in OVERHEAD_LEVELS if upper < limit), "high")
 
 
-def overhead_cell(r: ProcessRow, preset: str, now: float | None = None) -> str:
+def overhead_bounds(lower: float | None, upper: float | None) -> str:
     """lower–upper; where only the upper bound is known (the wait not measured yet), at most that."""
-    a = r.audit(preset)
-    if a.slowdown_upper is None:
+    if upper is None:
         return "-"
-    upper = fmt_share(a.slowdown_upper)
-    if a.slowdown_lower is None:
-        return upper if upper.startswith("<") else f"≤{upper}"
-    return f"{fmt_share(a.slowdown_lower)}–{upper}"
+    up = fmt_share(upper)
+    if lower is None:
+        return up if up.startswith("<") else f"≤{up}"
+    return f"{fmt_share(lower)}–{up}"
+
+
+def overhead_cell(r: ProcessRow, preset: str, now: float | None = None) -> str:
+    a = r.audit(preset)
+    return overhead_bounds(a.slowdown_lower, a.slowdown_upper)
 
 
 # Column key -> (title, cell(row, preset, now), sort key(row, preset)); the table and text share these.
@@ -108,10 +112,17 @@ SORTABLE = tuple(k for k, (_, _, key) in COLUMNS.items() if key is not None)
 DESCENDING = frozenset({"calls", "cpu", "wait", "overhead", "ckpt", "shim"})  # biggest first is what one looks for
 
 
+def _known_first(v):
+    """A sort key in which "not measured" (None) sorts below every figure, never beside it."""
+    if isinstance(v, tuple):
+        return tuple(_known_first(x) for x in v)
+    return (v is not None, v if v is not None else 0)
+
+
 def sort_rows(rows: tuple[ProcessRow, ...], key: str, preset: str, reverse: bool = False) -> list[ProcessRow]:
     k = COLUMNS[key][2]
     desc = (key in DESCENDING) != reverse
-    return sorted(rows, key=lambda r: (k(r, preset), -r.pid if desc else r.pid), reverse=desc)
+    return sorted(rows, key=lambda r: (_known_first(k(r, preset)), -r.pid if desc else r.pid), reverse=desc)
 
 
 def matches(r: ProcessRow, text: str) -> bool:
@@ -135,5 +146,12 @@ def render_host(h: HostSnapshot, preset: str) -> str:
         lines.append("  ".join(c.ljust(w) if i in (1, len(keys) - 1) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
     if not h.processes:
         lines.append("(no CUDA process measured)")
+    for j in h.jobs(preset):
+        ranks = ", ".join(f"rank {rank} pid {pid}" if rank is not None else f"pid {pid}" for rank, pid in j.ranks)
+        of = f" of {j.world}" if j.world is not None and j.world != len(j.ranks) else ""
+        bound = overhead_bounds(j.slowdown_lower, j.slowdown_upper)
+        slowest = f", slowest rank pid {j.slowest}" if j.slowest is not None and bound != "-" else ""
+        lines.append(f"job {j.key}: {len(j.ranks)} ranks{of} ({ranks}), {fmt_rate(j.calls_hz)} calls/s, "
+                     f"overhead {bound} (its slowest rank's{slowest})")
     lines += [f"not measured yet: pid {p}" for p in h.pending] + list(h.notes)
     return "\n".join(lines) + "\n"
