@@ -93,6 +93,33 @@ class Job:
                 self.proc.wait()
 
 
+def results_main(ap, run, summary) -> tuple[int, dict | None]:
+    """The benches' common end: `--report JSON` writes the Markdown of an earlier run; else
+    run(args) makes the results, which go to --out (JSON) and OUT.md with the command, the device and
+    the wall time. Returns (exit status, the results or None)."""
+    ap.add_argument("--out", type=Path, help="the JSON to write (and OUT.md beside it)")
+    ap.add_argument("--report", type=Path, help="only write the Markdown of an earlier run's JSON")
+    a = ap.parse_args()
+    if a.report:
+        a.report.with_suffix(".md").write_text(summary(json.loads(a.report.read_text())))
+        return 0, None
+    if not a.out:
+        ap.error("--out is required (or --report JSON)")
+    t0 = time.time()
+    r = run(a)
+    r["command"] = f"python3 bench/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:])
+    try:
+        r["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                     capture_output=True, text=True).stdout.strip()
+    except OSError:
+        r["device"] = "?"
+    r["wall_s"] = time.time() - t0
+    a.out.write_text(json.dumps(r, indent=1))
+    a.out.with_suffix(".md").write_text(summary(r))
+    print(summary(r))
+    return 0, r
+
+
 def cli(*args: str) -> dict:
     """A gputrace subcommand with --json; {"error": ...} when it fails (the run goes on)."""
     t0 = time.perf_counter_ns()

@@ -17,22 +17,22 @@ Writes OUT.json and OUT.md.  Run after `source bench/gpu-env.sh`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from checkpoint_gpu import cli, gputrace, log, nvml_used  # noqa: E402
+from checkpoint_gpu import Job, cli, gputrace, log, nvml_used, results_main  # noqa: E402
 
 JOB = HERE / "gang_job.py"
 
 
-class Gang:
+class Gang(Job):
+    """The launcher, spoken to as bench/checkpoint_gpu.py's Job is; each reply is every rank's."""
+
     def __init__(self, shim: bool, ranks: int, port: int) -> None:
         env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
         argv = [sys.executable, str(JOB), "--ranks", str(ranks), "--port", str(port)]
@@ -42,31 +42,11 @@ class Gang:
         hello = self._read()
         self.launcher, self.ranks = hello["launcher"], [r["pid"] for r in hello["ranks"]]
 
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the job exited (rc {self.proc.wait()})")
-        return json.loads(line)
-
     def cmd(self, line: str) -> list[dict]:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self._read()["ranks"]
+        return super().cmd(line)["ranks"]
 
     def losses(self, k: int) -> list[list[str]]:
         return [r["losses"] for r in self.cmd(f"train {k}")]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.cmd("quit")
-            except (RuntimeError, BrokenPipeError, OSError):
-                pass
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def run(ranks: int, work: Path) -> dict:
@@ -133,27 +113,11 @@ def summary(r: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, help="the JSON to write (OUT.md beside it)")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path("/dev/shm/gtgang"))
-    ap.add_argument("--report", type=Path, help="only write the Markdown of an earlier run's JSON")
-    a = ap.parse_args()
-    if a.report:
-        a.report.with_suffix(".md").write_text(summary(json.loads(a.report.read_text())))
-        return 0
-    if not a.out:
-        ap.error("--out is required (or --report JSON)")
-    t0 = time.time()
-    r = run(a.ranks, a.work)
-    r["command"] = "python3 bench/gang_gpu.py " + " ".join(sys.argv[1:])
-    r["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True).stdout.strip()
-    r["wall_s"] = time.time() - t0
-    a.out.write_text(json.dumps(r, indent=1))
-    a.out.with_suffix(".md").write_text(summary(r))
-    print(summary(r))
-    ok = all(r.get(k) for k in ("first_20_equal", "steps_21_40_equal", "steps_21_40_again_equal", "steps_41_60_equal"))
-    return 0 if ok else 1
+    rc, r = results_main(ap, lambda a: run(a.ranks, a.work), summary)
+    keys = ("first_20_equal", "steps_21_40_equal", "steps_21_40_again_equal", "steps_41_60_equal")
+    return rc if r is None or all(r.get(k) for k in keys) else 1
 
 
 if __name__ == "__main__":

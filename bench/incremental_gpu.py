@@ -27,15 +27,13 @@ Writes OUT.json and OUT.md.  Run after `source bench/gpu-env.sh`.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from checkpoint_gpu import Job, cli, log  # noqa: E402
+from checkpoint_gpu import Job, cli, log, results_main  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -153,31 +151,9 @@ def summary(r: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, help="the JSON to write (and OUT.md beside it)")
     ap.add_argument("--gib", type=int, default=16)
     ap.add_argument("--images", type=Path, default=Path("/dev/shm/gtinc"))
-    ap.add_argument("--report", type=Path, help="only write the Markdown of an earlier run's JSON")
-    a = ap.parse_args()
-    if a.report:
-        r = json.loads(a.report.read_text())
-        a.report.with_suffix(".md").write_text(summary(r))
-        return 0
-    if not a.out:
-        ap.error("--out is required (or --report JSON)")
-    t0 = time.time()
-    r = run(a.gib, a.images)
-    r["command"] = "python3 bench/incremental_gpu.py " + " ".join(sys.argv[1:])
-    try:
-        import subprocess
-        r["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                     capture_output=True, text=True).stdout.strip()
-    except OSError:
-        r["device"] = "?"
-    r["wall_s"] = time.time() - t0
-    a.out.write_text(json.dumps(r, indent=1))
-    a.out.with_suffix(".md").write_text(summary(r))
-    print(summary(r))
-    return 0
+    return results_main(ap, lambda a: run(a.gib, a.images), summary)[0]
 
 
 if __name__ == "__main__":
