@@ -332,7 +332,8 @@ class JobReport:
 
 def _rank_row(r: _Rank, reply: dict, **extra) -> dict:
     keep = ("allocations", "bytes", "image_bytes", "reserved_bytes", "direct", "drain_ns", "sync_ns", "copy_ns",
-            "freeze_ns", "release_ns", "remap_ns", "suspended_ns")
+            "freeze_ns", "release_ns", "remap_ns", "suspended_ns", "staged", "digest_ns", "chunks", "chunks_copied",
+            "bytes_copied")
     return {"rank": r.index, "pid": r.pid, **{k: reply[k] for k in keep if k in reply}, **extra}
 
 

@@ -1083,6 +1083,7 @@ struct op {
     struct sbuf b;   /* the reply */
     char err[320];
     int prepared; /* op_prepare has run (for a staged command: when it was staged) */
+    int staged;   /* ... before the gate closed, by a `stage=1` command */
     int stuck; /* a synchronization did not return: the device may still use the pinned memory */
     int failed; /* the reply is an error: the device may be busy, even held (a collective's peer stopped) */
 };
@@ -1456,6 +1457,7 @@ static void op_done(struct op *op)
               (unsigned long long)(used ? op->dchunk : 0), (unsigned long long)op->nd,
               (unsigned long long)op->copied_chunks, (unsigned long long)op->copied_bytes,
               (op->h.flags & IMG_PARTIAL) && !op->restore ? "true" : "false");
+    sb_printf(&op->b, ", \"staged\": %s", op->staged ? "true" : "false");
     if (!used && op->dg_why[0]) {
         sb_printf(&op->b, ", \"digest_why\": \"");
         for (const char *p = op->dg_why; *p; p++)
@@ -1730,6 +1732,7 @@ static struct op *take_staged(int mode, char *args, int fd, int have_pause, int 
     if (strstr(args, "timeout="))
         op->o.timeout_ms = o.timeout_ms;
     op->have_pause = 1;
+    op->staged = 1;
     op->t_gate = now_ns(); /* the freeze, as this process sees it, starts with this command */
     return op;
 }

@@ -183,6 +183,8 @@ def test_gang_checkpoint_then_restore_gives_an_uninterrupted_runs_results(job, t
     c = doc["collectives"]
     assert doc["job"] and doc["action"] == "checkpoint" and doc["aligned"] and c >= 3
     assert [x["pid"] for x in doc["ranks"]] == j.ranks and all(x["bytes"] == 256 * 4 + 4 + 8 for x in doc["ranks"])
+    # Each rank's copy was prepared (its image pinned, the digest kernel loaded) before any gate closed.
+    assert all(x["staged"] is True for x in doc["ranks"])
     assert all(gates(j))
     job_manifest = orjson.loads((out / "job.json").read_bytes())
     assert job_manifest["complete"] and job_manifest["collectives"] == c
@@ -194,6 +196,7 @@ def test_gang_checkpoint_then_restore_gives_an_uninterrupted_runs_results(job, t
     assert r.returncode == 0, r.stderr
     doc = orjson.loads(r.stdout)
     assert doc["job"] and doc["action"] == "restore" and doc["aligned"] and doc["collectives"] >= c + 3
+    assert all(x["staged"] is True for x in doc["ranks"])
     assert not doc["host_state_restored"]
     # Rolled back: every rank prints step c a second time (the cut was just after its allreduce c, both
     # times), then goes on as an uninterrupted job would.

@@ -71,6 +71,7 @@ def test_a_staged_dump_is_prepared_before_the_gate_closes_and_run_by_the_next_du
         assert c.pause(5000)["ok"]
         d = c.request("dump timeout=2000")  # no descriptor: the staged one
         assert d["ok"] and d["direct"] and d["lanes"] == 2 and d["digests"] and d["setup_ns"] == r["setup_ns"]
+        assert d["staged"] is True
         assert os.fstat(fd).st_size == d["image_bytes"] and os.pread(fd, 16, 0) == b"GPUTRACE-IMG-2\n\0"
         assert c.status()["paused"] is True and c.resume()["ok"]
         # Staged, then something else: the staged dump is dropped, and a dump after it needs its own image.
