@@ -116,3 +116,25 @@ def test_top_once_lists_a_running_jobs_ranks_as_one_job(spawned):
     p.stdin.write("quit\n")
     p.stdin.flush()
     assert p.wait(timeout=60) == 0
+
+
+@pytest.mark.timeout(60)
+async def test_the_dashboards_header_lists_each_job_of_several_ranks(tmp_path):
+    from gputrace.hostview.checkpoints import FakeCheckpointer
+    from gputrace.hostview.recording import ReplaySource, write_record
+    from gputrace.tui.app import TopApp
+    from gputrace.tui.screens.main import MainScreen
+
+    tags = {4242: JobTag("torchrun r1", 0, 2), 1111: JobTag("torchrun r1", 1, 2)}
+    frames = [dataclasses.replace(f, processes=tuple(dataclasses.replace(r, job=tags.get(r.pid, JobTag()))
+                                                     for r in f.processes)) for f in topdata.frames(2)]
+    path = tmp_path / "s.jsonl"
+    write_record(str(path), frames)
+    app = TopApp(ReplaySource(str(path), speed=0), FakeCheckpointer())
+    async with app.run_test(size=(200, 30)) as pilot:
+        while not (app.ended and isinstance(app.screen, MainScreen)):
+            await pilot.pause()
+        await pilot.pause()
+        header = str(app.screen.query_one("#header").render())
+        line = next(ln for ln in header.splitlines() if ln.startswith("job "))
+        assert line.startswith("job torchrun r1: 2 ranks (rank 0 pid 4242, rank 1 pid 1111)") and "slowest rank" in line

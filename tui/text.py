@@ -7,7 +7,7 @@ import time
 
 from gputrace.base.units import fmt_bytes, fmt_ns, fmt_pct, fmt_rate
 
-from gputrace.hostview.model import Checkpoint, HostSnapshot, ProcessRow
+from gputrace.hostview.model import Checkpoint, HostSnapshot, Job, ProcessRow
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -130,6 +130,16 @@ def matches(r: ProcessRow, text: str) -> bool:
     return not t or t in r.comm.lower() or t in str(r.pid) or (t == "shim" and r.shimmed)
 
 
+def job_line(j: Job) -> str:
+    """A job of several ranks in a line: `top --once`'s text and the dashboard's header alike."""
+    ranks = ", ".join(f"rank {rank} pid {pid}" if rank is not None else f"pid {pid}" for rank, pid in j.ranks)
+    of = f" of {j.world}" if j.world is not None and j.world != len(j.ranks) else ""
+    bound = overhead_bounds(j.slowdown_lower, j.slowdown_upper)
+    slowest = f", slowest rank pid {j.slowest}" if j.slowest is not None and bound != "-" else ""
+    return (f"job {j.key}: {len(j.ranks)} ranks{of} ({ranks}), {fmt_rate(j.calls_hz)} calls/s, "
+            f"overhead {bound} (its slowest rank's{slowest})")
+
+
 def render_host(h: HostSnapshot, preset: str) -> str:
     now = h.t
     gpus = "; ".join(f"{g.index}: {g.name} {'-' if g.util_pct is None else f'{g.util_pct:.0f}%'} "
@@ -146,12 +156,6 @@ def render_host(h: HostSnapshot, preset: str) -> str:
         lines.append("  ".join(c.ljust(w) if i in (1, len(keys) - 1) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
     if not h.processes:
         lines.append("(no CUDA process measured)")
-    for j in h.jobs(preset):
-        ranks = ", ".join(f"rank {rank} pid {pid}" if rank is not None else f"pid {pid}" for rank, pid in j.ranks)
-        of = f" of {j.world}" if j.world is not None and j.world != len(j.ranks) else ""
-        bound = overhead_bounds(j.slowdown_lower, j.slowdown_upper)
-        slowest = f", slowest rank pid {j.slowest}" if j.slowest is not None and bound != "-" else ""
-        lines.append(f"job {j.key}: {len(j.ranks)} ranks{of} ({ranks}), {fmt_rate(j.calls_hz)} calls/s, "
-                     f"overhead {bound} (its slowest rank's{slowest})")
+    lines += [job_line(j) for j in h.jobs(preset)]
     lines += [f"not measured yet: pid {p}" for p in h.pending] + list(h.notes)
     return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from gputrace.base.units import fmt_pct
 
 from gputrace.hostview.model import Gpu, HostSnapshot
 from .table import ProcessTable, columns_for  # noqa: F401  (the screens import them from here)
-from .text import COLUMNS, fmt_bytes
+from .text import COLUMNS, fmt_bytes, job_line
 
 
 def bar(share: float | None, width: int = 10) -> str:
@@ -87,7 +87,8 @@ class HostHeader(Widget):
         u.append(f"  {time.strftime('%H:%M:%S', time.localtime(h.t))}")
         if state:
             u.append(f"  {state}", style="yellow")
-        self._set([t, *gpus, u])
+        jobs = [Text(job_line(j), style="cyan") for j in h.jobs(preset)]  # ranks of one job, as one
+        self._set([t, *gpus, u, *jobs])
 
     @staticmethod
     def _key(para: Text) -> tuple:
