@@ -138,13 +138,17 @@ class _Pids(argparse.Action):
         namespace.pid = pids[0]
 
 
-def add_job(p: argparse.ArgumentParser) -> None:
-    """The target of checkpoint, restore, suspend, resume: one process, or a job of several."""
-    p.set_defaults(pid=None, pids=None)
+def add_job(p: argparse.ArgumentParser, *, bound: bool = True) -> None:
+    """The target of checkpoint, restore, suspend, resume (and of `shim emulate`, without the bound):
+    one process, or a job of several."""
+    p.set_defaults(pid=None, pids=None, timeout=None)
     p.add_argument("-p", "--pid", dest="pids", type=parse_pids, action=_Pids, metavar="PID[,PID...]",
-                   help="target process id; several (comma-separated or -p repeated) are one job, stopped together")
+                   help="target process id; several (comma-separated or -p repeated) are one job" +
+                        (", stopped together" if bound else ""))
     p.add_argument("--tree", type=PID, metavar="PID",
                    help="a job: PID and its descendants that run the shim (e.g. a launcher and its ranks)")
+    if not bound:
+        return
     p.add_argument("--timeout", type=number(float, lo=0, above=True), metavar="S",
                    help="a job's one bound, in seconds, on stopping, copying and reopening all of it; past it, or "
                         "if a process fails, every one is given back running (default 30)")

@@ -112,3 +112,34 @@ def test_the_control_command_refuses_malformed_requests(procs, shim_dir, line):
     p.stdin.write("\n\n")
     p.stdin.flush()
     assert p.wait(timeout=60) == 0
+
+
+def test_a_jobs_ranks_get_the_emulated_layer_together(procs, shim_dir):
+    """`shim emulate --tree LAUNCHER` (or -p A,B): the layer on every rank of simcuda's collective job,
+    each rank counting the calls it slowed; --off on all of them; status stays a one-process command."""
+    from test_gang import Job
+
+    j = Job(procs, 2)
+    j.wait_all_past(2, "both ranks running")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "gputrace", "shim", *args], capture_output=True, text=True,
+                              timeout=60)
+
+    r = cli("emulate", "--tree", str(j.launcher), "--cost-ns", "1000", "--classes", "submission", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = orjson.loads(r.stdout)
+    assert doc["job"] and [x["pid"] for x in doc["ranks"]] == j.ranks
+    assert all(x["emulate"]["on"] and x["emulate"]["cost_ns"] == 1000 for x in doc["ranks"])
+    n = len(j.lines)
+    j.wait(lambda ls: len(ls) >= n + 4, "the job runs on under the layer")
+    r = cli("emulate", "-p", j.pids())
+    assert r.returncode == 0, r.stderr
+    per_rank = [int(m) for m in re.findall(r"(\d+) calls slowed so far", r.stdout)]
+    assert len(per_rank) == 2 and all(c > 0 for c in per_rank)
+    assert "job of 2 processes: " in r.stdout
+    r = cli("emulate", "--tree", str(j.launcher), "--off", "--json")
+    assert r.returncode == 0 and not any(x["emulate"]["on"] for x in orjson.loads(r.stdout)["ranks"])
+    r = cli("status", "-p", j.pids())
+    assert r.returncode == 2 and "shim status takes one process" in r.stderr
+    j.stop()

@@ -9,7 +9,7 @@ import sys
 
 from ..base.errors import GputraceError, UsageError
 from ..base.units import fmt_bytes
-from ..registry import add_json, add_pid, command, dump_json, nonempty, number
+from ..registry import add_job, add_json, command, dump_json, nonempty, number
 
 RUN_EPILOG = """examples:
   gputrace run --checkpointable -- python train.py --epochs 3
@@ -69,6 +69,9 @@ SHIM_EPILOG = """examples:
   gputrace shim emulate -p 1234 --cost-ns 500 --classes submission,synchronization,state,query
   gputrace shim emulate -p 1234         what the emulated layer does now, and how many calls it slowed
   gputrace shim emulate -p 1234 --off
+  gputrace shim emulate --tree 1200 --cost-ns 2000 --classes submission
+                                        the same on every rank of a job (a launcher and its ranks;
+                                        or -p 1234,1235): all of them, or none
 
 The emulated layer spins on the calling thread for --cost-ns before each intercepted call of those
 classes (or --functions), as a layer's bookkeeping would, until --off. Compare the job's speed with
@@ -81,7 +84,7 @@ EMULATE_CLASSES = ("submission", "synchronization", "state", "query")
 def configure_shim(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["status", "emulate"],
                    help="status: the GPU state the shim has recorded; emulate: add a set cost to intercepted calls")
-    add_pid(p)
+    add_job(p, bound=False)
     p.add_argument("--cost-ns", type=number(hi=1e9), help="emulate: ns of busy CPU time added to each call")
     p.add_argument("--classes", type=nonempty, help=f"emulate: comma-separated classes ({', '.join(EMULATE_CLASSES)})")
     p.add_argument("--functions", type=nonempty, help="emulate: comma-separated driver functions the shim wraps, e.g. cuLaunchKernel")
@@ -170,13 +173,48 @@ def render_status(st: dict, comm: str) -> str:
     return "\n".join(lines)
 
 
+def _emulate_job(args: argparse.Namespace, line: str) -> int:
+    """`shim emulate` on every rank of a job: the emulated layer of a job is on all its ranks (a
+    data-parallel step waits for the slowest), so a rank that refuses turns it off on those done."""
+    from ..checkpointer import gang
+    from ..shim.client import Connection
+
+    pids = gang.resolve(args.pids or [], args.tree)
+    replies: list[tuple[int, dict]] = []
+    for pid in pids:
+        with Connection(pid) as c:
+            reply = c.request(line)
+        if not reply.get("ok"):
+            if line.startswith("emulate cost="):  # it was switching the layer on: off where it is on
+                for done, _ in replies:
+                    with Connection(done) as c:
+                        c.request("emulate off")
+            raise GputraceError(f"the shim of process {pid} (one of the job's {len(pids)}) refused: "
+                                f"{reply.get('error')}",
+                                "the emulated layer is off on every rank it had been switched on in; see "
+                                "`gputrace shim --help` for the classes and the form of --functions")
+        replies.append((pid, reply))
+    if args.json:
+        dump_json({"schema": 1, "job": True, "ranks": [{"pid": pid, **r} for pid, r in replies],
+                   "calls_slowed": sum(r["emulate"]["calls_slowed"] for _, r in replies)})
+        return 0
+    for pid, r in replies:
+        print(f"pid {pid}: {render_emulate(r['emulate'])}")
+    print(f"job of {len(replies)} processes: {sum(r['emulate']['calls_slowed'] for _, r in replies)} calls slowed in all")
+    return 0
+
+
 @command("shim", "inspect the checkpointing shim in a process", SHIM_EPILOG)(configure_shim)
 def shim_cmd(args: argparse.Namespace) -> int:
     from ..base.procs import comm
     from ..shim.client import Connection, status
 
+    if not args.pids and args.tree is None:
+        raise UsageError(f"shim {args.action} needs -p PID", "gputrace ps lists the processes that run the shim")
     if args.action == "emulate":
         line = emulate_command(args)
+        if len(args.pids or []) > 1 or args.tree is not None:
+            return _emulate_job(args, line)
         with Connection(args.pid) as c:
             reply = c.request(line)
         if not reply.get("ok"):
@@ -187,6 +225,8 @@ def shim_cmd(args: argparse.Namespace) -> int:
         else:
             print(render_emulate(reply["emulate"]))
         return 0
+    if len(args.pids or []) > 1 or args.tree is not None:
+        raise UsageError("shim status takes one process", "gputrace shim status -p PID, for each of the job's")
     if args.cost_ns is not None or args.classes or args.functions or args.off:
         raise UsageError("--cost-ns, --classes, --functions and --off go with `shim emulate`",
                          "gputrace shim emulate -p PID --cost-ns 2000 --classes submission")
