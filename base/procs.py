@@ -54,6 +54,24 @@ def environ(pid: int) -> dict[str, str]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (children, theirs, ...), `pid` first; [] where it is gone."""
+    kids: dict[int, list[int]] = {}
+    for e in os.scandir("/proc"):
+        if e.name.isdigit():
+            f = stat_fields(int(e.name))
+            if f and len(f) > 1:
+                kids.setdefault(int(f[1]), []).append(int(e.name))
+    if not os.path.exists(f"/proc/{pid}"):
+        return []
+    seen, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        seen.append(p)
+        todo.extend(sorted(kids.get(p, ())))
+    return seen
+
+
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (with the pid, what names one process for good)."""
     f = stat_fields(pid)

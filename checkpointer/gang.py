@@ -46,7 +46,7 @@ import orjson
 
 from gputrace.base.errors import (CheckpointError, CheckpointMismatch, CorruptCheckpoint,
                                   GputraceError, NoSuchProcess, ShimUnavailable, UsageError)
-from gputrace.base.procs import alive, comm, environ, require_process, stat_fields, stop_point
+from gputrace.base.procs import alive, comm, descendants, environ, require_process, stop_point
 from gputrace.shim import client
 
 from . import schema, store
@@ -79,17 +79,7 @@ def job_of(pid: int) -> str:
 def tree(pid: int) -> list[int]:
     """PID and its descendants, those whose shim serves (in pid order)."""
     require_process(pid)
-    kids: dict[int, list[int]] = {}
-    for e in os.scandir("/proc"):
-        if e.name.isdigit():
-            f = stat_fields(int(e.name))
-            if f and len(f) > 1:
-                kids.setdefault(int(f[1]), []).append(int(e.name))
-    seen, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        seen.append(p)
-        todo.extend(kids.get(p, ()))
+    seen = descendants(pid)
     serving = sorted(p for p in seen if client.socket_path(p) is not None)
     if not serving:
         mapped = [p for p in seen if client.has_shim(p)]

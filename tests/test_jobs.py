@@ -138,3 +138,39 @@ async def test_the_dashboards_header_lists_each_job_of_several_ranks(tmp_path):
         header = str(app.screen.query_one("#header").render())
         line = next(ln for ln in header.splitlines() if ln.startswith("job "))
         assert line.startswith("job torchrun r1: 2 ranks (rank 0 pid 4242, rank 1 pid 1111)") and "slowest rank" in line
+
+
+@pytest.mark.bpf
+@pytest.mark.usefixtures("bpf_host")
+@pytest.mark.timeout(240)
+def test_top_tree_shows_one_jobs_processes_only(spawned):
+    """`top --once --tree LAUNCHER`: the job's ranks, not a process of the host outside its tree."""
+    import threading
+
+    from gputrace import simcuda
+
+    other = subprocess.Popen(simcuda.workload("launch_bound") + ["--seconds", "60", "--scale", "0.05"],
+                             env=simcuda.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    spawned.append(other)
+    p = subprocess.Popen(simcuda.workload("collective") + ["--ranks", "2", "--words", "256", "--kernel-ns", "1000000"],
+                         env=dict(simcuda.env(), GPUTRACE_JOB="jobtest2"), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    spawned.append(p)
+    ranks = json.loads(p.stdout.readline())["ranks"]
+    for _ in ranks:
+        json.loads(p.stdout.readline())
+    threading.Thread(target=p.stdout.read, daemon=True).start()
+    top = subprocess.run([sys.executable, "-m", "gputrace", "top", "--once", "--json", "-i", "0.5", "-d", "3",
+                          "--tree", str(p.pid)], capture_output=True, timeout=180)
+    assert top.returncode == 0, top.stderr.decode()
+    doc = json.loads(top.stdout)
+    listed = {r["pid"] for r in doc["processes"]} | set(doc["pending"])
+    assert set(ranks) <= listed <= set(ranks) | {p.pid} and other.pid not in listed
+    assert [j["key"] for j in doc["jobs"]["shim"]] == ["gputrace run jobtest2"]
+    r = subprocess.run([sys.executable, "-m", "gputrace", "top", "--once", "--tree", "999999999"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and "no process with pid 999999999" in r.stderr and "Traceback" not in r.stderr
+    p.stdin.write("quit\n")
+    p.stdin.flush()
+    assert p.wait(timeout=60) == 0

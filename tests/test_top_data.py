@@ -165,6 +165,7 @@ def test_adapter_fits_the_real_checkpointer():
     (["top", "--json"], "--json goes with --once"),
     (["top", "--once", "--replay", "no-such-recording"], "cannot read no-such-recording"),
     (["top", "--preset", "nope"], "unknown preset"),
+    (["top", "--once", "--replay", "x.jsonl", "--tree", "1"], "--tree picks live processes"),
 ])
 def test_top_usage_errors(args, msg):
     p = subprocess.run(CLI + args, capture_output=True, text=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from gputrace.base.errors import GputraceError, NoLibcuda, NoSuchProcess, PermissionDenied, UsageError
-from gputrace.base.procs import alive, require_process
+from gputrace.base.procs import alive, descendants, require_process
 
 SONAME = "libcuda.so.1"
 _LIBCUDA = re.compile(r"libcuda\.so(\.\d+)*")  # not libcudart, libcudnn, libcuda_foo
@@ -74,6 +74,19 @@ def cuda_processes() -> dict[int, LibcudaFile]:
         if lib is not None:
             found[int(entry)] = lib
     return found
+
+
+class TreeScanner:
+    """A scanner's processes, only those in the tree of one process (a launcher and its ranks, and
+    any it starts later): what `top --tree PID` shows."""
+
+    def __init__(self, root: int, inner: "CudaScanner") -> None:
+        self.root, self.inner = root, inner
+        self.forget = getattr(inner, "forget", None)
+
+    def __call__(self, hints: Iterable[int] = ()) -> dict[int, LibcudaFile]:
+        keep = set(descendants(self.root))
+        return {p: lib for p, lib in self.inner(hints).items() if p in keep}
 
 
 class CudaScanner:

@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 
 from ..base.errors import GputraceError, UsageError
-from ..registry import add_json, command, number, parse_budget
+from ..registry import PID, add_json, command, number, parse_budget
 
 TOP_EPILOG = """examples:
   sudo gputrace top                         every CUDA process on the host, live (q quits, ? for keys)
   sudo gputrace top --once --json           one snapshot of the same data, averaged over -d seconds
+  sudo gputrace top --once --tree 1200      a job's processes only (its launcher's tree), and the job's line
   sudo gputrace record -o run.jsonl -d 60   save a session
   gputrace top --replay run.jsonl           show a saved session (no root needed)
   gputrace top --replay run.jsonl --once    the session summed up: each process as last recorded (--json too)
@@ -40,6 +41,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def configure_top(p: argparse.ArgumentParser) -> None:
     _common(p)
+    p.add_argument("--tree", type=PID, metavar="PID",
+                   help="only PID and its descendants (a job's launcher and its ranks, and any it starts later)")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit (with --json: as JSON)")
     p.add_argument("-d", "--duration", type=number(above=True), default=3.0,
                    help="with --once: seconds to measure before printing (default 3)")
@@ -68,7 +71,15 @@ def _live(args: argparse.Namespace, cumulative: bool = False):
     say = lambda msg: print(f"gputrace: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     root = getattr(args, "checkpoint_dir", None)
     adapter = CheckpointerAdapter(root=Path(root).absolute() if root else None)
-    source = LiveSource(_options(args), args.interval, cumulative=cumulative, checkpointer=adapter, warn=say)
+    discover = None
+    if getattr(args, "tree", None) is not None:
+        from ..base.procs import require_process
+        from ..tracer.targets import CudaScanner, TreeScanner
+
+        require_process(args.tree)
+        discover = TreeScanner(args.tree, CudaScanner())
+    source = LiveSource(_options(args), args.interval, cumulative=cumulative, checkpointer=adapter, warn=say,
+                        discover=discover)
     adapter.hold_tracing = source.hold_tracing  # `w` takes top's own probes off the job while CRIU copies it
     return source
 
@@ -135,6 +146,9 @@ def top(args: argparse.Namespace) -> int:
 
     if args.preset not in PRESETS:
         raise UsageError(f"unknown preset {args.preset!r}", f"choose one of {', '.join(PRESETS)}")
+    if args.replay and args.tree is not None:
+        raise UsageError("--tree picks live processes; a replay shows what was recorded",
+                         "gputrace top --tree PID on the live host, or --replay FILE without it")
     if args.replay and args.once:
         return replay_once(args)
     if args.json and not args.once:
