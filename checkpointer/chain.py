@@ -94,7 +94,8 @@ def links(path: Path, manifest: dict) -> list[Link]:
     return out
 
 
-def _data_file(link: Link) -> tuple[int, Path]:
+def data_file(link: Link) -> tuple[int, Path]:
+    """A link's data.img, opened and its size held to the manifest's."""
     d = link.manifest["data"]
     f = link.path / d["file"]
     fd, actual = schema.open_regular(f, what="data file")
@@ -125,7 +126,7 @@ def _checked_pieces(link: Link, fd: int, f: Path, stop: int | None = None):
 
 def head(link: Link) -> image.Header:
     """A link's image header, entries and digests: the start of its data.img, checked."""
-    fd, f = _data_file(link)
+    fd, f = data_file(link)
     try:
         buf = b""
         want = None
@@ -147,7 +148,8 @@ def assemble(chain: list[Link], out_fd: int, progress: store.Progress | None = N
     newest = chain[0]
     final = head(newest)
     if not final.partial and len(chain) > 1:
-        raise CorruptCheckpoint(f"{newest.path} names an earlier link but its image is whole", schema._HINT)
+        raise CorruptCheckpoint(f"{newest.path} names an earlier link but its image is whole",
+                                "the checkpoint is damaged or was not written by gputrace; take a new one")
     size = final.image_bytes
     os.ftruncate(out_fd, size)
     if size:
@@ -166,7 +168,7 @@ def assemble(chain: list[Link], out_fd: int, progress: store.Progress | None = N
             starts.append(at)
             at += n
         got = {e.base: [0] * len(covered[e.base]) for e in final.entries}  # bytes of each chunk this link wrote
-        fd, f = _data_file(link)
+        fd, f = data_file(link)
         try:
             for pos, piece in _checked_pieces(link, fd, f):
                 done += len(piece)

@@ -57,12 +57,13 @@ class CheckpointReport:
     digest_why: str | None = None
 
     @property
-    def copy_gbps(self) -> float:
-        return self.bytes_copied / self.copy_ns if self.copy_ns else 0.0
+    def copy_gbps(self) -> float | None:
+        """None where nothing was copied: no rate was measured."""
+        return self.bytes_copied / self.copy_ns if self.copy_ns and self.bytes_copied else None
 
     @property
-    def write_gbps(self) -> float:
-        return self.stored_bytes / self.write_ns if self.write_ns else 0.0
+    def write_gbps(self) -> float | None:
+        return self.stored_bytes / self.write_ns if self.write_ns else None
 
     def to_dict(self) -> dict:
         return {**asdict(self), "copy_gbps": self.copy_gbps, "write_gbps": self.write_gbps}
@@ -93,8 +94,9 @@ class RestoreReport:
         return self.bytes / self.verify_ns if self.verify_ns else 0.0
 
     @property
-    def copy_gbps(self) -> float:
-        return self.bytes_copied / self.copy_ns if self.copy_ns else 0.0
+    def copy_gbps(self) -> float | None:
+        """None where nothing differed and nothing was copied: no rate was measured."""
+        return self.bytes_copied / self.copy_ns if self.copy_ns and self.bytes_copied else None
 
     def to_dict(self) -> dict:
         return {**asdict(self), "verify_gbps": self.verify_gbps, "copy_gbps": self.copy_gbps}
@@ -219,7 +221,8 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
             raise CheckpointMismatch(f"{parent} is not a checkpoint of process {pid}: {'; '.join(who)}",
                                      "an incremental checkpoint is taken since an earlier checkpoint of the same "
                                      "process; leave out --since for a whole one")
-        base = chain.head(chain.Link(parent, pm))
+        base_link = chain.Link(parent, pm)
+        base = chain.head(base_link)
     with ShimSession(pid, "checkpoint") as s:
         status = s.request("status")
         _refuse_suspended(status, pid, "dump its device memory")
@@ -230,7 +233,7 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
             if digest_chunk is not None:
                 words += f" digest={digest_chunk}"
             if base is not None:
-                _write_head(memfd, base, parent)
+                _write_head(memfd, base, base_link)
                 words += " base=1"
             if progress:
                 progress("freeze", 0, held)
@@ -276,9 +279,9 @@ def latest(pid: int, where: Path) -> Path | None:
     return best
 
 
-def _write_head(memfd: int, base: image.Header, path: Path) -> None:
+def _write_head(memfd: int, base: image.Header, link: chain.Link) -> None:
     """The base checkpoint's image head (header, entries, digests) into the memfd the shim reads it from."""
-    fd, f = chain._data_file(chain.Link(path, store.read_manifest(path)))
+    fd, f = chain.data_file(link)
     try:
         head = os.pread(fd, base.data_offset, 0)  # checked by chain.head() just before
     finally:

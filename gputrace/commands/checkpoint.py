@@ -229,8 +229,9 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
 def _print_freeze(r) -> None:
     """The freeze of a shim checkpoint or restore, by phase: the same fields in both reports."""
     hashed = f"digest {ms(r.digest_ns)}, " if r.chunks else ""
+    copy = f"copy {ms(r.copy_ns)} at {gbps(r.bytes_copied, r.copy_ns)}" if r.bytes_copied else "nothing to copy"
     print(f"  freeze   {ms(r.freeze_ns)} (drain {ms(r.drain_ns)}, sync {ms(r.sync_ns)}, {hashed}"
-          f"copy {ms(r.copy_ns)} at {gbps(r.bytes_copied, r.copy_ns)}{', direct' if r.direct else ''})")
+          f"{copy}{', direct' if r.direct else ''})")
 
 
 @command("restore", "roll a shimmed process's GPU memory back to a checkpoint", RESTORE_EPILOG)(configure_restore)
