@@ -58,6 +58,15 @@ def median_ci(xs: list[float], n: int = 2000) -> dict:
     return {"median": statistics.median(xs), "lo": meds[int(0.025 * n)], "hi": meds[int(0.975 * n) - 1], "n": len(xs)}
 
 
+def mean_ci(xs: list[float], n: int = 2000) -> list[float | None]:
+    """The mean's 95% bootstrap interval (seeded); none for fewer than two values."""
+    if len(xs) < 2:
+        return [None, None]
+    rng = random.Random(0)
+    ms = sorted(statistics.mean(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return [ms[int(0.025 * n)], ms[int(0.975 * n) - 1]]
+
+
 class Job:
     """A bench/gpu_jobs.py job, warm, answering timed phases; under the shim unless `shim` is False."""
 
@@ -209,7 +218,7 @@ def emulation_pairs(job: Job, costs: list[float], seconds: float, cycles: int = 
     for cost, sel in ((c, s) for c in costs for s in ("submission", "all")):
         classes = "submission" if sel == "submission" else "submission,synchronization,state,query"
         slows, slowed, functions, u_rates, e_rates, e_steps = [], 0, [], [], [], 0
-        spent_ns, e_seconds = 0, 0.0
+        spent_ns, e_seconds, driver_ns, driver_calls = 0, 0.0, 0, 0
         cpu = {"u_s": 0.0, "u_steps": 0, "e_s": 0.0, "e_steps": 0}  # the job's CPU time a step, on and off
         with Connection(job.pid) as c:
             prev = job.run(part)
@@ -223,6 +232,8 @@ def emulation_pairs(job: Job, costs: list[float], seconds: float, cycles: int = 
                 functions = on["emulate"]["functions"]
                 slowed += off["emulate"]["calls_slowed"]
                 spent_ns += off["emulate"].get("spent_ns") or 0
+                driver_ns += off["emulate"].get("driver_ns") or 0
+                driver_calls += off["emulate"].get("driver_calls") or 0
                 e_seconds += e["seconds"]
                 e_steps += e["steps"]
                 cpu["e_s"] += e["cpu_s"]
@@ -241,13 +252,17 @@ def emulation_pairs(job: Job, costs: list[float], seconds: float, cycles: int = 
                      "slowed_per_step": slowed / e_steps if e_steps else None,
                      "spent_ns": spent_ns, "emulated_s": e_seconds, "emulated_steps": e_steps,
                      "spent_per_call_ns": spent_ns / slowed if slowed else None,
+                     # The driver's own time in the calls slowed (cost 0: the same without a spin).
+                     "driver_ns": driver_ns, "driver_calls": driver_calls,
+                     "driver_per_call_ns": driver_ns / driver_calls if driver_calls else None,
+                     "slowdown_mean": statistics.mean(slows), "slowdown_mean_ci": mean_ci(slows),
                      # CPU seconds a step: whether what the layer adds beyond its spins is CPU work
                      # (the steps' own code made slower) or time the job waits.
                      "cpu_s_per_step_untraced": cpu["u_s"] / cpu["u_steps"] if cpu["u_steps"] else None,
                      "cpu_s_per_step_emulated": cpu["e_s"] / cpu["e_steps"] if cpu["e_steps"] else None})
         print(f"  emulate {cost:g} ns {sel}: slowdown {100 * ci['median']:.2f}% "
               f"(95% CI {100 * ci['lo']:.2f}..{100 * ci['hi']:.2f}; {slowed} calls slowed, "
-              f"{rows[-1]['spent_per_call_ns'] or 0:.0f} ns each; CPU a step "
+              f"{rows[-1]['spent_per_call_ns'] or 0:.0f} ns each, driver {rows[-1]['driver_per_call_ns'] or 0:.0f} ns after; CPU a step "
               f"{1e6 * (rows[-1]['cpu_s_per_step_untraced'] or 0):.0f} -> {1e6 * (rows[-1]['cpu_s_per_step_emulated'] or 0):.0f} us, "
               f"wall {1e6 / rows[-1]['untraced_steps_per_s']:.0f} -> {1e6 / rows[-1]['emulated_steps_per_s']:.0f} us)", flush=True)
     return rows
@@ -367,6 +382,8 @@ def analyze(doc: dict, d: Path | None = None) -> dict:
                     # points: a zero-cost layer's median read up to 6% on the H200).
                     "interval_meets_bounds": None if ci[0] is None else ci[0] <= upper + 0.01 and ci[1] >= lower - 0.01,
                     "spent_per_call_ns": per_call, "slowdown_from_spins": spin_only,
+                    "driver_per_call_ns": e.get("driver_per_call_ns"),
+                    "measured_mean": e.get("slowdown_mean"), "measured_mean_ci": e.get("slowdown_mean_ci"),
                     "predicted_lower_at_spent": None if at_real is None else max(0.0, at_real - wait),
                     "predicted_upper_at_spent": None if at_real is None else at_real * INDIRECT_MAX,
                     "inside_within_1pt_at_spent": None if at_real is None else
@@ -384,6 +401,9 @@ def main() -> int:
     ap.add_argument("--reps5-short", type=int, default=2, help="pairs with 5 s attaches, the other jobs")
     ap.add_argument("--costs", default="500,2000,10000", help="emulated costs, ns a call ('none': no emulated layer)")
     ap.add_argument("--emulate-s", type=float, default=3.0, help="emulated seconds per cost and selection")
+    ap.add_argument("--emulate-cycles", type=int, default=6,
+                    help="emulated phases per cost and selection, each between two untraced ones")
+    ap.add_argument("--reps-long", type=int, default=1, help="pairs with 20 s and with 60 s attaches, jobs in --long")
     ap.add_argument("--reanalyze", action="store_true", help="only work the figures out again from --out")
     ap.add_argument("--reestimate", action="store_true",
                     help="with --reanalyze: the rates from the saved observations, by the estimator as it is now")
@@ -406,11 +426,12 @@ def main() -> int:
             long = name in args.long.split(",")
             pairs = tracer_pairs(job, 5.0, args.reps5 if long else args.reps5_short, d, "5", 5.0)
             if long:
-                pairs += tracer_pairs(job, 20.0, 1, d, "20", 10.0)
-                pairs += tracer_pairs(job, 60.0, 1, d, "60", 10.0)
+                pairs += tracer_pairs(job, 20.0, args.reps_long, d, "20", 10.0)
+                pairs += tracer_pairs(job, 60.0, args.reps_long, d, "60", 10.0)
             doc["tracer_pairs"] = pairs
             doc["emulation"] = ([] if args.costs == "none" else
-                                emulation_pairs(job, [float(c) for c in args.costs.split(",")], args.emulate_s))
+                                emulation_pairs(job, [float(c) for c in args.costs.split(",")], args.emulate_s,
+                                                args.emulate_cycles))
             job.close()
             doc["wall_s"] = time.monotonic() - t0
             path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))

@@ -38,6 +38,11 @@ static _Atomic unsigned char g_sel[F_COUNT];
 static _Atomic long long g_cost_ns;
 static _Atomic unsigned long long g_slowed;
 static _Atomic unsigned long long g_spent_ns; /* time the spins took, first clock read to last */
+/* The driver's own time in the calls slowed (from the spin's end to the call's return), and how many
+ * of them returned: whether the layer changes what the calls themselves cost (cost=0 gives the same
+ * figure with no spin, to compare). */
+static _Atomic unsigned long long g_driver_ns;
+static _Atomic unsigned long long g_driver_calls;
 static _Atomic long long g_since_ns;
 
 static long long now_ns(void)
@@ -47,10 +52,10 @@ static long long now_ns(void)
     return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
 }
 
-void emul_spin(int fn)
+long long emul_spin(int fn)
 {
     if (!atomic_load_explicit(&g_sel[fn], memory_order_relaxed))
-        return;
+        return 0;
     long long cost = atomic_load_explicit(&g_cost_ns, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_slowed, 1, memory_order_relaxed);
     long long t0 = now_ns(), until = t0 + cost, t;
@@ -62,6 +67,14 @@ void emul_spin(int fn)
     /* What the spin took, not what it was set to: a clock read's granularity, a preemption or
      * the hypervisor can make it longer, and the audit is checked against the real cost. */
     atomic_fetch_add_explicit(&g_spent_ns, (unsigned long long)(t - t0), memory_order_relaxed);
+    return t;
+}
+
+void emul_after(long long since)
+{
+    long long t = now_ns();
+    atomic_fetch_add_explicit(&g_driver_ns, (unsigned long long)(t > since ? t - since : 0), memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_driver_calls, 1, memory_order_relaxed);
 }
 
 static int class_of_name(const char *s, size_t n)
@@ -86,8 +99,9 @@ static void state_json(struct sbuf *b)
 {
     int on = atomic_load(&g_emul_on);
     sb_printf(b, "\"emulate\": {\"on\": %s, \"cost_ns\": %lld, \"calls_slowed\": %llu, \"spent_ns\": %llu, "
-              "\"functions\": [",
-              on ? "true" : "false", on ? atomic_load(&g_cost_ns) : 0, atomic_load(&g_slowed), atomic_load(&g_spent_ns));
+              "\"driver_ns\": %llu, \"driver_calls\": %llu, \"functions\": [",
+              on ? "true" : "false", on ? atomic_load(&g_cost_ns) : 0, atomic_load(&g_slowed), atomic_load(&g_spent_ns),
+              atomic_load(&g_driver_ns), atomic_load(&g_driver_calls));
     int first = 1;
     for (int i = 0; on && i < F_COUNT; i++)
         if (atomic_load(&g_sel[i])) {
@@ -177,6 +191,8 @@ char *emul_command(const char *args)
             atomic_store(&g_sel[i], sel[i] || (fn_class[i] & classes) ? 1 : 0);
         atomic_store(&g_slowed, 0);
         atomic_store(&g_spent_ns, 0);
+        atomic_store(&g_driver_ns, 0);
+        atomic_store(&g_driver_calls, 0);
         atomic_store(&g_since_ns, now_ns());
         atomic_store(&g_emul_on, 1);
     }

@@ -763,9 +763,10 @@ SHIM_STATE(HOOKS)
     {                                                                                                            \
         int coll_ = UNLIKELY(atomic_load_explicit(&g_ncoll_fn, memory_order_relaxed) != 0) && coll_is((void *)f); \
         struct slot *s_ = UNLIKELY(coll_) ? coll_enter(F_##name) : gate_enter(F_##name);                         \
-        emul(F_##name);                                                                                          \
+        long long e_ = emul(F_##name);                                                                           \
         __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
         CUresult r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                       \
+        emul_done(e_);                                                                                           \
         gate_leave(s_);                                                                                          \
         return r_;                                                                                               \
     }
@@ -776,9 +777,10 @@ SHIM_LAUNCH(LAUNCH_WRAPPER)
     CUresult name params                                                                                         \
     {                                                                                                            \
         struct slot *s_ = gate_enter(F_##name);                                                                  \
-        emul(F_##name);                                                                                          \
+        long long e_ = emul(F_##name);                                                                           \
         __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
         CUresult r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                       \
+        emul_done(e_);                                                                                           \
         gate_leave(s_);                                                                                          \
         return r_;                                                                                               \
     }
@@ -791,7 +793,7 @@ SHIM_SUBMIT_REST(SUBMIT_WRAPPER)
     CUresult name params                                                                                         \
     {                                                                                                            \
         struct slot *s_ = gate_enter(F_##name);                                                                  \
-        emul(F_##name);                                                                                          \
+        long long e_ = emul(F_##name);                                                                           \
         __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
         struct hold h_;                                                                                          \
         h_.found = 0;                                                                                            \
@@ -799,6 +801,7 @@ SHIM_SUBMIT_REST(SUBMIT_WRAPPER)
         CUresult r_;                                                                                             \
         if (!alt_##name || !alt_##name(&r_, &h_, UNPAREN args)) /* an alternative implementation (hooks.c) */    \
             r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                            \
+        emul_done(e_);                                                                                           \
         post_##name(r_, &h_, UNPAREN args);                                                                      \
         gate_leave(s_);                                                                                          \
         return r_;                                                                                               \
@@ -810,9 +813,11 @@ SHIM_STATE(STATE_WRAPPER)
 #define PASS_WRAPPER(name, params, args)                                                                         \
     CUresult name params                                                                                         \
     {                                                                                                            \
-        emul(F_##name);                                                                                          \
+        long long e_ = emul(F_##name);                                                                           \
         __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
-        return LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                              \
+        CUresult r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                       \
+        emul_done(e_);                                                                                           \
+        return r_;                                                                                               \
     }
 SHIM_QUERY(PASS_WRAPPER)
 SHIM_PASS_STATE(PASS_WRAPPER)
@@ -823,9 +828,10 @@ SHIM_PASS_STATE(PASS_WRAPPER)
 #define SYNC_WRAPPER(name, params, args)                                                                         \
     CUresult name params                                                                                         \
     {                                                                                                            \
-        emul(F_##name);                                                                                          \
+        long long e_ = emul(F_##name);                                                                           \
         __typeof__(&name) f_ = (__typeof__(&name))real_fast(F_##name);                                           \
         CUresult r_ = LIKELY(f_ != NULL) ? f_ args : CUDA_ERROR_NOT_FOUND;                                       \
+        emul_done(e_);                                                                                           \
         if (UNLIKELY(atomic_load_explicit(&vmm_pending, memory_order_relaxed)))                                  \
             vmm_reap(0);                                                                                         \
         return r_;                                                                                               \

@@ -91,11 +91,22 @@ HIDDEN void reg_json(struct sbuf *b);
 
 /* ---- emulate.c: the emulated layer */
 HIDDEN extern atomic_int g_emul_on;
-HIDDEN void emul_spin(int fn);
-static inline void emul(int fn)
+HIDDEN long long emul_spin(int fn);
+HIDDEN void emul_after(long long since);
+/* Before a wrapped call: its spin, where the layer is on and selects it; returns when the spin ended
+ * (0 where it did not run), which the wrapper hands to emul_done after the driver's call returns. */
+static inline long long emul(int fn)
 {
     if (UNLIKELY(atomic_load_explicit(&g_emul_on, memory_order_relaxed)))
-        emul_spin(fn);
+        return emul_spin(fn);
+    return 0;
+}
+/* After it: the driver's own time for that call (whether a layer before a call changes what the call
+ * itself costs: a launch made once the GPU has caught up may take the driver longer). */
+static inline void emul_done(long long since)
+{
+    if (UNLIKELY(since != 0))
+        emul_after(since);
 }
 HIDDEN char *emul_command(const char *args); /* the control command's reply, malloc'ed */
 HIDDEN void emul_status(struct sbuf *b);     /* its part of the status JSON */

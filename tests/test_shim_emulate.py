@@ -68,6 +68,8 @@ def test_emulate_slows_exactly_the_calls_of_the_chosen_classes(procs, shim_dir):
     assert st["emulate"]["on"] and not off["on"] and off["calls_slowed"] == slowed
     # Each spin lasts at least its set cost, and the shim says how long they took in all.
     assert off["spent_ns"] >= 1500 * slowed
+    # Every slowed call came back (the job is held between its calls) with the driver's own time.
+    assert off["driver_calls"] == slowed and off["driver_ns"] > 0
     p.stdin.write("\n")
     p.stdin.flush()
     out, _ = p.communicate(timeout=60)
@@ -77,6 +79,29 @@ def test_emulate_slows_exactly_the_calls_of_the_chosen_classes(procs, shim_dir):
     assert {"cuLaunchKernel", "cuCtxGetDevice_v2"} <= set(wanted)
     # The loop's calls of those classes, and the teardown's one copy back to the host.
     assert slowed == report["steps"] * sum(per_step[n] for n in wanted) + 1
+
+
+def test_a_zero_cost_layer_times_the_driver_calls_of_every_class(procs, shim_dir):
+    """cost=0 over every class: no spin, but every wrapper kind (launch, submission, state, query,
+    synchronization) hands each call it selected back for the driver's own time, so the figure with
+    a spin has a baseline to be compared with."""
+    p = start(procs, simcuda.workload("launch_bound") + ["--steps", "20", "--scale", "0.25", "--hold"])
+    assert json.loads(p.stdout.readline())["hold"] == 1
+    with Connection(p.pid) as c:
+        on = c.request("emulate cost=0 classes=submission,synchronization,state,query")
+        assert on["ok"] and on["emulate"]["driver_calls"] == 0
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert json.loads(p.stdout.readline())["hold"] == 2
+        off = c.request("emulate off")["emulate"]
+    assert off["calls_slowed"] > 0 and off["driver_calls"] == off["calls_slowed"]
+    assert off["driver_ns"] > 0
+    p.stdin.write("\n")
+    p.stdin.flush()
+    out, _ = p.communicate(timeout=60)
+    per_step = json.loads(out.strip().splitlines()[-1])["per_step"]
+    # The loop calls every class (a synchronization a step among them): each was slowed and timed.
+    assert {classify(n) for n in per_step} >= {FunctionClass.SUBMISSION, FunctionClass.SYNC, FunctionClass.QUERY}
 
 
 def test_emulate_usage_errors_say_what_to_give(procs, shim_dir):

@@ -122,7 +122,11 @@ def _spent(e: dict) -> str:
     """The spins' real mean length: a clock read's granularity, preemption or a hypervisor make
     it longer than the set cost, and a check of the audit needs the real one."""
     n, spent = e["calls_slowed"], e.get("spent_ns")
-    return f", {spent / n:.0f} ns each on average" if n and spent is not None else ""
+    out = f", {spent / n:.0f} ns each on average" if n and spent is not None else ""
+    m, driver = e.get("driver_calls"), e.get("driver_ns")
+    if m and driver is not None:
+        out += f"; the driver took {driver / m:.0f} ns a call after it"
+    return out
 
 
 def render_emulate(e: dict) -> str:
