@@ -417,7 +417,8 @@ def checkpoint_job(root: int, pids: list[int], out: str | os.PathLike | None = N
                 g.quiesce()
             quiesce_ns = time.monotonic_ns() - t0
             stop_point("full-job:quiesced")
-            note(driver=True)
+            for r in ranks:
+                r.guard.note(driver=True)
             lock_ms = g.left_ms()
             for r, ns in zip(ranks, _each(ranks, lambda r: r.d.call("Lock", lock_ms), deadline, timeout_s,
                                           "cuCheckpointProcessLock")):
