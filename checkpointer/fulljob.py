@@ -151,7 +151,9 @@ def job_tree(pids: list[int] | None = None, tree_of: int | None = None) -> tuple
             raise UsageError(f"process(es) {', '.join(map(str, left_out))} of the tree of {root} run the shim and were "
                              "not given; CRIU checkpoints the whole tree, so every rank must be stopped with the others",
                              f"give them too, or the tree: gputrace checkpoint --full --tree {root}")
-        gang.resolve([p for p in pids if p != root or p in ranks])  # a given pid that is no rank: named there
+        strays = [p for p in pids if p != root and p not in ranks]
+        if strays:
+            gang.resolve(strays)  # a given pid of the tree that is no rank: named there, with what to do
     ranks = gang.resolve(ranks)
     for p in procs:
         if p not in ranks and _uses_gpu(p):
