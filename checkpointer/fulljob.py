@@ -324,7 +324,7 @@ def _give_back(ranks: list[_Rank], procs: list[int], stopped: bool) -> list[str]
 def _failed(exc: GputraceError, problems: list[str], pids: list[int]) -> CheckpointError:
     """The error to raise for `exc` once every rank has been given back (or `problems` say which not)."""
     msg, hint = exc.msg, exc.hint
-    back = "every rank is running again (gates open, unlocked in the driver) and nothing was kept"
+    back = "every rank is running again (its GPU state back in place, its gate open) and nothing was kept"
     if problems:
         back = ("every other rank is running again and nothing was kept; " + "; ".join(problems)
                 + f" (see `gputrace shim status -p {','.join(map(str, pids))}`)")
@@ -715,6 +715,32 @@ def restore_job(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | Non
                                 time.monotonic_ns() - t0)
 
 
+def _restore_gpus(ranks: list[_Rank], pairs: list | None, times: list[dict], again: str) -> None:
+    """The driver's Restore (with the GPU pairs) and Unlock on every rank at once; CheckpointError naming
+    the first rank that failed."""
+
+    def back(r: _Rank) -> tuple[int, int]:
+        st = r.d.state()
+        if st != "checkpointed":
+            raise CheckpointError(f"the restored process is {st} in the driver, not checkpointed",
+                                  "the image was not taken by `gputrace checkpoint --full`")
+        rs = _restore_gpu(r.d, pairs[r.index]) if pairs else r.d.call("Restore")
+        return rs, r.d.call("Unlock")
+
+    out, _ = _at_once(ranks, back, None)
+    for r, x in zip(ranks, out):
+        if isinstance(x, BaseException):
+            if not isinstance(x, CheckpointError):
+                raise x
+            hint = x.hint
+            if x.msg.startswith("cuCheckpointProcess"):
+                # The driver's own hint speaks of a live job; this one is ended, its checkpoint intact.
+                hint = ("the driver could not give the rank its GPU state back (the GPU it ran on gone, busy or "
+                        f"of another driver? `--gpu-map OLD=NEW` restores onto other GPUs); {again}")
+            raise CheckpointError(f"the GPU state of {r.who} could not be restored: {x.msg}", hint)
+        times[r.index]["driver_restore_ns"], times[r.index]["unlock_ns"] = x
+
+
 def _restore_ranks(path: Path, pids: list[int], pairs: list | None, shim_held: list[bool],
                    procs: list[int]) -> tuple[int, int, list[dict]]:
     """Each rank's GPU state back (all before any rank runs), then every process continued, then each
@@ -727,37 +753,25 @@ def _restore_ranks(path: Path, pids: list[int], pairs: list | None, shim_held: l
         except CheckpointError as exc:
             raise CheckpointError(f"rank {i}: {exc.msg}", exc.hint) from None
     times: list[dict] = [{"rank": i, "pid": p} for i, p in enumerate(pids)]
+    rank_list = [_Rank(i, d.pid, d, "") for i, d in enumerate(ds)]
+    seized: dict[int, list[int]] = {}
     tg = time.monotonic_ns()
     with contextlib.ExitStack() as holds:
-        # CRIU left every process stopped: until the driver has put a rank's device mappings back, only
-        # its thread that serves the driver's calls runs (checkpointer/hold.py).
-        for i, d in enumerate(ds):
-            try:
-                holds.enter_context(hold.held(d.pid, d.restore_tid()))
-            except CheckpointError as exc:
-                raise CheckpointError(f"rank {i} (pid {d.pid}): {exc.msg}", exc.hint) from None
-
-        def back(r: _Rank) -> tuple[int, int]:
-            st = r.d.state()
-            if st != "checkpointed":
-                raise CheckpointError(f"the restored process is {st} in the driver, not checkpointed",
-                                      "the image was not taken by `gputrace checkpoint --full`")
-            rs = _restore_gpu(r.d, pairs[r.index]) if pairs else r.d.call("Restore")
-            return rs, r.d.call("Unlock")
-
-        rank_list = [_Rank(i, d.pid, d, "") for i, d in enumerate(ds)]
-        out, _ = _at_once(rank_list, back, None)
-        for r, x in zip(rank_list, out):
-            if isinstance(x, BaseException):
-                if not isinstance(x, CheckpointError):
-                    raise x
-                hint = x.hint
-                if x.msg.startswith("cuCheckpointProcess"):
-                    # The driver's own hint speaks of a live job; this one is ended, its checkpoint intact.
-                    hint = ("the driver could not give the rank its GPU state back (the GPU it ran on gone, busy or "
-                            f"of another driver? `--gpu-map OLD=NEW` restores onto other GPUs); {again}")
-                raise CheckpointError(f"the GPU state of {r.who} could not be restored: {x.msg}", hint)
-            times[r.index]["driver_restore_ns"], times[r.index]["unlock_ns"] = x
+        try:
+            # CRIU left every process stopped: until the driver has put a rank's device mappings back,
+            # only its thread that serves the driver's calls runs (checkpointer/hold.py).
+            for i, d in enumerate(ds):
+                try:
+                    seized[d.pid] = holds.enter_context(hold.held(d.pid, d.restore_tid()))
+                except CheckpointError as exc:
+                    raise CheckpointError(f"rank {i} (pid {d.pid}): {exc.msg}", exc.hint) from None
+            _restore_gpus(rank_list, pairs, times, again)
+        except BaseException:
+            # Ended while still held: a rank whose GPU state is back must not run on (and write to its
+            # files) when a peer's failed, or this checkpoint could not be restored again.
+            for p, tids in seized.items():
+                hold.end(p, tids)
+            raise
     gpu_ns = time.monotonic_ns() - tg
     for p in procs:  # the ranks run since their holds ended; the rest were left stopped by CRIU
         with contextlib.suppress(ProcessLookupError):
