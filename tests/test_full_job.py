@@ -12,7 +12,9 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,7 +44,7 @@ class TreeJob:
     """A `collective` job started the way CRIU needs (its own session, stdio on a file), every rank
     under the shim, device memory in the simcuda-device daemon: its launcher, its ranks, their lines."""
 
-    def __init__(self, root: Path, device: Device, ranks: int, *, suspendable: bool = False) -> None:
+    def __init__(self, root: Path, device: Device, ranks: int, *, suspendable: bool = False, pass_fds=()) -> None:
         self.out = root / "job.out"
         env = shim.preload_env(device.env(sim_env()))
         if suspendable:  # as `gputrace run --checkpointable --suspendable` starts it
@@ -52,7 +54,7 @@ class TreeJob:
                                                   "--kernel-ns", "5000000"]
         with open(self.out, "w") as f:
             self.p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+                                      start_new_session=True, pass_fds=pass_fds)
         head = self.wait(lambda: self._head(), "the launcher's first line")
         self.launcher, self.ranks = head["launcher"], head["ranks"]
 
@@ -232,8 +234,12 @@ def test_a_job_checkpointed_whole_killed_and_restored_goes_on_like_an_uninterrup
             return call(self, name, timeout_ms)
 
         monkeypatch.setattr(driverapi.Driver, "call", failing)
+        size = j.out.stat().st_size
         with pytest.raises(CheckpointError) as e:
             fulljob.restore_job(ck)
+        # Rank 0, its GPU state back, was ended still held: it wrote nothing, so the files are as CRIU
+        # needs them for the next try.
+        assert j.out.stat().st_size == size
         assert f"rank 1 (pid {j.ranks[1]})" in e.value.msg and "the restored job was ended" in e.value.msg
         assert "--gpu-map" in e.value.hint and f"gputrace restore --full {ck}" in e.value.hint
         assert not any(os.path.exists(f"/proc/{p}") for p in doc["processes"])
@@ -327,6 +333,29 @@ def test_a_rank_that_stops_answering_runs_past_the_bound_and_every_rank_is_given
     n = j.last()
     j.wait_steps(n + 3, "both ranks run on")
     assert_like_uninterrupted(j)
+
+
+def test_a_failed_dump_gives_every_rank_back_running_and_keeps_criu_s_log(job, device, tmp_path):
+    # Every process of the tree holds one end of a socket pair whose other end stays here, outside the
+    # tree: CRIU refuses to dump it, as it would a GPU descriptor the driver did not release.
+    mine, theirs = socket.socketpair()
+    j = job(2, suspendable=True, pass_fds=(theirs.fileno(),))
+    theirs.close()
+    j.wait_steps(2)
+    r = gputrace("checkpoint", "--full", "--tree", str(j.launcher), "-o", str(tmp_path / "ck"))
+    assert r.returncode == 10, r.stderr
+    assert f"criu dump of process {j.launcher} failed" in r.stderr and "External socket" in r.stderr, r.stderr
+    assert "every rank is running again" in r.stderr and "Traceback" not in r.stderr
+    log = Path(r.stderr.split("(log: ", 1)[1].split(")", 1)[0])  # kept out of the directory that went
+    assert log.name == "dump.log" and "External socket" in log.read_text()
+    shutil.rmtree(log.parent)
+    no_leftovers(tmp_path, "ck")
+    assert all(state_of(x) != "T" for x in [j.launcher, *j.ranks])
+    given_back(j.ranks)  # continued, unlocked, unsuspended by their shims, gates open
+    n = j.last()
+    j.wait_steps(n + 3, "both ranks run on")
+    assert_like_uninterrupted(j)
+    mine.close()
 
 
 def test_gputrace_killed_after_the_dump_leaves_every_rank_running(job, device, tmp_path):
