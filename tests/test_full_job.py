@@ -245,12 +245,22 @@ def test_a_job_checkpointed_whole_killed_and_restored_goes_on_like_an_uninterrup
         assert not any(os.path.exists(f"/proc/{p}") for p in doc["processes"])
         monkeypatch.setattr(driverapi.Driver, "call", call)
 
-    r = gputrace("restore", "--full", str(ck), "--json")
-    assert r.returncode == 0, r.stderr
-    back = orjson.loads(r.stdout)
-    assert back["job"] and back["kind"] == "full-job" and back["pids"] == j.ranks and back["criu_ns"] > 0
-    assert [x["pid"] for x in back["ranks"]] == j.ranks
-    assert all((x["shim_ns"] > 0) == suspendable for x in back["ranks"])
+    if suspendable:  # the text report: a line per rank
+        r = gputrace("restore", "--full", str(ck))
+        assert r.returncode == 0, r.stderr
+        assert f"restored the job of {ranks + 1} process(es)" in r.stdout and "it is running" in r.stdout
+        assert all(f"rank {i}  pid {p}: driver restore" in r.stdout for i, p in enumerate(j.ranks)), r.stdout
+        assert ", shim " in r.stdout
+    else:  # every rank restored with the same GPU map (simcuda has GPU 0 alone)
+        if ranks == 4:
+            r = gputrace("restore", "--full", str(ck), "--gpu-map", "0=7")
+            assert r.returncode == 10 and "there is no GPU 7" in r.stderr and "Traceback" not in r.stderr, r.stderr
+            assert not any(alive(p) for p in doc["processes"])  # refused before CRIU ran
+        r = gputrace("restore", "--full", str(ck), "--json", *(["--gpu-map", "0=0"] if ranks == 4 else []))
+        assert r.returncode == 0, r.stderr
+        back = orjson.loads(r.stdout)
+        assert back["job"] and back["kind"] == "full-job" and back["pids"] == j.ranks and back["criu_ns"] > 0
+        assert [x["pid"] for x in back["ranks"]] == j.ranks and all(x["shim_ns"] == 0 for x in back["ranks"])
     given_back(j.ranks)
     assert len(device.files()) == held  # new device memory, as much as before
     j.wait_steps(c + 5, "the restored job runs on")
