@@ -698,11 +698,13 @@ def restore_job(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | Non
             raise
         try:
             gpu_ns, shim_ns, ranks = _restore_ranks(path, pids, pairs, shim_held, procs)
-        except CheckpointError as exc:
+        except BaseException as exc:
             # A tree back from CRIU without a rank's GPU state is of no use: all of it ended, so that the
             # checkpoint (untouched) can be restored again once the cause is fixed.
             _end(procs)
-            raise CheckpointError(f"{exc.msg}; the restored job was ended", exc.hint) from None
+            if isinstance(exc, GputraceError):
+                raise CheckpointError(f"{exc.msg}; the restored job was ended", exc.hint) from None
+            raise
     finally:
         _subreaper(False)
         for gd in guards.values():
