@@ -122,10 +122,12 @@ def _dump_hint(errs: list[str]) -> str:
     return "see the log for the whole story; the job was left running"
 
 
-def _run(c: Criu, cmd: list[str], log: Path, on_start: Callable[[int], None] | None) -> tuple[int, list[str] | None]:
+def _run(c: Criu, cmd: list[str], log: Path, on_start: Callable[[int], None] | None,
+         timeout_s: float | None = None) -> tuple[int, list[str] | None]:
     """CRIU with `cmd` (its --allow-uprobes added where it has it), telling `on_start` its pid first
     (a guardian waits for it if we die). Returns the ns it took and, if it failed, its errors (from
-    its log, else the last lines it wrote, else its exit status)."""
+    its log, else the last lines it wrote, else its exit status). Past `timeout_s` it is killed (the
+    kernel lets go of the tasks it had seized) and that is its error."""
     if c.allows_uprobes:
         cmd = [*cmd, "--allow-uprobes"]
     t = time.monotonic_ns()
@@ -134,7 +136,12 @@ def _run(c: Criu, cmd: list[str], log: Path, on_start: Callable[[int], None] | N
         stop_point("criu:started")  # the moment a kill leaves a CRIU the guardian was not told of
         if on_start:
             on_start(p.pid)
-        _, err = p.communicate()
+        try:
+            _, err = p.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            return time.monotonic_ns() - t, [f"it ran past the bound of {timeout_s:.3g} s and was killed"]
     ns = time.monotonic_ns() - t
     if not p.returncode:
         return ns, None
@@ -142,15 +149,15 @@ def _run(c: Criu, cmd: list[str], log: Path, on_start: Callable[[int], None] | N
 
 
 def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True,
-         on_start: Callable[[int], None] | None = None) -> int:
+         on_start: Callable[[int], None] | None = None, timeout_s: float | None = None) -> int:
     """`criu dump` of pid's process tree into `images`; the tasks are left stopped (SIGSTOP) when
     leave_stopped, else killed.  Returns the ns it took; CriuFailed (with the log's errors) if it fails,
-    in which case CRIU has let the tasks run on."""
+    in which case CRIU has let the tasks run on.  `timeout_s`: killed past it (a job's one bound)."""
     log = images / "dump.log"
     cmd = [c.path, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", "-v2", "--file-locks"]
     if leave_stopped:
         cmd.append("--leave-stopped")
-    ns, errs = _run(c, cmd, log, on_start)
+    ns, errs = _run(c, cmd, log, on_start, timeout_s)
     if errs is not None:
         raise CriuFailed(f"criu dump of process {pid} failed: " + " | ".join(errs), f"{_dump_hint(errs)} (log: {log})")
     return ns

@@ -63,6 +63,14 @@ class Guardian:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
+    def leave(self) -> None:
+        """Hands the job over: the pipe closes without "done", so the guardian gives the job back from
+        its actual state (as if this process had died), waiting for it as long as that takes; for a
+        process that cannot answer now (stopped by someone else) but must not be left as it is."""
+        if self._w is not None:
+            os.close(self._w)
+            self._w = None
+
     def __enter__(self) -> "Guardian":
         return self
 

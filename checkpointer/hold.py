@@ -79,3 +79,16 @@ def held(pid: int, keep: int | None) -> Iterator[list[int]]:
             _libc.ptrace(_PTRACE_DETACH, tid, None, None)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
+
+
+def end(pid: int, seized: list[int]) -> None:
+    """Ends process `pid` while its threads are held, so that none of them runs again (a restored job
+    whose peer failed must not write on to its files: the checkpoint could not be restored again).
+    The held threads are then reaped as their tracer: each killed one would otherwise stay a zombie of
+    this process, and the process could not be reaped until they are. The thread group leader is
+    waited for last: the kernel reports it only once the other threads are gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    for tid in sorted(seized, key=lambda t: t == pid):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(tid, _WALL)

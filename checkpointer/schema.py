@@ -186,6 +186,43 @@ def full_checkpoint(m: dict, where: Path) -> None:
         if at is not None and not PurePosixPath(at).is_absolute():
             raise c.fail("gpu.shim.image_path", "is not an absolute path")
     c.obj(m.get("criu"), "criu")
+    _files(c, m)
+
+
+def full_job_checkpoint(m: dict, where: Path) -> None:
+    """A whole-job checkpoint's manifest (checkpointer/fulljob.py): every field restore reads."""
+    c = Checker(where)
+    root = c.obj(m.get("root"), "root")
+    c.int(root, "pid", "root", 1, 1 << 31)
+    pids = set()
+    for i, p in enumerate(c.list(m, "processes", "manifest", 1 << 16)):
+        pids.add(c.int(c.obj(p, f"processes[{i}]"), "pid", f"processes[{i}]", 1, 1 << 31))
+    if root["pid"] not in pids:
+        raise c.fail("processes", "does not list the root")
+    ranks = c.list(m, "ranks", "manifest", 1 << 16)
+    if not ranks:
+        raise c.fail("ranks", "is empty")
+    for i, r in enumerate(ranks):
+        field = f"ranks[{i}]"
+        r = c.obj(r, field)
+        if c.int(r, "rank", field, 0, 1 << 16) != i:
+            raise c.fail(f"{field}.rank", f"is {r['rank']}, not {i}")
+        if c.int(r, "pid", field, 1, 1 << 31) not in pids:
+            raise c.fail(f"{field}.pid", "is not one of the processes")
+        c.str(r, "libcuda", field)
+        shim = r.get("shim")
+        if shim is not None:
+            shim = c.obj(shim, f"{field}.shim")
+            at = c.str(shim, "image_path", f"{field}.shim", optional=True)
+            if at is not None:
+                if not PurePosixPath(at).is_absolute():
+                    raise c.fail(f"{field}.shim.image_path", "is not an absolute path")
+                c.name(shim, "file", f"{field}.shim")  # the data file in the checkpoint, linked at image_path
+    c.obj(m.get("criu"), "criu")
+    _files(c, m)
+
+
+def _files(c: Checker, m: dict) -> None:
     files = c.list(m, "files", "manifest", 1 << 20)
     if not files:
         raise c.fail("files", "is empty")

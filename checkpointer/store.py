@@ -252,7 +252,11 @@ FULL = Kind("gputrace-full-checkpoint", 1, "a whole-process checkpoint", "gputra
             "gputrace restore --full DIR",
             lambda m: m.get("hash") == HASH and isinstance(m.get("files"), list) and bool(m["files"]),
             schema.full_checkpoint)
-KINDS = (DEVICE, FULL)
+FULL_JOB = Kind("gputrace-full-job-checkpoint", 1, "a whole-job checkpoint", "gputrace checkpoint --full --tree PID",
+                "gputrace restore --full DIR",
+                lambda m: m.get("hash") == HASH and isinstance(m.get("files"), list) and bool(m["files"]),
+                schema.full_job_checkpoint)
+KINDS = (DEVICE, FULL, FULL_JOB)
 
 
 def read_manifest(path: Path, kind: Kind = DEVICE) -> dict:

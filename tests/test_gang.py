@@ -371,8 +371,8 @@ def test_job_errors_name_the_process_and_say_what_to_do(job, tmp_path, procs):
     assert r.returncode == 2 and "different jobs" in r.stderr and "--tree" in r.stderr, r.stderr
     r = gputrace("checkpoint", "--tree", str(plain.launcher))
     assert r.returncode == 8 and "no process in the tree" in r.stderr, r.stderr
-    r = gputrace("checkpoint", "--full", "-p", j.pids())
-    assert r.returncode == 2 and "--full takes one process" in r.stderr
+    r = gputrace("checkpoint", "--full", "-p", j.pids())  # the ranks without their launcher: no one tree
+    assert r.returncode == 2 and "not one process tree" in r.stderr and f"--tree {j.launcher}" in r.stderr, r.stderr
     assert all(gates(j)) and not (tmp_path / "x").exists()
     r = gputrace("checkpoint", "--help")
     assert "-p 1234,1235" in r.stdout and "--tree 1200" in r.stdout

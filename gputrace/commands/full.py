@@ -19,6 +19,18 @@ with `gputrace run --checkpointable --suspendable`), then CPU state by CRIU >= 4
   gputrace restore --full /ckpt/job --gpu-map 0=1     on another GPU (indices or UUIDs)
 The job must be started the way CRIU needs: `setsid CMD </dev/null >out.log 2>&1`.  If the CRIU dump
 fails, the job is given back running and unlocked.
+
+a job of several processes (a launcher and its ranks, all under `gputrace run --checkpointable`):
+  gputrace checkpoint --full --tree 1200 -o /ckpt/j1  the launcher 1200 and everything below it
+  gputrace checkpoint --full -p 1200,1201,1202 -o /ckpt/j1 --leave-running   the same tree, named in full
+  gputrace checkpoint --full --tree 1200 --timeout 300 --json
+  gputrace restore --full /ckpt/j1 --gpu-map 0=1,1=0  every process back at its pid, each rank's GPUs swapped
+Every rank is stopped together (gates closed, ranks behind run on to the same collective, all
+drained), so none is frozen while a peer waits for it; each rank's shim copies its device memory
+where the job allows it (--suspendable), the driver locks and checkpoints every rank, then ONE
+`criu dump` takes the tree from its root.  -p must name the root (the process the others descend
+from) and every rank of its tree.  One --timeout (default 120 s) bounds all of it; past it, or if a
+rank fails or dies, or CRIU fails, every rank is given back running and nothing is kept.
 """
 
 MIGRATE_EPILOG = """examples:
@@ -32,8 +44,9 @@ right away (a round trip, to test that a job survives migration).
 
 
 def parse_gpu_map(items: list[str] | None) -> list[tuple[str, str]]:
+    """--gpu-map OLD=NEW, repeated or comma-separated (0=1,1=0)."""
     pairs = []
-    for it in items or []:
+    for it in (part for item in items or [] for part in item.split(",")):
         old, sep, new = it.partition("=")
         if not sep or not old or not new:
             raise UsageError(f"--gpu-map {it}: expected OLD=NEW", "GPU indices or UUIDs, e.g. --gpu-map 0=1")
@@ -54,11 +67,8 @@ def checkpoint(args: argparse.Namespace) -> int:
     if args.backend != "shim":
         raise UsageError("--full chooses its own GPU path (the shim where it can, the driver always)",
                          "drop --backend")
-    if len(getattr(args, "pids", None) or []) > 1 or getattr(args, "tree", None) is not None \
-            or getattr(args, "timeout", None) is not None:
-        raise UsageError("--full takes one process: a whole job's CPU state is not checkpointed together yet",
-                         "checkpoint the job's GPU memory with checkpoint -p PID,PID... (or --tree PID), or one "
-                         "process with --full -p PID")
+    if len(args.pids or []) > 1 or args.tree is not None or args.timeout is not None:
+        return _checkpoint_job(args)
     if args.pid is None:
         raise UsageError("checkpoint --full needs -p PID", "gputrace checkpoint --full -p PID -o DIR")
     prog = Progress(not args.json and sys.stderr.isatty())
@@ -85,27 +95,86 @@ def checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_job(args: argparse.Namespace) -> int:
+    """checkpoint --full of a job: --tree ROOT, or -p ROOT,RANK,... (checkpointer/fulljob.py)."""
+    from ..checkpointer import fulljob
+    from ..progress import Progress
+
+    if args.since or args.incremental or args.digest_chunk is not None:
+        raise UsageError("--since, --incremental and --digest-chunk do not go with --full", "drop them")
+    root, ranks = fulljob.job_tree(args.pids, args.tree)
+    prog = Progress(not args.json and sys.stderr.isatty())
+    try:
+        r = fulljob.checkpoint_job(root, ranks, args.output, leave_running=args.leave_running,
+                                   timeout_s=args.timeout if args.timeout is not None else fulljob.DEFAULT_TIMEOUT_S,
+                                   progress=prog, lanes=args.lanes, chunk=args.chunk, direct=args.direct)
+    finally:
+        prog.end()
+    if args.json:
+        dump_json({"schema": 1, "job": True, **r.to_dict()})
+        return 0
+    at = f" at collective {r.collectives}" if r.collectives else ""
+    print(f"whole-job checkpoint of the tree of pid {r.root}: {len(r.processes)} process(es), {len(r.ranks)} "
+          f"rank(s) stopped together{at}: {r.path}")
+    for row in r.ranks:
+        shim = row["shim"] or {}
+        how = (f"shim copy {ms(shim.get('freeze_ns', 0))} ({fmt_bytes(shim.get('bytes', 0))}), " if "allocations" in shim
+               else "")
+        print(f"  rank {row['rank']}  pid {row['pid']}  {row['comm']}: {how}driver lock {ms(row['lock_ns'])}, "
+              f"checkpoint {ms(row['checkpoint_ns'])}")
+    skipped = next((row["shim"]["skipped"] for row in r.ranks if (row["shim"] or {}).get("skipped")), None)
+    if skipped:
+        print(f"  the shim's fast path was not taken ({skipped}): the driver moved every rank's device memory")
+    print(f"  {r.files} file(s), {fmt_bytes(r.image_bytes)} ({fmt_bytes(r.criu_bytes)} of CRIU images, {r.criu})")
+    print(f"  freeze   {ms(r.freeze_ns)} (stop every rank {ms(r.quiesce_ns)}, driver lock {ms(r.lock_ns)}, "
+          f"checkpoint {ms(r.checkpoint_ns)}, criu dump {ms(r.dump_ns)})")
+    print(f"  write    {ms(r.write_ns)} (checksums, manifest, sync)")
+    if r.image_check != "clean":
+        why = r.image_check.replace("skipped: ", "")
+        print(f"  warning: the images were not all searched for a tracer's breakpoints ({why}); if a uprobe tracer "
+              "ran during the dump, the restored job may trap", file=sys.stderr)
+    print(f"  the job {'runs on' if r.leave_running else 'has ended'}; "
+          f"bring it back with: gputrace restore --full {r.path}")
+    return 0
+
+
 def configure_restore(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-map", action="append", metavar="OLD=NEW",
-                   help="with --full: put the job's GPU OLD on GPU NEW (indices or UUIDs; repeatable)")
+                   help="with --full: put the job's GPU OLD on GPU NEW (indices or UUIDs; repeatable or "
+                        "comma-separated, e.g. 0=1,1=0; a job's map is given to every rank)")
 
 
 @mode("restore", "full", "a whole-process checkpoint: CRIU restore, then GPU state", FULL_EXAMPLES,
       only_with={"gpu_map": "the GPU map places a whole-process restore: gputrace restore --full DIR --gpu-map OLD=NEW"})(
     configure_restore)
 def restore(args: argparse.Namespace) -> int:
+    from ..checkpointer import fulljob
     from ..checkpointer.full import restore_full
-
-    if args.pid is not None or getattr(args, "tree", None) is not None:
-        raise UsageError("--full restores the process itself, at its old pid: -p does not apply",
-                         "drop -p: gputrace restore --full DIR")
     from ..progress import Progress
 
+    if args.pid is not None or getattr(args, "tree", None) is not None:
+        raise UsageError("--full restores the processes themselves, at their old pids: -p and --tree do not apply",
+                         "drop them: gputrace restore --full DIR")
+    gpu_map = parse_gpu_map(args.gpu_map)
     prog = Progress(not args.json and sys.stderr.isatty())
     try:
-        r = restore_full(args.dir, gpu_map=parse_gpu_map(args.gpu_map), progress=prog)
+        if fulljob.is_full_job(args.dir):
+            j = fulljob.restore_job(args.dir, gpu_map=gpu_map, progress=prog)
+        else:
+            j, r = None, restore_full(args.dir, gpu_map=gpu_map, progress=prog)
     finally:
         prog.end()
+    if j is not None:
+        if args.json:
+            dump_json({"schema": 1, "job": True, **j.to_dict()})
+            return 0
+        print(f"restored the job of {len(j.processes)} process(es) from {j.path} (root pid {j.root}); it is running")
+        for row in j.ranks:
+            print(f"  rank {row['rank']}  pid {row['pid']}: driver restore {ms(row['driver_restore_ns'])}, unlock "
+                  f"{ms(row['unlock_ns'])}" + (f", shim {ms(row['shim_ns'])}" if row["shim_ns"] else ""))
+        print(f"  verify {ms(j.verify_ns)}; back in {ms(j.total_ns)}: criu restore {ms(j.criu_ns)}, every rank's GPU "
+              f"state {ms(j.gpu_ns)}" + (f", shims {ms(j.shim_ns)}" if j.shim_ns else ""))
+        return 0
     if args.json:
         dump_json({"schema": 1, **r.to_dict()})
         return 0
