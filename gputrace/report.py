@@ -126,7 +126,7 @@ class TextRenderer:
             w(f"  {f.name:<{nw}}{f.cls.value:<17}{fmt_rate(f.rate_hz):>10}{err:>9}{fmt_ns(f.mean_ns):>11}{fmt_ns(f.p99_ns):>11}\n")
         if len(s.functions) > self.top_functions:
             w(f"  ... and {len(s.functions) - self.top_functions} more (all of them with --json)\n")
-        w("\n  what an interception layer would cost this job (its cost a call, and up to 1.3x that on the\n"
+        w("\n  what an interception layer would cost this job (its cost a call, and up to 1.5x that on the\n"
           "  job's own code when nothing hides it, as measured on the H200: bench/results/audit-h200.md):\n")
         for a in r.audits:
             w(f"  - {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")

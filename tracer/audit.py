@@ -3,10 +3,13 @@
 A layer that adds `c` ns to each call of the classes it intercepts adds A = sum(rate x c) CPU seconds
 per second to the threads that issue those calls. It can hide in the time those threads wait for
 the GPU anyway, so the slowdown is at least max(0, A - wait). It is at most A x INDIRECT_MAX: a
-layer's code, run on the caller's thread before each call, also makes the caller's own code slower
-(measured with the shim's emulated layer on the H200: wherever its spins took a tenth of a step or
-more, the job's time a step rose 1.08-1.23x what they took, and its CPU time a step with it;
-bench/results/audit-h200.md). Both bounds are reported with every input behind them.
+layer's code, run on the caller's thread before each call, also makes the caller's own code slower,
+and can make the driver's call itself dearer (measured with the shim's emulated layer on the H200, 2 us
+a call, launch-bound jobs: the job's time a step rose 1.05-1.39x the added time over every class, and
+up to 1.4x over launches alone where the phases resolve it; with the driver's own time in the slowed
+calls timed, GPT-2's launches took 5.0 us after a spin against 4.5 us after none; at 10 us a call
+1.05-1.22x: the part beyond the layer's own time grows more slowly than the layer;
+bench/results/audit-h200.md, eighth round). Both bounds are reported with every input behind them.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from .model import ProcessSnapshot
 _ALL = frozenset(CLASS_ORDER)
 
 # The most a layer has been seen to cost the caller, as a multiple of its own time a call (above).
-INDIRECT_MAX = 1.3
+INDIRECT_MAX = 1.5
 
 
 @dataclass(frozen=True)

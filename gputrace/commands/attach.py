@@ -27,8 +27,8 @@ EXAMPLES = """examples:
   gputrace attach -p 1234 --preset proxy --cost-ns 5000
 
 The audit: a layer adding C ns to each call of the classes it intercepts adds A = rate x C CPU
-seconds per second; the predicted slowdown lies between max(0, A - wait) and 1.3 x A (a layer's code
-also slows the caller's own code: up to 1.23x its own time, measured on an H200). See README.md.
+seconds per second; the predicted slowdown lies between max(0, A - wait) and 1.5 x A (a layer's code
+also slows the caller's own code: up to 1.4x its own time, measured on an H200). See README.md.
 """
 
 
