@@ -434,10 +434,9 @@ def _taken_tids(images: Path) -> list[tuple[int, str]]:
     return out
 
 
-def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | None = None,
-                 progress: Progress | None = None) -> FullRestoreReport:
-    path = Path(path).absolute()
-    m = store.read_manifest(path, store.FULL)
+def verified_for_restore(path: Path, m: dict, progress: Progress | None) -> tuple[int, criu_mod.Criu]:
+    """Every file of a whole-process (or whole-job) checkpoint checked, and a CRIU that can restore it:
+    (the check's ns, that CRIU). Before anything is restored."""
     tv = time.monotonic_ns()
     verify(path, m, progress)
     verify_ns = time.monotonic_ns() - tv
@@ -447,6 +446,14 @@ def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | No
                               f"which CRIU {c.version_str} cannot restore",
                               "CRIU >= 4.2 can (--allow-uprobes): run scripts/install-criu, or set GPUTRACE_CRIU "
                               "to one")
+    return verify_ns, c
+
+
+def restore_full(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | None = None,
+                 progress: Progress | None = None) -> FullRestoreReport:
+    path = Path(path).absolute()
+    m = store.read_manifest(path, store.FULL)
+    verify_ns, c = verified_for_restore(path, m, progress)
     pid = int(m["target"]["pid"])
     pairs = _resolve_pairs(m["gpu"]["libcuda"], gpu_map) if gpu_map else None  # bad GPUs: refused before CRIU runs
     if Path(f"/proc/{pid}").exists():

@@ -64,7 +64,7 @@ from . import criu as criu_mod
 from . import driver, gang, hold, store
 from .full import (IMAGES, _check_images, _check_traces, _cmdline, _hash_file, _layout, _reap_leftover,
                    _resolve_pairs, _restore_gpu, _restored_driver, _shim_suspendable, _subreaper, _taken_tids,
-                   _unlink_gpu_image, verify)
+                   _unlink_gpu_image, verified_for_restore)
 from .gang import REPLY_GRACE_S, Gang, GangError
 from .guardian import Guardian
 from .ops import DEFAULT_CHUNK, DEFAULT_LANES
@@ -648,14 +648,7 @@ def restore_job(path: str | os.PathLike, *, gpu_map: list[tuple[str, str]] | Non
                 progress: Progress | None = None) -> FullJobRestoreReport:
     path = Path(path).absolute()
     m = store.read_manifest(path, store.FULL_JOB)
-    tv = time.monotonic_ns()
-    verify(path, m, progress)
-    verify_ns = time.monotonic_ns() - tv
-    c = criu_mod.find()
-    if m["criu"].get("allow_uprobes") and not c.allows_uprobes:
-        raise CheckpointError(f"this checkpoint holds the kernel's [uprobes] page (a tracer had hit the job), which "
-                              f"CRIU {c.version_str} cannot restore",
-                              "CRIU >= 4.2 can (--allow-uprobes): run scripts/install-criu, or set GPUTRACE_CRIU to one")
+    verify_ns, c = verified_for_restore(path, m, progress)
     root = int(m["root"]["pid"])
     procs = [int(p["pid"]) for p in m["processes"]]
     rows = m["ranks"]
