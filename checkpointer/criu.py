@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,3 +191,17 @@ def restore(c: Criu, images: Path, work: Path, pid: int, on_start: Callable[[int
         raise CriuFailed("criu restore failed: " + " | ".join(errs),
                          f"nothing was restored; see {log}")
     return ns
+
+
+def kept_log(exc: CriuFailed, images: Path) -> CriuFailed:
+    """CRIU's dump log, out of the partial directory that is about to go, and the hint pointing
+    there (the hint names the log; a failed checkpoint removes its directory)."""
+    log = images / "dump.log"
+    if not log.exists():
+        return exc
+    keep = Path(tempfile.mkdtemp(prefix="gputrace-criu-dump-")) / "dump.log"
+    try:
+        shutil.copy2(log, keep)
+    except OSError:
+        return exc
+    return CriuFailed(exc.msg, exc.hint.replace(str(log), str(keep)))

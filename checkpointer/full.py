@@ -207,9 +207,9 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         try:
             dump_ns = criu_mod.dump(c, pid, images, leave_stopped=True,
                                     on_start=lambda criu_pid: guard.note(criu=criu_pid, stopped=True))
-        except criu_mod.CriuFailed:
+        except criu_mod.CriuFailed as exc:
             stopped = _is_stopped(pid)  # a failed dump lets the job run on
-            raise
+            raise criu_mod.kept_log(exc, images) from None
         freeze_ns = time.monotonic_ns() - t0
         stop_point("full:dumped")
         # And in what CRIU wrote: a tracer that attached while it copied the job (a window of a few

@@ -333,18 +333,6 @@ def _failed(exc: GputraceError, problems: list[str], pids: list[int]) -> Checkpo
     return GangError(msg, back + (f"; {hint}" if hint and "running again" not in hint else ""))
 
 
-def _keep_log(exc: criu_mod.CriuFailed, images: Path) -> criu_mod.CriuFailed:
-    """CRIU's log, out of the partial directory that is about to go, and the hint pointing there."""
-    log = images / "dump.log"
-    if not log.exists():
-        return exc
-    keep = Path(tempfile.mkdtemp(prefix="gputrace-criu-dump-")) / "dump.log"
-    with contextlib.suppress(OSError):
-        shutil.copy2(log, keep)
-        return criu_mod.CriuFailed(exc.msg, exc.hint.replace(str(log), str(keep)))
-    return exc
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Checkpoint
 
@@ -447,7 +435,7 @@ def checkpoint_job(root: int, pids: list[int], out: str | os.PathLike | None = N
             dump_ns = criu_mod.dump(c, root, images, leave_stopped=True, timeout_s=left,
                                     on_start=lambda criu_pid: note(criu=criu_pid, stopped=True))
         except criu_mod.CriuFailed as exc:
-            raise _keep_log(exc, images) from None
+            raise criu_mod.kept_log(exc, images) from None
         freeze_ns = time.monotonic_ns() - t0
         stop_point("full-job:dumped")
         dumped = descendants(root)  # every process stopped: the tree CRIU dumped
