@@ -218,19 +218,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         image_check = _check_images(images, pid, layout)
         image_check_ns = time.monotonic_ns() - ti
         tw = time.monotonic_ns()
-        files = []
-        parts = sorted(p for p in tmp.rglob("*") if p.is_file())
-        total = sum(p.stat().st_size for p in parts)
-        done = 0
-        for p in parts:
-            if p.is_file():
-                files.append({"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size, HASH: _hash_file(p)})
-                done += files[-1]["bytes"]
-                if progress:
-                    progress("checksum", done, total)
-                with open(p, "rb") as f:
-                    os.fsync(f.fileno())
-        store.fsync_dir(images)
+        files = checksums(tmp, images, progress)
         manifest = {
             "schema": store.FULL.schema, "format": store.FULL.format, "complete": True, "created_unix": time.time(),
             "host": socket.gethostname(), "target": {"pid": pid, "comm": comm, "cmdline": _cmdline(pid)},
@@ -270,6 +258,23 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                                 shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
                                 leave_running, f"{c.path} {c.version_str}", image_check, image_check_ns)
+
+
+def checksums(tmp: Path, images: Path, progress: Progress | None) -> list[dict]:
+    """Every file under tmp checksummed (the manifest's `files`) and synced, with the images' directory."""
+    files = []
+    parts = sorted(p for p in tmp.rglob("*") if p.is_file())
+    total = sum(p.stat().st_size for p in parts)
+    done = 0
+    for p in parts:
+        files.append({"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size, HASH: _hash_file(p)})
+        done += files[-1]["bytes"]
+        if progress:
+            progress("checksum", done, total)
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    store.fsync_dir(images)
+    return files
 
 
 def _check_traces(pid: int, c: criu_mod.Criu, after: str) -> uprobes.Traces:

@@ -62,9 +62,9 @@ from gputrace.base.procs import alive, comm, descendants, require_process, requi
 
 from . import criu as criu_mod
 from . import driver, gang, hold, store
-from .full import (IMAGES, _check_images, _check_traces, _cmdline, _hash_file, _layout, _reap_leftover,
+from .full import (IMAGES, _check_images, _check_traces, _cmdline, _layout, _reap_leftover,
                    _resolve_pairs, _restore_gpu, _restored_driver, _shim_suspendable, _subreaper, _taken_tids,
-                   _unlink_gpu_image, verified_for_restore)
+                   _unlink_gpu_image, checksums, verified_for_restore)
 from .gang import REPLY_GRACE_S, Gang, GangError
 from .guardian import Guardian
 from .ops import DEFAULT_CHUNK, DEFAULT_LANES
@@ -445,7 +445,7 @@ def checkpoint_job(root: int, pids: list[int], out: str | os.PathLike | None = N
         image_check = next((f"process {p}: {v}" for p, v in checks.items() if v != "clean"), "clean")
         image_check_ns = time.monotonic_ns() - ti
         tw = time.monotonic_ns()
-        files = _checksums(tmp, images, progress)
+        files = checksums(tmp, images, progress)
         rows = [{"rank": r.index, "pid": r.pid, "comm": r.comm, "cmdline": _cmdline(r.pid), "libcuda": r.d.path,
                  "driver_state": "checkpointed", "shim": r.shim, "lock_ns": r.lock_ns,
                  "checkpoint_ns": r.checkpoint_ns} for r in ranks]
@@ -537,22 +537,6 @@ def _suspend_all(g: Gang, ranks: list[_Rank], tmp: Path, opts: str) -> str | Non
         r.shim = {**{k: v for k, v in gang._rank_row(gr, rep).items() if k not in ("rank", "pid")},
                   "image_path": str(at), "file": at.name}
     return None
-
-
-def _checksums(tmp: Path, images: Path, progress: Progress | None) -> list[dict]:
-    files = []
-    parts = sorted(p for p in tmp.rglob("*") if p.is_file())
-    total = sum(p.stat().st_size for p in parts)
-    done = 0
-    for p in parts:
-        files.append({"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size, HASH: _hash_file(p)})
-        done += files[-1]["bytes"]
-        if progress:
-            progress("checksum", done, total)
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
-    store.fsync_dir(images)
-    return files
 
 
 # ---------------------------------------------------------------------------------------------------------------
