@@ -127,7 +127,7 @@ def parse_pids(text: str) -> list[int]:
     return [PID(t) for t in parts]
 
 
-class _Pids(argparse.Action):
+class Pids(argparse.Action):
     """-p may be repeated and take lists: all of them in `pids`, the first in `pid` (what a command
     of one process reads)."""
 
@@ -142,7 +142,7 @@ def add_job(p: argparse.ArgumentParser, *, bound: bool = True) -> None:
     """The target of checkpoint, restore, suspend, resume (and of `shim emulate`, without the bound):
     one process, or a job of several."""
     p.set_defaults(pid=None, pids=None, timeout=None)
-    p.add_argument("-p", "--pid", dest="pids", type=parse_pids, action=_Pids, metavar="PID[,PID...]",
+    p.add_argument("-p", "--pid", dest="pids", type=parse_pids, action=Pids, metavar="PID[,PID...]",
                    help="target process id; several (comma-separated or -p repeated) are one job" +
                         (", stopped together" if bound else ""))
     p.add_argument("--tree", type=PID, metavar="PID",

@@ -194,6 +194,102 @@ class JsonLinesRenderer:
         out.flush()
 
 
+# --- a job (`attach --tree PID`, `attach -p A,B`) -------------------------------------------------
+@renderer("text", kind="job")
+class JobTextRenderer:
+    top_functions = 15
+
+    def interval(self, iv: Interval, out: IO[str]) -> None:
+        pass
+
+    def final(self, r, out: IO[str]) -> None:
+        from .tui.text import fmt_share, fmt_thread_share, overhead_bounds
+
+        w = out.write
+        cmd = f" `{' '.join(r.command)}`" if r.command else ""
+        sel = f" ({r.selection})" if r.selection != r.key else ""
+        of = f" of the {r.world} its launcher says there are" if r.world is not None and r.world != len(r.ranks) else ""
+        what = f"job {r.key}{sel}" if r.key != r.selection else r.selection
+        w(f"gputrace audit of {what}{cmd}: {len(r.ranks)} process(es){of}, traced {r.traced_s:.1f} s\n")
+        libs = sorted({k.library for k in r.ranks})
+        if len(libs) == 1:
+            w(f"  libcuda            {libs[0]}\n")
+        mode = ("every call (exact)" if r.options["exact"]
+                else f"sampled windows, budget {fmt_pct(r.options['budget'], 1)} of each process's time")
+        w(f"  traced             {mode}; each process from when it was found\n")
+        if r.calibration is not None:
+            c = r.calibration.of("emulated")
+            w(f"  probe cost         {fmt_ns(c.entry_ns)} a counted call, {fmt_ns(c.entry_return_ns)} a timed call\n")
+        if r.exit_status is not None:
+            w(f"  command exited     with status {r.exit_status}\n")
+        w("\n")
+        if not r.ranks:
+            w("  no process of the job mapped a libcuda while it was traced\n")
+        else:
+            heads = ["rank", "pid", "comm", "calls/s", "driver CPU", "wait", "tracer", *(p.name for p, _ in r.jobs)]
+            table = []
+            for k in r.ranks:
+                s = k.summary
+                row = ["-" if k.rank is None else str(k.rank), str(k.pid), k.comm + (" (exited)" if k.exited else "")]
+                if s.not_measured is not None:
+                    row += [f"not measured: {s.not_measured}"]
+                else:
+                    row += [fmt_rate(s.calls_hz), fmt_thread_share(s.driver_cpu_s_per_s),
+                            fmt_thread_share(s.wait_s_per_s), fmt_share(s.tracer_overhead),
+                            *(overhead_bounds(a.slowdown_lower, a.slowdown_upper) for a in k.audits)]
+                table.append(row)
+            j0 = r.jobs[0][1]
+            table.append(["job", "", f"{len(r.ranks)} processes", fmt_rate(j0.calls_hz), "", "", "",
+                          *(overhead_bounds(j.slowdown_lower, j.slowdown_upper) for _, j in r.jobs)])
+            widths = [max(len(x[i]) for x in [heads, *table] if len(x) > i and len(x) == len(heads))
+                      for i in range(len(heads))]
+            for row in [heads, *table]:
+                if len(row) < len(heads):  # a rank not measured: its reason, not a row of dashes
+                    w("  " + "  ".join(c.rjust(widths[i]) if i < 2 else c.ljust(widths[i]) for i, c in enumerate(row[:3]))
+                      + "  " + row[3] + "\n")
+                    continue
+                w("  " + "  ".join(c.ljust(wd) if i == 2 else c.rjust(wd) for i, (c, wd) in enumerate(zip(row, widths))).rstrip() + "\n")
+            w("\n  what an interception layer would cost the job: a data-parallel step ends in a collective that\n"
+              "  waits for every rank, so the job moves at its slowest rank's pace; it slows by at least the\n"
+              "  largest of its ranks' lower bounds and at most the largest of their upper bounds:\n")
+            for p, j in r.jobs:
+                slowest = f" (its slowest rank: pid {j.slowest})" if j.slowest is not None else ""
+                if j.slowdown_upper is None:
+                    verdict = "not known: a process was not measured"
+                elif j.slowdown_lower is None:
+                    verdict = f"at most {fmt_pct(j.slowdown_upper)} (a wait was not measured){slowest}"
+                else:
+                    verdict = f"between {fmt_pct(j.slowdown_lower)} and {fmt_pct(j.slowdown_upper)}{slowest}"
+                w(f"  - {p.name}: intercepts {', '.join(sorted(c.value for c in p.classes))} at {fmt_ns(p.cost_ns)} "
+                  f"a call: {verdict}\n")
+            from .hostview.jobaudit import function_totals
+
+            totals = function_totals(r.ranks)
+            if totals:
+                shown = totals[: self.top_functions]
+                nw = max([len("function")] + [len(t.name) for t in shown]) + 2
+                w(f"\n  {'function':<{nw}}{'class':<17}{'calls/s':>10}{'ranks':>7}{'mean':>11}   (all processes)\n")
+                for t in shown:
+                    w(f"  {t.name:<{nw}}{t.cls:<17}{fmt_rate(t.rate_hz):>10}{t.ranks:>7}{fmt_ns(t.mean_ns):>11}\n")
+                if len(totals) > self.top_functions:
+                    w(f"  ... and {len(totals) - self.top_functions} more (each process's with --json)\n")
+        for n in r.notes:
+            w(f"  note: {n}\n")
+        out.flush()
+
+
+@renderer("json", kind="job")
+class JobJsonRenderer:
+    def interval(self, iv: Interval, out: IO[str]) -> None:
+        pass
+
+    def final(self, r, out: IO[str]) -> None:
+        from .hostview.jobaudit import report_dict as job_report_dict
+
+        out.write(dumps(job_report_dict(r, SCHEMA)).decode() + "\n")
+        out.flush()
+
+
 # --- a host frame (`top --once`) ------------------------------------------------------------------
 @renderer("text", kind="frame")
 class FrameTextRenderer:

@@ -48,6 +48,7 @@ class _FileTracer:
         self.history: dict[int, collections.deque[float]] = {}
         self._history_t: dict[int, tuple[float, ...]] = {}  # the same tuple until a point is added
         self.gone: set[int] = set()    # pids that exited while traced
+        self.finished: dict[int, ProcessSnapshot] = {}  # cumulative: their last snapshot (the whole span)
         self.error: str | None = None
         self._program = program
         self._lock = threading.Lock()
@@ -99,6 +100,8 @@ class _FileTracer:
                     self._history_t[pid] = tuple(h)
                 self.latest[pid] = snap
             for pid in s.exited:
+                if self.cumulative and pid in snaps:
+                    self.finished[pid] = snaps[pid]
                 self.latest.pop(pid, None)
                 self.history.pop(pid, None)
                 self._history_t.pop(pid, None)
@@ -108,6 +111,13 @@ class _FileTracer:
         """The latest snapshot and calls/s history of `pid`: the same objects until new ones come."""
         with self._lock:
             return self.latest.get(pid), self._history_t.get(pid, ())
+
+    def final(self, pid: int) -> tuple[ProcessSnapshot | None, bool]:
+        """(Cumulative) `pid`'s snapshot over its whole traced span, and whether it has exited."""
+        with self._lock:
+            if pid in self.finished:
+                return self.finished[pid], True
+            return self.latest.get(pid), pid in self.gone
 
     def strays(self) -> set[int]:
         s = self.session
@@ -143,6 +153,8 @@ class LiveSource:
         self.first_seen: dict[int, float] = {}
         self.host = socket.gethostname()
         self._rows: dict[int, ProcessRow] = {}  # the last frame's rows
+        # cumulative: every process traced since the start, gone ones too (what `attach` of a job reports)
+        self._traced: dict[int, tuple[_FileTracer, LibcudaFile, JobTag, bool]] = {}
 
     def start(self) -> None:
         """Compiles the first program and calibrates the probe cost (seconds): call it from a worker."""
@@ -189,6 +201,8 @@ class LiveSource:
             self._job[pid] = job_tag(pid)
             self.first_seen.setdefault(pid, time.monotonic())
             self._pids[pid] = (ft, lib)
+            if self.cumulative:
+                self._traced[pid] = (ft, lib, self._job[pid], self._shimmed[pid])
             ft.add(pid)
         for pid, (ft, _) in list(self._pids.items()):
             if pid in ft.gone or pid not in found or ft.error:
@@ -241,6 +255,19 @@ class LiveSource:
         self._rows = {r.pid: r for r in rows}
         notes = tuple(f"pid {pid}: {msg}" for pid, msg in sorted(self._notes.items())) + tuple(waiting)
         return HostSnapshot(time.time(), self.host, gpus, note, self.options.budget, tuple(rows), tuple(pending), notes)
+
+    def traced(self) -> list[tuple[int, LibcudaFile, JobTag, ProcessSnapshot | None, bool]]:
+        """(Cumulative) Every process found since the start, in pid order: (pid, its libcuda, its
+        job tag, its snapshot over the whole span it was traced (None: none yet), exited)."""
+        out = []
+        for pid, (ft, lib, tag, _) in sorted(self._traced.items()):
+            snap, exited = ft.final(pid)
+            out.append((pid, lib, tag, snap, exited))
+        return out
+
+    def errors(self) -> dict[int, str]:
+        """Processes that could not be traced, and why."""
+        return dict(self._notes)
 
     def frames(self) -> Iterator[HostSnapshot]:
         try:

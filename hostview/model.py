@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from gputrace.tracer.audit import PRESETS, Audit, audit
+from gputrace.tracer.audit import PRESETS, Audit, Preset, audit
 from gputrace.tracer.model import ProcessSnapshot
 
 from .jobs import JobTag
@@ -113,9 +113,10 @@ def _worst(values: list[float | None]) -> float | None:
     return None if not values or any(v is None for v in values) else max(values)
 
 
-def job_of(key: str, rows: list[ProcessRow], preset: str) -> Job:
+def job_of(key: str, rows: list[ProcessRow], preset: str | Preset) -> Job:
+    """`preset`: a preset's name (top's), or a Preset (attach's, whose --cost-ns may differ)."""
     rows = sorted(rows, key=lambda r: (r.job.rank is None, r.job.rank or 0, r.pid))
-    audits = [r.audit(preset) for r in rows]
+    audits = [r.audit(preset) if isinstance(preset, str) else audit(r.snapshot, preset) for r in rows]
     calls = [r.snapshot.calls_hz for r in rows]
     uppers = [a.slowdown_upper for a in audits]
     upper = _worst(uppers)

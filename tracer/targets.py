@@ -78,14 +78,15 @@ def cuda_processes() -> dict[int, LibcudaFile]:
 
 class TreeScanner:
     """A scanner's processes, only those in the tree of one process (a launcher and its ranks, and
-    any it starts later): what `top --tree PID` shows."""
+    any it starts later; what `top --tree PID` shows) and those of `pids` (`attach -p A,B`)."""
 
-    def __init__(self, root: int, inner: "CudaScanner") -> None:
-        self.root, self.inner = root, inner
+    def __init__(self, root: int | None, inner: "CudaScanner", pids: Iterable[int] = ()) -> None:
+        self.root, self.inner, self.pids = root, inner, frozenset(pids)
         self.forget = getattr(inner, "forget", None)
 
     def __call__(self, hints: Iterable[int] = ()) -> dict[int, LibcudaFile]:
-        keep = set(descendants(self.root))
+        keep = set(descendants(self.root)) if self.root is not None else set()
+        keep |= self.pids
         return {p: lib for p, lib in self.inner(hints).items() if p in keep}
 
 

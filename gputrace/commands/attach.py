@@ -13,8 +13,8 @@ from typing import Sequence
 from .. import report as rep
 from ..base.errors import GputraceError, UsageError
 from ..base.procs import require_process, require_root
-from ..base.units import fmt_ns
-from ..registry import PID, add_json, command, nonempty, number, parse_budget
+from ..base.units import fmt_ns, fmt_pct, fmt_rate
+from ..registry import PID, Pids, add_json, command, nonempty, number, parse_budget, parse_pids
 from ..tracer.classify import base_name, waits
 from ..tracer.symbols import read_functions
 
@@ -25,6 +25,10 @@ EXAMPLES = """examples:
   gputrace attach --exact -- python train.py   every call from the command's first driver call on
   gputrace attach -p 1234 --functions 'cuLaunch*,cuMemcpy*'
   gputrace attach -p 1234 --preset proxy --cost-ns 5000
+  gputrace attach --tree 1200 -d 30            a job: a launcher's ranks (and any it starts), each rank's audit
+                                               and the job's (it moves at its slowest rank's pace)
+  gputrace attach -p 1201,1202 -d 30 --json    the same for a list of processes
+  gputrace attach --job -- torchrun --nproc-per-node 2 train.py
 
 The audit: a layer adding C ns to each call of the classes it intercepts adds A = rate x C CPU
 seconds per second; the predicted slowdown lies between max(0, A - wait) and 1.5 x A (a layer's code
@@ -33,9 +37,15 @@ also slows the caller's own code: up to 1.4x its own time, measured on an H200).
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-p", "--pid", type=PID, help="process to trace (or give `-- command args` to start one)")
+    p.set_defaults(pid=None, pids=None)
+    p.add_argument("-p", "--pid", dest="pids", type=parse_pids, action=Pids, metavar="PID[,PID...]",
+                   help="process to trace (or give `-- command args` to start one); several are one job")
+    p.add_argument("--tree", type=PID, metavar="PID",
+                   help="a job: every process below PID (and PID) that maps a libcuda, found as they start")
+    p.add_argument("--job", action="store_true",
+                   help="with `-- command`: the command's whole process tree as one job (a launcher and its ranks)")
     p.add_argument("-d", "--duration", type=number(above=True), help="seconds to trace (default: until Ctrl-C or the process exits)")
-    p.add_argument("--interval", type=number(lo=0.05), default=1.0, help="seconds per report interval (default 1)")
+    p.add_argument("-i", "--interval", type=number(lo=0.05), default=1.0, help="seconds per report interval (default 1)")
     p.add_argument("--budget", default="1%", help="the most the tracer may slow the job, a share of its time (default 1%%; 100%% traces every call)")
     p.add_argument("--exact", action="store_true", help="trace every call continuously (same as --budget 100%%)")
     p.add_argument("--functions", action="append", default=[], metavar="PATTERN", type=nonempty,
@@ -149,6 +159,11 @@ class _Child:
         return self.status
 
 
+def _is_job(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "job", False) or getattr(args, "tree", None) is not None
+                or len(getattr(args, "pids", None) or []) > 1)
+
+
 def trace(args: argparse.Namespace) -> int:
     from ..tracer.audit import audit
     from ..tracer.session import Options, Session
@@ -158,14 +173,16 @@ def trace(args: argparse.Namespace) -> int:
     if args.interval <= 0 or (args.duration is not None and args.duration <= 0):
         raise UsageError("--interval and --duration must be positive", "e.g. --interval 1 -d 30")
     argv = args.command_argv
-    if argv and args.pid:
-        raise UsageError("give either -p PID or `-- command`, not both", "gputrace attach -p 1234  or  gputrace attach -- ./job")
-    if not argv and not args.pid:
-        raise UsageError("nothing to trace", "give -p PID, or a command after `--`: gputrace attach -- python train.py")
     patterns = tuple(p.strip() for arg in args.functions for p in arg.split(",") if p.strip())
     if args.json and args.jsonl:
         raise UsageError("--json and --jsonl are two forms of the same output: give one",
                          "--json for one document at the end, --jsonl for a line per interval")
+    if _is_job(args):
+        return trace_job(args, budget, patterns)
+    if argv and args.pid:
+        raise UsageError("give either -p PID or `-- command`, not both", "gputrace attach -p 1234  or  gputrace attach -- ./job")
+    if not argv and not args.pid:
+        raise UsageError("nothing to trace", "give -p PID, or a command after `--`: gputrace attach -- python train.py")
     stream = bool(args.jsonl)
     renderer = rep.get("jsonl" if stream else "json" if args.json else "text")
     live = rep.get("text")
@@ -278,6 +295,140 @@ def trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job_progress(frame, t: float, found: int) -> str:
+    parts = [f"pid {r.pid} {fmt_rate(r.snapshot.calls_hz)} calls/s" for r in frame.processes]
+    parts += [f"pid {p} not measured yet" for p in frame.pending]
+    over = frame.tracer_overhead
+    idle = f"the {found} process(es) traced have exited" if found else "no process of the job maps a libcuda yet"
+    return (f"[{t:7.1f}s] " + (", ".join(parts) if parts else idle)
+            + (f"; tracer at most {fmt_pct(over)} of a process's time" if over is not None else ""))
+
+
+def trace_job(args: argparse.Namespace, budget: float, patterns: tuple[str, ...]) -> int:
+    """`attach --tree PID`, `attach -p A,B`, `attach --job -- CMD`: every process of the job, host-wide
+    links (as top's), each at the budget; each rank's audit and the job's (hostview/jobaudit.py)."""
+    import time
+
+    from ..base.procs import alive
+    from ..hostview.jobaudit import build
+    from ..hostview.live import LiveSource
+    from ..tracer.session import Options
+    from ..tracer.targets import CudaScanner, TreeScanner
+
+    argv = args.command_argv
+    pids = list(args.pids or [])
+    tree = args.tree
+    if args.jsonl:
+        raise UsageError("--jsonl follows one process; a job's report comes as one document",
+                         "use --json (or attach to each rank with -p PID --jsonl)")
+    if argv and (pids or tree is not None):
+        raise UsageError("give either processes (-p, --tree) or `-- command`, not both",
+                         "gputrace attach --tree 1200  or  gputrace attach --job -- torchrun ... train.py")
+    if args.job and not argv:
+        raise UsageError("--job traces a command it starts: give one after `--`",
+                         "gputrace attach --job -- torchrun --nproc-per-node 2 train.py; a running job: --tree LAUNCHER_PID")
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"gputrace: {msg}", file=sys.stderr, flush=True))
+    require_root("tracing")
+    for p in pids + ([tree] if tree is not None else []):
+        require_process(p)
+    if pids and tree is None:
+        from ..tracer.targets import libcuda_of
+
+        mapped = []
+        for p in pids:
+            try:
+                libcuda_of(p)
+                mapped.append(p)
+            except GputraceError:
+                say(f"pid {p} maps no libcuda (yet): it is traced once it does")
+        if not mapped:
+            raise UsageError(f"none of pids {', '.join(map(str, pids))} maps a libcuda",
+                             "give the ranks' pids (the processes that use the GPU), or their launcher with --tree PID")
+    out = None
+    if args.output:
+        try:  # opened before tracing starts: a path that cannot be written fails now, not after the attach
+            out = open(args.output, "w")
+        except OSError as exc:
+            raise GputraceError(f"cannot write {args.output}: {exc.strerror}", "choose a writable path for -o") from None
+    options = Options(args.interval, budget, patterns, args.attach_mode)
+    child = _Child(argv, stdout_to_stderr=bool(args.json and not args.output)) if argv else None
+    root = child.pid if child else tree
+    selection = (f"the tree of pid {root}" if root is not None else "") + \
+        (" and " if root is not None and pids else "") + (f"pids {', '.join(map(str, pids))}" if pids else "")
+    src = LiveSource(options, args.interval, cumulative=True, discover=TreeScanner(root, CudaScanner(), pids), warn=say)
+    frames = None
+    try:
+        say("loading the BPF program and calibrating the probe cost ...")
+        src.start()
+        if child:
+            child.release()
+        say(f"tracing {selection} ({'every call' if options.exact else f'budget {fmt_pct(budget, 1)} of each process'}; "
+            f"{'for %g s' % args.duration if args.duration else 'until Ctrl-C'})")
+        t0 = time.monotonic()
+        frames = src.frames()
+        try:
+            for frame in frames:
+                t = time.monotonic() - t0
+                traced = src.traced()
+                if t > 0.5 * args.interval:
+                    say(_job_progress(frame, t, len(traced)))
+                live = [pid for pid, _, _, _, exited in traced if not exited and alive(pid)]
+                if args.duration is not None and t >= args.duration:
+                    # Past -d, a few seconds more for a process found late to have its first window.
+                    if not frame.pending or t >= args.duration + 5 * args.interval + 2:
+                        break
+                if child is not None:
+                    if child.poll() is not None and not live:
+                        break
+                elif not live and traced and (root is None or not alive(root)) and not any(alive(p) for p in pids):
+                    break
+                elif not traced and root is not None and not alive(root):
+                    break
+        except KeyboardInterrupt:
+            pass
+        finally:
+            frames.close()
+        traced_s = time.monotonic() - t0
+    except BaseException:
+        if frames is None:
+            src.close()
+        if child:
+            child.abandon()
+        if out is not None:
+            out.close()
+        raise
+    exit_status = None
+    if child:
+        if child.poll() is None and args.duration is not None:
+            say(f"the command goes on running as pid {child.pid}; it is no longer traced")
+        else:
+            try:
+                exit_status = child.wait()
+            except KeyboardInterrupt:
+                os.kill(child.pid, signal.SIGINT)
+                exit_status = child.wait()
+    rows = [(pid, lib.path, tag, snap, exited) for pid, lib, tag, snap, exited in src.traced()]
+    if not rows:
+        if out is not None:
+            out.close()
+        raise GputraceError(f"no process of {selection} mapped a libcuda while it was traced",
+                            "a process maps libcuda when it first uses CUDA; give the ranks' launcher with --tree, "
+                            "and a -d long enough for them to start")
+    report = build(rows, _presets(args), selection=selection, command=tuple(argv or ()), exit_status=exit_status,
+                   options={"interval_s": args.interval, "budget": budget, "exact": budget >= 1.0,
+                            "functions": list(patterns), "attach_mode": args.attach_mode},
+                   calibration=src.calibration, traced_s=traced_s,
+                   notes=[f"pid {p}: {m}" for p, m in sorted(src.errors().items())])
+    renderer = rep.get("json" if args.json else "text", kind="job")
+    if out is not None:
+        with out:
+            renderer.final(report, out)
+        say(f"report written to {args.output}")
+    else:
+        renderer.final(report, sys.stdout)
+    return 0
+
+
 command("attach", "trace a CUDA job's driver calls and audit what interception would cost it", EXAMPLES)(configure)(trace)
 
 
@@ -324,7 +475,7 @@ def demo(args: argparse.Namespace) -> int:
     print(f"gputrace: demo workload {args.workload} on the {'simulated' if driver == 'simcuda' else 'system'} driver",
           file=sys.stderr)
     ns = argparse.Namespace(
-        pid=None, duration=None, interval=1.0, budget=args.budget, exact=args.exact, functions=[], preset="all",
+        pid=None, pids=None, tree=None, job=False, duration=None, interval=1.0, budget=args.budget, exact=args.exact, functions=[], preset="all",
         cost_ns=None, attach_mode="auto", output=None, quiet=False, json=args.json, jsonl=args.jsonl,
         command_argv=argv,
     )
