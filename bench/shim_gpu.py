@@ -45,7 +45,20 @@ from tables import served_async_rows, shim_cost_rows  # noqa: E402
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TORCH_STEP = ROOT / "simcuda" / "workloads" / "torch_step.py"
-SHIM_SOURCES = ["shim.c", "hooks.c", "registry.c", "control.c", "dump.c", "vmm.c"]
+
+
+def _shim_sources() -> list[str]:
+    """The shim's C sources as shim/__init__.py lists them (read, not imported: this script runs
+    without gputrace installed); a list of its own here went stale once (emulate.c, digest.c)."""
+    import ast
+    tree = ast.parse((ROOT / "shim" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_SOURCES" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    sys.exit("shim_gpu: shim/__init__.py has no _SOURCES")
+
+
+SHIM_SOURCES = _shim_sources()
 
 NOOP_PTX = textwrap.dedent("""\
     .version 7.0

@@ -113,6 +113,11 @@ def _worst(values: list[float | None]) -> float | None:
     return None if not values or any(v is None for v in values) else max(values)
 
 
+def _largest_known(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
 def job_of(key: str, rows: list[ProcessRow], preset: str | Preset) -> Job:
     """`preset`: a preset's name (top's), or a Preset (attach's, whose --cost-ns may differ)."""
     rows = sorted(rows, key=lambda r: (r.job.rank is None, r.job.rank or 0, r.pid))
@@ -122,7 +127,11 @@ def job_of(key: str, rows: list[ProcessRow], preset: str | Preset) -> Job:
     upper = _worst(uppers)
     worlds = {r.job.world for r in rows if r.job.world is not None}
     return Job(key, tuple((r.job.rank, r.pid) for r in rows), worlds.pop() if len(worlds) == 1 else None,
-               None if any(c is None for c in calls) else sum(calls), _worst([a.slowdown_lower for a in audits]),
+               None if any(c is None for c in calls) else sum(calls),
+               # The job moves at its slowest rank's pace: any rank's lower bound is one for the job,
+               # so the largest known one stands where another rank's is not known (its upper bound
+               # needs every rank's).
+               _largest_known([a.slowdown_lower for a in audits]),
                upper, None if upper is None else rows[uppers.index(upper)].pid)
 
 

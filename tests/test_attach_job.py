@@ -55,14 +55,16 @@ def test_the_job_slows_by_its_slowest_ranks_bounds_and_calls_add_up():
     assert proxy_job.slowdown_lower > 0  # rank 1's added time does not fit in its wait
 
 
-def test_a_rank_not_measured_leaves_the_jobs_bounds_not_known_and_says_so():
+def test_a_rank_not_measured_leaves_the_jobs_upper_bound_not_known_and_says_so():
     r = _build([(10, "/l", JobTag(), _snap(10, 20_000, 0.5), False),
                 (12, "/l", JobTag(), None, False),
                 (13, "/l", JobTag(), _snap(13, 0, None, not_measured="no window had opened"), True)],
                selection="pids 10, 12, 13")
     assert r.key == "pids 10, 12, 13"  # no launcher names the job
-    assert all(j.slowdown_upper is None and j.slowdown_lower is None and j.calls_hz is None for _, j in r.jobs)
+    assert all(j.slowdown_upper is None and j.calls_hz is None for _, j in r.jobs)
     by_pid = {k.pid: k for k in r.ranks}
+    # Rank 10's lower bound is the job's: the job can go no faster than it.
+    assert [j.slowdown_lower for _, j in r.jobs] == [a.slowdown_lower for a in by_pid[10].audits]
     assert by_pid[12].summary.not_measured == NOT_FOUND_YET and by_pid[13].exited
     out = io.StringIO()
     rep.get("text", kind="job").final(r, out)

@@ -71,12 +71,16 @@ def test_a_jobs_ranks_are_one_job_that_runs_at_its_slowest_ranks_pace():
     assert host_from_dict(d).jobs("proxy") == f.jobs("proxy")
 
 
-def test_a_job_with_a_rank_not_measured_has_no_bounds():
+def test_a_job_with_a_rank_not_measured_has_no_upper_bound_and_the_others_lower_one():
+    """The job moves at its slowest rank's pace: a measured rank's lower bound holds for the job
+    whatever the others do; the upper bound needs every rank's."""
     f = _frame({4242: JobTag("mpi x", 0, 3), 1111: JobTag("mpi x", 1, 3)})
+    measured = next(r for r in f.processes if r.pid == 4242).audit("proxy")
     rows = tuple(dataclasses.replace(r, snapshot=dataclasses.replace(r.snapshot, not_measured="no window yet"))
                  if r.pid == 1111 else r for r in f.processes)
     (j,) = dataclasses.replace(f, processes=rows).jobs("proxy")
-    assert j.calls_hz is None and j.slowdown_upper is None and j.slowdown_lower is None and j.slowest is None
+    assert j.calls_hz is None and j.slowdown_upper is None and j.slowest is None
+    assert measured.slowdown_lower is not None and j.slowdown_lower == measured.slowdown_lower
     assert j.world == 3 and "job mpi x: 2 ranks of 3" in render_host(dataclasses.replace(f, processes=rows), "proxy")
 
 

@@ -104,6 +104,8 @@ def audit(snap: ProcessSnapshot, preset: Preset) -> Audit:
         wait_s_per_s=snap.wait_s_per_s,
         added_cpu_s_per_s=added,
         slowdown_upper=added * INDIRECT_MAX,
-        slowdown_lower=None if snap.wait_s_per_s is None else max(0.0, added - snap.wait_s_per_s),
+        # Nothing intercepted: nothing to hide, whatever the wait (a launcher that maps libcuda and
+        # makes no call: its rank of a job read 'not known' and made the job's lower bound so).
+        slowdown_lower=0.0 if added == 0 else None if snap.wait_s_per_s is None else max(0.0, added - snap.wait_s_per_s),
         tracer_overhead=snap.tracer_overhead,
     )
