@@ -66,22 +66,32 @@ class Trainer:
         return BATCH * sum(a < t <= b for t in self.ends)
 
 
-def attach(trainer: Trainer, tree: str, seconds: float, *extra: str) -> dict:
-    """One attach while the job trains; its report and the job's steps/s over the span traced."""
-    p = subprocess.run([gputrace(), "attach", "--tree", tree, "-d", str(seconds), "-q", "--json", *extra],
+SAVED: list[Path] = []
+
+
+def attach(trainer: Trainer, target: list[str], seconds: float, *extra: str, save: Path | None = None) -> dict:
+    """One attach while the job trains; its report (kept at `save`) and the job's steps/s over the
+    span traced."""
+    p = subprocess.run([gputrace(), "attach", *target, "-d", str(seconds), "-q", "--json", *extra],
                        capture_output=True, text=True)
     end = time.monotonic()
     if p.returncode != 0:
         return {"error": (p.stderr or p.stdout)[-800:], "rc": p.returncode}
     rep = json.loads(p.stdout)
-    span = rep["traced_s"]
+    if save is not None:
+        save.write_text(p.stdout)
+        SAVED.append(save)
+    span = rep.get("traced_s") or rep.get("summary", {}).get("interval_s")
     rep["steps_per_s"] = trainer.steps_between(end - span, end) / span if span else None
     return rep
 
 
 def rank_rates(rep: dict) -> dict:
-    """{pid: {function: [rate, err]}} of a job report."""
+    """{pid: {function: [rate, err]}} of a job report (or of one process's)."""
     out = {}
+    if "ranks" not in rep:
+        s = rep["summary"]
+        return {str(s["pid"]): {f["name"]: [f["rate_hz"], f["rate_err_hz"]] for f in s.get("functions", [])}}
     for r in rep["ranks"]:
         s = r.get("summary") or {}
         out[str(r["pid"])] = {f["name"]: [f["rate_hz"], f["rate_err_hz"]] for f in s.get("functions", [])}
@@ -117,7 +127,8 @@ def run(a) -> dict:
         trainer = Trainer(job)
         try:
             log("exact attach (truth)")
-            ex = attach(trainer, tree, a.attach_s, "--exact")
+            here = a.out.parent
+            ex = attach(trainer, ["--tree", tree], a.attach_s, "--exact", save=here / "gang-exact.json")
             res["exact"] = {k: ex.get(k) for k in ("traced_s", "steps_per_s", "error")}
             per_step = {}
             if "error" not in ex:
@@ -125,9 +136,14 @@ def run(a) -> dict:
                     per_step[pid] = {n: v[0] / ex["steps_per_s"] for n, v in fs.items() if v[0]}
             res["calls_per_step"] = per_step
             res["default"] = []
-            for i in range(a.reps):
-                log(f"default-budget attach {i + 1}/{a.reps}")
-                rep = attach(trainer, tree, a.attach_s, "--preset", "shim", "--cost-ns", str(a.cost_ns))
+            # The job's ranks through --tree (the host-wide tracer, every rank), then one rank alone
+            # through -p (the single-process tracer), each --reps times.
+            plans = [(["--tree", tree], f"tree-{i}") for i in range(a.reps)]
+            plans += [(["-p", str(job.ranks[0])], f"rank0-{i}") for i in range(a.reps)]
+            for i, (target, tag) in enumerate(plans):
+                log(f"default-budget attach {' '.join(target)} ({i + 1}/{len(plans)})")
+                rep = attach(trainer, target, a.attach_s, "--preset", "shim", "--cost-ns", str(a.cost_ns),
+                             save=here / f"gang-{tag}.json")
                 if "error" in rep:
                     res["default"].append(rep)
                     continue
@@ -142,8 +158,9 @@ def run(a) -> dict:
                                      "err_hz": err, "rel_error": None if est is None else est / true - 1,
                                      "covered": est is not None and err is not None and abs(est - true) <= err})
                 job_audit = next((j for j in rep.get("job", []) if j.get("preset") == "shim"), None)
-                accounted = [(r.get("summary") or {}).get("tracer_overhead") for r in rep["ranks"]]
-                res["default"].append({"traced_s": rep["traced_s"], "steps_per_s": rep["steps_per_s"], "rates": rows,
+                accounted = [(r.get("summary") or {}).get("tracer_overhead") for r in rep.get("ranks", [rep])]
+                res["default"].append({"target": " ".join(target), "traced_s": rep.get("traced_s"),
+                                       "steps_per_s": rep["steps_per_s"], "rates": rows,
                                        "job": job_audit, "tracer_overhead": accounted, "notes": rep.get("notes")})
         finally:
             trainer.join()
@@ -188,7 +205,7 @@ def summary(r: dict) -> str:
             continue
         rows = d["rates"]
         errs = [abs(x["rel_error"]) for x in rows if x["rel_error"] is not None]
-        lines.append(f"- attach {i + 1}: {d['steps_per_s']:.1f} steps/s; {len(rows)} (rank, function) pairs above 1k/s: "
+        lines.append(f"- attach {i + 1} (`{d.get('target', '--tree')}`): {d['steps_per_s']:.1f} steps/s; {len(rows)} (rank, function) pairs above 1k/s: "
                      f"{sum(e <= 0.1 for e in errs)} within ±10%, {sum(x['covered'] for x in rows)} inside the stated 95% interval, "
                      f"largest error {pct(max(errs) if errs else None)}; tracer's accounted cost by rank "
                      f"{[pct(x) for x in d['tracer_overhead']]}; the job's audit at {r['cost_ns']} ns "
