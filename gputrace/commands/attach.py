@@ -243,16 +243,7 @@ def trace(args: argparse.Namespace) -> int:
             child.abandon()
         raise
 
-    exit_status = None
-    if child:
-        if child.poll() is None and args.duration is not None:
-            say(f"the command goes on running as pid {pid}; it is no longer traced")
-        else:
-            try:
-                exit_status = child.wait()
-            except KeyboardInterrupt:
-                os.kill(pid, signal.SIGINT)
-                exit_status = child.wait()
+    exit_status = _command_end(child, args, say)
     report = rep.Report(
         pid=pid,
         comm=session.comm,
@@ -302,6 +293,21 @@ def _job_progress(frame, t: float, found: int) -> str:
     idle = f"the {found} process(es) traced have exited" if found else "no process of the job maps a libcuda yet"
     return (f"[{t:7.1f}s] " + (", ".join(parts) if parts else idle)
             + (f"; tracer at most {fmt_pct(over)} of a process's time" if over is not None else ""))
+
+
+def _command_end(child, args: argparse.Namespace, say) -> int | None:
+    """The exit status of the command attach started, once tracing is over: it is waited for where it
+    ends by itself (a Ctrl-C meanwhile goes on to it), and left running where -d ended the trace."""
+    if not child:
+        return None
+    if child.poll() is None and args.duration is not None:
+        say(f"the command goes on running as pid {child.pid}; it is no longer traced")
+        return None
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        os.kill(child.pid, signal.SIGINT)
+        return child.wait()
 
 
 def trace_job(args: argparse.Namespace, budget: float, patterns: tuple[str, ...]) -> int:
@@ -397,16 +403,7 @@ def trace_job(args: argparse.Namespace, budget: float, patterns: tuple[str, ...]
         if out is not None:
             out.close()
         raise
-    exit_status = None
-    if child:
-        if child.poll() is None and args.duration is not None:
-            say(f"the command goes on running as pid {child.pid}; it is no longer traced")
-        else:
-            try:
-                exit_status = child.wait()
-            except KeyboardInterrupt:
-                os.kill(child.pid, signal.SIGINT)
-                exit_status = child.wait()
+    exit_status = _command_end(child, args, say)
     rows = [(pid, lib.path, tag, snap, exited) for pid, lib, tag, snap, exited in src.traced()]
     if not rows:
         if out is not None:
