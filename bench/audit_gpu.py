@@ -346,6 +346,7 @@ def analyze(doc: dict, d: Path | None = None) -> dict:
     # The emulated phases' `slowdown_ci` is their median's 95% interval.
     first = by_len.get(5.0, by_len.get(5, pairs))[0]
     rates = {n: v[0] for n, v in first["rates"].items()}
+    errs = {n: v[1] for n, v in first["rates"].items()}
     wait = first["wait_s_per_s"] or 0.0
     from gputrace.tracer.audit import INDIRECT_MAX
 
@@ -353,14 +354,24 @@ def analyze(doc: dict, d: Path | None = None) -> dict:
     for e in doc["emulation"]:
         wrapped = set(e["functions"])
         intercepted = sum(r for n, r in rates.items() if n in wrapped)
+        # The audit's range with the rates' 95% intervals (tracer/audit.py: slowdown_lower_min, _upper_max).
+        errs_in = [errs[n] for n in rates if n in wrapped]
+        inter_err = None if any(x is None for x in errs_in) else sum(errs_in)
         # The job's speed drifts between the attach and the emulated phases (gpt2: 59-64 steps/s
         # while attached, 70-90 in the emulated phases' neighbours on the H200): the attach's rates
         # taken as calls a step and put at the emulated phases' untraced speed, so the check is of
         # the audit and not of the drift. Runs without the attach's own steps keep the rates as read.
         if first.get("session_steps_per_s"):
-            intercepted *= e["untraced_steps_per_s"] / first["session_steps_per_s"]
+            k = e["untraced_steps_per_s"] / first["session_steps_per_s"]
+            intercepted *= k
+            inter_err = None if inter_err is None else inter_err * k
         added = intercepted * e["cost_ns"] * 1e-9
         lower, upper = max(0.0, added - wait), added * INDIRECT_MAX
+        if inter_err is None:
+            lower_min = upper_max = None
+        else:
+            lower_min = max(0.0, max(0.0, intercepted - inter_err) * e["cost_ns"] * 1e-9 - wait)
+            upper_max = (intercepted + inter_err) * e["cost_ns"] * 1e-9 * INDIRECT_MAX
         # The same from the job's own count of slowed calls per step (the truth of the rate).
         true_added = (e["slowed_per_step"] or 0) * e["untraced_steps_per_s"] * e["cost_ns"] * 1e-9
         # The layer's real cost: what its spins took (the shim times them), as the slowdown it
@@ -378,6 +389,9 @@ def analyze(doc: dict, d: Path | None = None) -> dict:
                     "wait_s_per_s": wait, "added_from_slowed_calls": true_added,
                     "indirect_max": INDIRECT_MAX, "added": added,
                     "inside_within_1pt": lower - 0.01 <= e["slowdown"] <= upper + 0.01,
+                    "predicted_lower_min": lower_min, "predicted_upper_max": upper_max,
+                    "inside_range_within_1pt": None if lower_min is None else
+                    lower_min - 0.01 <= e["slowdown"] <= upper_max + 0.01,
                     # The measured median's 95% interval meets the bounds (phases drift by a few
                     # points: a zero-cost layer's median read up to 6% on the H200).
                     "interval_meets_bounds": None if ci[0] is None else ci[0] <= upper + 0.01 and ci[1] >= lower - 0.01,

@@ -133,6 +133,11 @@ class TextRenderer:
             w(f"      {fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second\n")
             w(f"      predicted slowdown between {fmt_pct(a.slowdown_lower)} (hidden in the wait) "
               f"and {fmt_pct(a.slowdown_upper)} (fully exposed)\n")
+            if a.intercepted_err_hz:
+                w(f"      with the rates' 95% intervals (±{fmt_rate(a.intercepted_err_hz)} calls/s): "
+                  f"{fmt_pct(a.slowdown_lower_min)} to {fmt_pct(a.slowdown_upper_max)}\n")
+            elif a.intercepted_err_hz is None and a.intercepted_hz:
+                w("      the intercepted rate's interval is not known: the bounds are at the rates as read\n")
         # Unpaired returns and stale frames are expected at every window's edges; these are not.
         bad = {k: v for k, v in r.errors.items() if v and k in ("stats_full", "threads_full", "depth")}
         if bad:

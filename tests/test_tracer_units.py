@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import io
 import math
 import random
@@ -508,6 +509,32 @@ def test_audit_bounds(preset, wait):
     assert a.tracer_overhead == pytest.approx(0.002 / 1.0)  # of the job's time: what it can have slowed it
 
 
+@pytest.mark.parametrize("rel", [0.0, 0.2, 1.5])
+def test_audit_range_with_the_rates_intervals_covers_the_bounds_at_either_end_of_them(rel):
+    """The point bounds use the rates as read; the range puts the intercepted rate at either end of its
+    95% interval (the functions' half-widths added), so that a rate read high or low within what it
+    states still leaves the truth inside."""
+    wait = 0.004
+    snap = dataclasses.replace(snapshot(wait), functions=tuple(
+        dataclasses.replace(f, rate_err_hz=rel * f.rate_hz) for f in snapshot(wait).functions))
+    preset = make_preset("shim", 1000.0)
+    a = audit(snap, preset)
+    rate = sum(r for c, r in RATES.values() if c in preset.classes)
+    assert a.intercepted_err_hz == pytest.approx(rel * rate)
+    c = preset.cost_ns * 1e-9
+    assert a.slowdown_lower_min == pytest.approx(max(0.0, max(0.0, rate * (1 - rel)) * c - wait))
+    assert a.slowdown_upper_max == pytest.approx(rate * (1 + rel) * c * INDIRECT_MAX)
+    assert a.slowdown_lower_min <= a.slowdown_lower <= a.slowdown_upper <= a.slowdown_upper_max
+    if rel == 0.0:  # counted throughout (--exact): the range is the bounds
+        assert (a.slowdown_lower_min, a.slowdown_upper_max) == pytest.approx((a.slowdown_lower, a.slowdown_upper))
+    # Any rate with its interval not known: the range is not known (never the point bounds in its place).
+    unknown = dataclasses.replace(snap, functions=tuple(
+        dataclasses.replace(f, rate_err_hz=None) if f.name == "cuMemAlloc_v2" else f for f in snap.functions))
+    b = audit(unknown, preset)
+    assert b.intercepted_err_hz is None and b.slowdown_lower_min is None and b.slowdown_upper_max is None
+    assert b.slowdown_upper == pytest.approx(a.slowdown_upper)
+
+
 def test_audit_presets_and_overrides():
     assert PRESETS["shim"].classes == frozenset({SUB, STATE})
     assert PRESETS["proxy"].classes == frozenset(CLASS_ORDER)
@@ -679,6 +706,20 @@ def test_text_report_key_lines():
                 f"and {fmt_pct(a.slowdown_upper)} (fully exposed)") in text
     # Unpaired returns and stale frames come with every window edge; only real trouble is noted.
     assert "  tracer notes: depth 3" in lines
+
+
+def test_text_report_shows_the_range_the_rates_intervals_give():
+    r = make_report()
+    funcs = tuple(dataclasses.replace(f, rate_err_hz=0.25 * f.rate_hz) for f in r.summary.functions)
+    summary = dataclasses.replace(r.summary, functions=funcs)
+    r = dataclasses.replace(r, summary=summary, audits=tuple(audit(summary, p) for p in PRESETS.values()))
+    text = render(r)
+    for a in r.audits:
+        assert (f"with the rates' 95% intervals (±{fmt_rate(a.intercepted_err_hz)} calls/s): "
+                f"{fmt_pct(a.slowdown_lower_min)} to {fmt_pct(a.slowdown_upper_max)}") in text
+    doc = json.loads(render(r, "json"))
+    assert [x["slowdown_upper_max"] for x in doc["audits"]] == pytest.approx([a.slowdown_upper_max for a in r.audits])
+    assert "95% intervals" not in render(make_report())  # counted throughout: the bounds are the range
 
 
 def test_text_report_exact_and_clean():
