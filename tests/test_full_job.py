@@ -375,13 +375,15 @@ def test_gputrace_killed_after_the_dump_leaves_every_rank_running(job, device, t
     j.wait_steps(2)
     p = run_stopped_at("full-job:dumped", ["checkpoint", "--full", "--tree", str(j.launcher), "-o",
                                            str(tmp_path / "ck")])
-    # Left stopped by CRIU: it detaches with a SIGSTOP each process takes moments later (under load,
-    # a rank read 'R' just after the dump), so until each has stopped, within the bound.
-    for x in [j.launcher, *j.ranks]:
-        all_stopped(x)
-    assert [state_of(x) for x in [j.launcher, *j.ranks]] == ["T"] * 3
-    p.kill()
-    p.wait()
+    try:
+        # Left stopped by CRIU: it detaches with a SIGSTOP each process takes moments later (under
+        # load, a rank read 'R' just after the dump), so until each has stopped, within the bound.
+        for x in [j.launcher, *j.ranks]:
+            all_stopped(x)
+        assert [state_of(x) for x in [j.launcher, *j.ranks]] == ["T"] * 3
+    finally:  # a failure above must not leave the stopped gputrace and its guardians behind
+        p.kill()
+        p.wait()
     for x in [j.launcher, *j.ranks]:
         assert guardian.settle(x, WAIT_S), f"the guardian of {x} did not finish"
     given_back(j.ranks)
