@@ -121,24 +121,35 @@ int main(int argc, char **argv)
     snprintf(group, sizeof group, "%d", (int)getpid());
     pid_t pids[MAX_RANKS];
     fflush(stdout);
+    /* The ranks start stepping only once the launcher's line is out (its write end closed): else a
+     * rank's first step line could come before it on the shared stdout (seen in the tests). */
+    int go[2];
+    if (pipe(go) != 0)
+        wl_die("pipe: %s", strerror(errno));
     for (int r = 0; r < ranks; r++) {
         pid_t p = fork();
         if (p < 0)
             wl_die("fork: %s", strerror(errno));
         if (p == 0) {
-            char g[64];
+            char g[64], c;
             snprintf(g, sizeof g, "%s:%ld:%d", group, ranks, r);
             setenv("SIMCUDA_GROUP", g, 1);
             prctl(PR_SET_PDEATHSIG, SIGTERM); /* a launcher killed takes its ranks with it */
+            close(go[1]);
+            while (read(go[0], &c, 1) < 0 && errno == EINTR)
+                ;
+            close(go[0]);
             exit(rank_main(r, (int)words));
         }
         pids[r] = p;
     }
+    close(go[0]);
     printf("{\"launcher\": %d, \"group\": \"%s\", \"ranks\": [", (int)getpid(), group);
     for (int r = 0; r < ranks; r++)
         printf("%s%d", r ? ", " : "", (int)pids[r]);
     printf("]}\n");
     fflush(stdout);
+    close(go[1]);
 
     int left = (int)ranks, bad = 0, stopping = 0, eof = 0;
     while (left > 0) {
