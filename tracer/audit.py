@@ -101,12 +101,14 @@ def audit(snap: ProcessSnapshot, preset: Preset) -> Audit:
     rate = sum(f.rate_hz for f in mine)
     added = rate * preset.cost_ns * 1e-9
     err = None if any(f.rate_err_hz is None for f in mine) else sum(f.rate_err_hz for f in mine)
-    lower = 0.0 if added == 0 else None if snap.wait_s_per_s is None else max(0.0, added - snap.wait_s_per_s)
+    # Not 0 where no wait was timed, even with nothing intercepted: with --functions the layer's
+    # functions may not have been traced at all (their rate reads 0, not measured).
+    lower = None if snap.wait_s_per_s is None else max(0.0, added - snap.wait_s_per_s)
     if err is None:
         lower_min = upper_max = None
     else:
         lo_added, hi_added = max(0.0, rate - err) * preset.cost_ns * 1e-9, (rate + err) * preset.cost_ns * 1e-9
-        lower_min = None if lower is None else 0.0 if lo_added == 0 else max(0.0, lo_added - (snap.wait_s_per_s or 0.0))
+        lower_min = None if lower is None else max(0.0, lo_added - snap.wait_s_per_s)
         upper_max = hi_added * INDIRECT_MAX
     return Audit(
         pid=snap.pid,
@@ -121,8 +123,6 @@ def audit(snap: ProcessSnapshot, preset: Preset) -> Audit:
         wait_s_per_s=snap.wait_s_per_s,
         added_cpu_s_per_s=added,
         slowdown_upper=added * INDIRECT_MAX,
-        # Nothing intercepted: nothing to hide, whatever the wait (a launcher that maps libcuda and
-        # makes no call: its rank of a job read 'not known' and made the job's lower bound so).
         slowdown_lower=lower,
         tracer_overhead=snap.tracer_overhead,
         intercepted_err_hz=err,

@@ -456,7 +456,9 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         half += rel_sys
         out[f] = Estimate(
             calls_observed=observed,
-            calls_estimated=rate * span if measured > 0 else 0.0,
+            # Measured throughout: the calls themselves (rate x span may miss them by a rounding,
+            # and --exact's estimated must equal its observed: seen on the job path).
+            calls_estimated=total if measured >= span else rate * span if measured > 0 else 0.0,
             rate_hz=rate,
             err_hz=half / measured if measured > 0 else math.inf,
             measured_s=measured,
