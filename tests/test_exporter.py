@@ -232,7 +232,7 @@ def test_export_serves_simcuda_workloads_traced_with_real_ebpf(tmp_path):
     finally:
         if exp is not None:
             # Its exit can take minutes here: the kernel releases each of the watch link's ~680 uprobes
-            # with a grace period of its own (seen past 100 s on this 2-core VM after long sessions).
+            # with a grace period of its own (seen past 100 s on this 2-core VM after 8 s of exporting).
             exp.terminate()
             exp.wait(300)
         for j in jobs:
