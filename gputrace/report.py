@@ -259,8 +259,10 @@ class JobTextRenderer:
               "  largest of its ranks' lower bounds and at most the largest of their upper bounds:\n")
             for p, j in r.jobs:
                 slowest = f" (its slowest rank: pid {j.slowest})" if j.slowest is not None else ""
-                if j.slowdown_upper is None:
+                if j.slowdown_upper is None and j.slowdown_lower is None:
                     verdict = "not known: a process was not measured"
+                elif j.slowdown_upper is None:  # another rank's lower bound holds for the job
+                    verdict = f"at least {fmt_pct(j.slowdown_lower)} (the upper bound is not known: a process was not measured)"
                 elif j.slowdown_lower is None:
                     verdict = f"at most {fmt_pct(j.slowdown_upper)} (a wait was not measured){slowest}"
                 else:
