@@ -65,6 +65,28 @@ static __always_inline struct gt_config gt_config_now(void)
     return c ? *c : none;
 }
 
+/* A call of a step window's step function (struct gt_config): opens the window at the first after
+ * arming, closes it sync_steps later. */
+static __always_inline void gt_step(u32 state)
+{
+    u32 zero = 0;
+    struct gt_config *c = config_lookup(&zero);
+    if (!c)
+        return;
+    __sync_fetch_and_add(&c->sync_calls, 1);
+    u64 n = c->sync_calls;
+    u64 now = bpf_ktime_get_ns();
+    if (state == GT_ARMED) {
+        c->sync_start = n;
+        c->sync_t0 = now;
+        c->open = GT_OPEN;
+    } else if (c->sync_start && n >= c->sync_start + c->sync_steps) {
+        c->open = GT_CLOSED;
+        c->sync_end = n;
+        c->sync_t1 = now;
+    }
+}
+
 GT_UPROBE int gt_entry(struct pt_regs *ctx)
 {
     u64 cookie = bpf_get_attach_cookie(ctx);
@@ -83,6 +105,9 @@ GT_UPROBE int gt_entry(struct pt_regs *ctx)
             __sync_fetch_and_add(k, 1);
         if (s)
             __sync_fetch_and_add(&s->watched, 1);
+        if ((cfg.open == GT_ARMED || cfg.open == GT_OPEN) && cfg.sync_steps && func == cfg.sync_func &&
+            (u32)(id >> 32) == cfg.sync_tgid)
+            gt_step(cfg.open);
         return 0;
     }
     if (cookie & GT_COOKIE_WATCH) {
@@ -103,7 +128,7 @@ GT_UPROBE int gt_entry(struct pt_regs *ctx)
          * counts; while links attach or detach, it is a cost. */
         if (s && cfg.open == GT_OUTSIDE)
             __sync_fetch_and_add(&s->outside, 1);
-        else if (s && cfg.open == GT_CLOSED)
+        else if (s && (cfg.open == GT_CLOSED || cfg.open == GT_ARMED))
             __sync_fetch_and_add(&s->closed, 1);
         return 0;
     }

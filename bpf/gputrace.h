@@ -77,10 +77,26 @@ struct gt_config {
     /* Calibrated cost of a hit, by kind: [emulated, stepped] x [counted, timed]. A call's measured
      * time includes the probes of the traced calls inside it; these are taken back out. */
     u64 hit_ns[4];
+    /* A step window (GT_ARMED): the window's links are attached, and it opens at the next call of
+     * sync_func in process sync_tgid (a kept function, counted every call: the job's step) and
+     * closes sync_steps calls of it later, so that it counts whole steps, whatever the job's pace
+     * or what its probes cost it. The program bumps sync_calls at each such call and records the
+     * count and the time at which it opened and closed; user space reads them after. The opening
+     * and closing tests read the count after adding to it, so two threads calling it at once move
+     * an edge by a call, never lose one: the steps counted are end - start. */
+    u32 sync_func;
+    u32 sync_tgid;
+    u64 sync_steps;
+    u64 sync_calls;
+    u64 sync_start;
+    u64 sync_end;
+    u64 sync_t0;
+    u64 sync_t1;
 };
 
 #define GT_CLOSED 0               /* links attaching or detaching: hits are a cost, not a sample */
 #define GT_OPEN 1                 /* a window: hits are counted and timed */
 #define GT_OUTSIDE 2              /* between windows: the marker's link counts into `outside` */
+#define GT_ARMED 3                /* a step window's links attached: closed until its step function's next call */
 
 #endif

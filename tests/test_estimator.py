@@ -469,3 +469,96 @@ def test_a_kept_functions_exact_count_stands_for_the_windowless_intervals_after_
     later = obs[:4] + [est.Observation(0.8, (est.Window(0.003, frozenset({0}), {0: 300}, 1e-5),), {}, {0: 0.8})]
     e = est.estimate(later, expo)[0]
     assert e.rate_hz == pytest.approx((200 + 150_000 * 2 + 100_000 * 0.8) / 4.8, rel=0.05)
+
+
+# --- step windows --------------------------------------------------------------------------------------------------
+
+def paced_job(seconds: float, rng: random.Random, *, per_step: int = 40, base_hz: float = 100.0):
+    """A job whose pace moves every 0.1 s (0.7-1.35x: what the H200's training loops did), a step
+    function called at each step's start and `per_step` calls of another function in the first half
+    of each step: the steps' start times."""
+    starts, t = [], 0.0
+    while t < seconds:
+        pace = rng.uniform(0.7, 1.35)
+        end = min(seconds, (math.floor(t / 0.1 + 1e-9) + 1) * 0.1)
+        while t < end:
+            starts.append(t)
+            t += 1.0 / (base_hz * pace)
+    return starts
+
+
+def observe_paced(starts: list[float], seconds: float, rng: random.Random, *, step_windows: bool,
+                  per_step: int = 40, window_s: float = 0.005) -> list[est.Observation]:
+    """Two windows an interval (1 s), f = 1 sampled in them, g = 2 (the step function) on the watch
+    link throughout: windows of one step each (opened at a call of g, closed at the next), or windows
+    of time of `window_s`."""
+    import bisect
+
+    def f_calls(a: float, b: float) -> int:
+        n = 0
+        i = max(0, bisect.bisect_right(starts, a) - 1)
+        while i < len(starts) and starts[i] < b:
+            s0 = starts[i]
+            s1 = starts[i + 1] if i + 1 < len(starts) else seconds
+            for j in range(per_step):
+                x = s0 + (j + 0.5) / per_step * 0.5 * (s1 - s0)
+                n += a <= x < b
+            i += 1
+        return n
+
+    obs = []
+    for k in range(int(seconds)):
+        windows = []
+        for h in range(2):
+            at = k + h * 0.5 + rng.uniform(0.0, 0.45)
+            if step_windows:
+                i = bisect.bisect_left(starts, at)
+                a, b = starts[i], starts[i + 1]
+                windows.append(est.Window(b - a, frozenset({1}), {1: f_calls(a, b)}, 0.0, step_func=2, steps=1))
+            else:
+                windows.append(est.Window(window_s, frozenset({1}), {1: f_calls(at, at + window_s)}, 0.0))
+        g = sum(k <= s < k + 1 for s in starts)
+        obs.append(est.Observation(1.0, tuple(windows), {2: g}, {1: 1.0}))
+    return obs
+
+
+def test_step_windows_read_a_job_whose_pace_moves_as_whole_steps():
+    """Windows of one step each stand for a step at the step function's exact rate: the job's pace
+    inside a window, which windows of time meet as it comes (every function of a window off by the
+    same factor), does not enter, and the stated interval covers the truth. Windows of time on the
+    same job, for the contrast: their error is the pace's, tens of percent in some seeds."""
+    worst_step, worst_time = 0.0, 0.0
+    for seed in range(12):
+        rng = random.Random(seed)
+        starts = paced_job(5.0, rng)
+        truth = 40 * len([s for s in starts if s < 5.0]) / 5.0
+        for step_windows in (True, False):
+            e = est.estimate(observe_paced(starts, 5.0, random.Random(seed + 100), step_windows=step_windows),
+                             MEASURED)[1]
+            err = abs(e.rate_hz / truth - 1)
+            if step_windows:
+                assert abs(e.rate_hz - truth) <= e.err_hz, (seed, e, truth)
+                worst_step = max(worst_step, err)
+            else:
+                worst_time = max(worst_time, err)
+    assert worst_step < 0.02, worst_step
+    assert worst_time > 3 * worst_step
+
+
+def test_a_step_window_without_its_step_functions_count_is_a_window_of_time():
+    """Where the step function was not on the watch link throughout any interval, its rate is not
+    known and the window stands for its own counting time, less the probes', as any other."""
+    w = est.Window(0.01, frozenset({1}), {1: 40}, 0.002, step_func=2, steps=1)
+    o = est.Observation(1.0, (w,), {2: 90}, {1: 1.0, 2: 0.5})
+    assert est.step_rates([o]) == {}
+    assert est.window_time(w, MEASURED, {}) == (MEASURED.effective_s(w), MEASURED.rel_err(w))
+    o2 = est.Observation(1.0, (w,), {2: 90}, {1: 1.0})
+    assert est.step_rates([o2]) == {2: 90.0}
+    assert est.window_time(w, MEASURED, est.step_rates([o2])) == (pytest.approx(1 / 90), 0.0)
+
+
+def test_step_windows_survive_the_observations_dump():
+    w = est.Window(0.01, frozenset({1}), {1: 40}, 0.002, step_func=2, steps=3)
+    o = est.Observation(1.0, (w, est.Window(0.01, frozenset({1}), {1: 4}, 0.0)), {2: 90}, {1: 1.0})
+    back, _ = est.load_observations(est.dump_observations([o], MEASURED))
+    assert back[0].windows == o.windows

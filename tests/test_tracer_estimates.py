@@ -100,9 +100,11 @@ def in_process_report(s, ivs, summary) -> dict:
                                       for f in summary.functions]}}
 
 
-def attach_json(pid: int, seconds: float, out: Path, *extra: str) -> dict:
+def attach_json(pid: int, seconds: float, out: Path, *extra: str, observations: Path | None = None) -> dict:
+    """`observations`: a directory where the session writes the observations behind its estimates."""
+    e = env() | ({"GPUTRACE_OBSERVATIONS": str(observations)} if observations else {})
     r = subprocess.run(CLI + ["attach", "-p", str(pid), "-d", str(seconds), "--json", "-q", "-o", str(out), *extra],
-                       env=env(), capture_output=True, text=True, timeout=seconds + 120)
+                       env=e, capture_output=True, text=True, timeout=seconds + 120)
     assert r.returncode == 0, r.stderr
     return orjson.loads(out.read_bytes())
 
@@ -278,6 +280,33 @@ def test_functions_called_once_a_step_beside_hot_getters_read_within_their_inter
                  "cuEventRecord"):
         _, true, est, err = rows[name]
         assert abs(est - true) <= err and abs(est - true) <= 0.25 * true, rows[name]
+
+
+def test_step_windows_open_and_close_at_the_step_functions_calls(finishing_job, tmp_path):
+    """A job whose step is one cuDeviceGetAttribute (kept: counted every call), 40 cuCtxGetDevice_v2
+    and 3 cuDevicePrimaryCtxGetState: the windows after the first are windows of whole steps, armed
+    in the program to open at a call of the step function and close `steps` calls later, so each
+    counted exactly 40 and 3 a step (the job has one thread), and the rates read within 10%."""
+    from gputrace.tracer import estimator as est
+
+    job, log = finishing_job(["9:getdev=40,attr=1,state=3,spin=20000,gpu=5000000"])
+    obs_dir = tmp_path / "obs"
+    obs_dir.mkdir()
+    report = attach_json(job.pid, 4, tmp_path / "r.json", observations=obs_dir)
+    assert job.wait(timeout=60) == 0
+    doc = orjson.loads(next(obs_dir.iterdir()).read_bytes())
+    names = doc["functions"]
+    ids = {names[k]: int(k) for k in names}
+    obs, _ = est.load_observations(doc)
+    stepped = [w for o in obs for w in o.windows if w.steps]
+    assert len(stepped) >= 4, [w for o in obs for w in o.windows]
+    for w in stepped:
+        assert w.step_func == ids["cuDeviceGetAttribute"]
+        for name, per_step in (("cuCtxGetDevice_v2", 40), ("cuDevicePrimaryCtxGetState", 3)):
+            if ids[name] in w.probed:
+                assert w.calls.get(ids[name], 0) == per_step * w.steps, (name, w)
+    for name, true, rate, err in check(report, Truth(log), min_hz=100.0):
+        assert abs(rate - true) <= min(err, 0.1 * true), (name, true, rate, err)
 
 
 def test_exact_estimates_equal_observed(finishing_job, tmp_path):

@@ -64,7 +64,7 @@ COOKIE_MARKER = _H["GT_COOKIE_MARKER"]
 COOKIE_STEPPED = _H["GT_COOKIE_STEPPED"]
 COOKIE_WATCH = _H["GT_COOKIE_WATCH"]
 COOKIE_KEPT = _H["GT_COOKIE_KEPT"]
-CLOSED, OPEN, OUTSIDE = _H["GT_CLOSED"], _H["GT_OPEN"], _H["GT_OUTSIDE"]
+CLOSED, OPEN, OUTSIDE, ARMED = _H["GT_CLOSED"], _H["GT_OPEN"], _H["GT_OUTSIDE"], _H["GT_ARMED"]
 ERROR_NAMES = tuple(n.removeprefix("GT_ERR_").lower()
                     for n, _ in sorted(((k, v) for k, v in _H.items() if k.startswith("GT_ERR_") and k != "GT_ERR_COUNT"),
                                        key=lambda kv: kv[1]))
@@ -198,6 +198,16 @@ def object_file() -> tuple[Path, str]:
     return path, "built here by clang at first use, cached"
 
 
+@dataclass(frozen=True)
+class StepState:
+    """An armed step window, as the program left it (Program.step_state)."""
+
+    state: int                  # ARMED: not opened yet; OPEN: opened, not closed; CLOSED: done (or closed by user space)
+    steps: int                  # calls of the step function between its opening and closing ones (0: not closed by it)
+    t0: float | None            # CLOCK_MONOTONIC seconds: the opening call (None: not opened)
+    t1: float | None            # ... the closing call
+
+
 class Program:
     def __init__(self, mode: str = "multi", *, max_stats: int = 16384, max_threads: int = 16384) -> None:
         if mode not in ("multi", "perf"):
@@ -319,13 +329,29 @@ class Program:
             return links.attach_multi(fd, path, offsets, cookies, retprobe=retprobe, pid=pid)
         return links.attach_perf(fd, path, offsets, cookies, retprobe=retprobe, pid=pid if pid > 0 else -1)
 
-    def _set_config(self, state: int) -> None:
+    def _set_config(self, state: int, step: tuple[int, int, int] | None = None) -> None:
         leaf = self._config.lookup(0)
         leaf.gen = self.generation
         leaf.open = state
         for i, ns in enumerate(self.hit_ns):
             leaf.hit_ns[i] = int(ns)
+        if step is not None:
+            leaf.sync_func, leaf.sync_tgid, leaf.sync_steps = step
+            leaf.sync_calls = leaf.sync_start = leaf.sync_end = leaf.sync_t0 = leaf.sync_t1 = 0
+        else:
+            leaf.sync_steps = 0  # what it recorded stays readable (step_state) until the next arm
         self._config.update(0, leaf)
+
+    def arm(self, func: int, tgid: int, steps: int) -> None:
+        """A step window: counting opens at process `tgid`'s next call of `func` (a kept function,
+        on the watch link) and closes `steps` calls of it later, in the program (gt_step)."""
+        self._set_config(ARMED, (func, tgid, max(1, int(steps))))
+
+    def step_state(self) -> StepState:
+        """Where the armed step window stands: its state and what the program recorded."""
+        leaf = self._config.lookup(0)
+        return StepState(int(leaf.open), int(leaf.sync_end - leaf.sync_start) if leaf.sync_end else 0,
+                         leaf.sync_t0 * 1e-9 if leaf.sync_t0 else None, leaf.sync_t1 * 1e-9 if leaf.sync_t1 else None)
 
     def set_hit_costs(self, emulated_entry: float, emulated_timed: float, stepped_entry: float, stepped_timed: float) -> None:
         """Calibrated hit costs, taken out of the time of calls that contain traced calls."""

@@ -114,6 +114,11 @@ class Plan:
     # The rarer functions the other windows leave to the rare window, this interval or a later one
     # (it comes every few intervals where one's share pays for too short a window).
     rare_set: frozenset[int] = frozenset()
+    # Windows of whole steps (tracer/probes.py, Program.arm): each opens at a call of this kept
+    # function and closes length / period_s calls of it later. None: windows of time.
+    step: int | None = None
+    period_s: float = 0.0
+    rare_steps: int = 0       # the rare window's steps (0: a window of time)
 
     @property
     def window_s(self) -> float:
@@ -185,6 +190,10 @@ class Policy:
         # writes its breakpoints into every process on the file (tracer/host.py).
         self.per_interval = max(1, per_interval)
         self.every = max(1, every)
+        # Windows of whole steps (`step_windows`): only where the links are this process's own (a
+        # step window is armed on one process's step function).
+        self.step_windows_ok = True
+        self.step_s: dict[int, float] = {}  # step function -> seconds a step, as step windows measured it
 
     # --- what the windows probe ---------------------------------------------------------------
     def _timed(self) -> frozenset[int]:
@@ -426,8 +435,11 @@ class Policy:
             k, marker, w = whole
             self.skip, self.rare_due, self.last_window_s = k - self.every, 0, w
             lead = w if marker is not None else 0.0
-            at = lead + self.rng.uniform(0.0, self.interval_s - lead - w)
-            return Plan(True, ((at, w),), timed, probe, marker)
+            step = self.step_of(self.window_cost_per_s(probe, timed))
+            # (A step window waits for its first call, half a period on average: room for it.)
+            at = lead + self.rng.uniform(0.0, max(0.0, self.interval_s - lead - 2 * w))
+            return Plan(True, ((at, w),), timed, probe, marker,
+                        step=step[0] if step else None, period_s=step[1] if step else 0.0)
         if w < self.min_window_s:
             # Even one window costs more than an interval's budget: one every k intervals, paid for
             # by all k (and no rare window). Never for good: rates and exposure are measured again.
@@ -444,19 +456,25 @@ class Policy:
         span = self.interval_s * (1.0 - RARE_SLOT) if rare else self.interval_s
         half = span / n
         room = half / (3 if marker is not None else 2)  # room for the reference before it
-        w = self.whole_periods(min(w, room), min(afford, room),
-                               self.window_cost_per_s(hot, timed))
+        cost = self.window_cost_per_s(hot, timed)
+        w, step = self.step_windows(self.whole_periods(min(w, room), min(afford, room), cost), cost)
         self.last_window_s = w
         lead = w if marker is not None else 0.0
-        windows = tuple((k * half + lead + self.rng.uniform(0.0, half - lead - w), w) for k in range(n))
+        wait = 0.5 * step[1] if step else 0.0  # a step window waits for its first call
+        windows = tuple((k * half + lead + self.rng.uniform(0.0, max(0.0, half - lead - w - wait)), w) for k in range(n))
+        steps: dict = dict(step=step[0], period_s=step[1]) if step else {}
         if not held:
-            return Plan(True, windows, timed, hot, marker, rare_set=rare)
-        rare_w = self.whole_periods(rare_w, rare_w, self.window_cost_per_s(rare_probe, rare_timed))
+            return Plan(True, windows, timed, hot, marker, rare_set=rare, **steps)
+        rare_cost = self.window_cost_per_s(rare_probe, rare_timed)
+        rare_w, rare_step = self.step_windows(self.whole_periods(rare_w, rare_w, rare_cost), rare_cost)
+        if rare_step:
+            steps.update(step=rare_step[0], period_s=steps.get("period_s", rare_step[1]),
+                         rare_steps=max(1, round(rare_w / rare_step[1])))
         self.last_rare_s, self.rare_due = rare_w, 0
         self.rare_held += 1
-        at = span + self.rng.uniform(0.0, RARE_SLOT * self.interval_s - rare_w)
+        at = span + self.rng.uniform(0.0, max(0.0, RARE_SLOT * self.interval_s - rare_w - wait))
         return Plan(True, windows, timed, hot, marker, rare=(at, rare_w), rare_probe=rare_probe,
-                    rare_timed=rare_timed, rare_set=rare)
+                    rare_timed=rare_timed, rare_set=rare, **steps)
 
     def whole_step(self, probe: frozenset[int], timed: frozenset[int], w: float) -> tuple[int, int | None, float] | None:
         """Where the windows an interval pays for (each `w` long) are shorter than the job's period,
@@ -466,21 +484,60 @@ class Policy:
         p = self.period_s(self.window_cost_per_s(probe, timed))
         if p is None or w >= p or p > self.interval_s / (3 if marker is not None else 2):
             return None
+        # A step window waits for its first call too: half a period on average.
+        need = 1.5 * p if self.step_windows_ok else p
         k = self.every
-        while self.affordable_s(probe, timed, marker, 1, k) < p:
+        while self.affordable_s(probe, timed, marker, 1, k) < need:
             k += self.every
             if k > WHOLE_MAX_EVERY * self.every:
                 return None
         return k, marker, p
 
-    def period_s(self, cost_per_s: float) -> float | None:
-        """The job's period as its slowest kept function tells it, stretched by what a window of
-        `cost_per_s` slows the job: the time between two of its calls inside such a window. None
-        without a kept function called PERIOD_MIN_HZ times a second or more."""
-        slow = [self.rates.get(f, 0.0) for f in self.kept if self.rates.get(f, 0.0) >= PERIOD_MIN_HZ]
+    def step_of(self, cost_per_s: float) -> tuple[int, float] | None:
+        """The job's step: its slowest kept function called PERIOD_MIN_HZ times a second or more,
+        and its period stretched by what a window of `cost_per_s` slows the job (the time between
+        two of its calls inside such a window). None without one, or where step windows cannot
+        be had (`step_windows_ok`: host-wide links)."""
+        slow = [(self.rates.get(f, 0.0), f) for f in self.kept if self.rates.get(f, 0.0) >= PERIOD_MIN_HZ]
         if not slow:
             return None
-        return 1.0 / (min(slow) * (1.0 - min(cost_per_s, 0.9)))
+        r, f = min(slow)
+        seen = self.step_s.get(f)
+        if seen is not None:
+            # As step windows have measured it: the stretch the formula assumes at the planned
+            # exposure's upper end (3x before it is measured) made GPT-2's 13-ms step 110 ms.
+            return f, max(seen, 1.0 / r)
+        return f, 1.0 / (r * (1.0 - min(cost_per_s, 0.9)))
+
+    def observe_step(self, f: int, per_step_s: float) -> None:
+        """A step window of step function f took per_step_s a step."""
+        if per_step_s > 0:
+            old = self.step_s.get(f)
+            self.step_s[f] = per_step_s if old is None else 0.5 * (old + per_step_s)
+
+    def period_s(self, cost_per_s: float) -> float | None:
+        """The job's period (`step_of`), None without one."""
+        step = self.step_of(cost_per_s)
+        return step[1] if step else None
+
+    def step_windows(self, w: float, cost_per_s: float) -> tuple[float, tuple[int, float] | None]:
+        """Window length w (made whole periods by `whole_periods`) as windows of whole steps, where
+        the job has a step (`step_of`) and w is one or more of its periods: (length, (step function,
+        period)). Counted from one call of the step function to the call `steps` later, such a
+        window sees every call of those steps once, whatever the job's pace in them, and its rate
+        rests on neither its time nor the exposure (tracer/estimator.py `window_time`): on the H200
+        inside one 100-ms window every function was off by the same 0.69-1.36x, the job's own pace,
+        and windows of time met a handful of those in a 5-s attach. It waits for its first call,
+        half a period on average, at the window's cost: a period is taken off where w has two or
+        more. Else (w, None): a window of time."""
+        if not self.step_windows_ok:
+            return w, None
+        step = self.step_of(cost_per_s)
+        if step is None or w < 0.999 * step[1]:
+            return w, None
+        p = step[1]
+        k = max(1, math.floor(w / p * (1 + 1e-9)) - (1 if w >= 2 * p * (1 - 1e-9) else 0))
+        return k * p, step
 
     def whole_periods(self, w: float, most: float, cost_per_s: float) -> float:
         """Window length w made a whole number of the job's periods (`period_s`), rounded down, or
@@ -583,6 +640,7 @@ class AlignedPolicy(Policy):
     def __init__(self, classes: Mapping[int, FunctionClass], costs: Mapping[int, ProbeCost], **kw) -> None:
         super().__init__(classes, costs, **kw)
         self.members: dict[int, Policy] = {}
+        self.step_windows_ok = False  # one set of links for every process: no one process's step
 
     def affordable_s(self, probe, timed, marker, n, intervals=1, share=1.0) -> float:
         if not self.members:

@@ -73,6 +73,13 @@ class Window:
     # for a function that has just started. A rate of last resort: used only where the interval has
     # no other window that probed the function.
     discovery: bool = False
+    # A step window (tracer/probes.py; Program.arm): it opened at a call of `step_func` (a kept
+    # function, counted every call on the watch link) and closed `steps` calls of it later, so it
+    # counted the calls of that many of the job's steps, whatever the job's pace then and whatever
+    # its probes cost it. It stands for steps / (the step function's rate over the observations
+    # estimated) seconds of the job (`window_time`): no exposure, and no pace of its own.
+    step_func: int | None = None
+    steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,33 @@ class Exposures:
 
 
 UNMEASURED = Exposures()
+
+
+def step_rates(observations: Sequence["Observation"]) -> dict[int, float]:
+    """Per step function of the observations' step windows, its calls a second over the intervals
+    in which it was on the watch link throughout (counted exactly there)."""
+    funcs = {w.step_func for o in observations for w in o.windows if w.step_func is not None and w.steps > 0}
+    out: dict[int, float] = {}
+    for g in funcs:
+        n, t = 0, 0.0
+        for o in observations:
+            if o.unwatched_s.get(g, 0.0) <= 0:
+                n += o.watched_calls.get(g, 0)
+                t += o.span_s
+        if n > 0 and t > 0:
+            out[g] = n / t
+    return out
+
+
+def window_time(w: "Window", expo: Exposures, steps_hz: Mapping[int, float]) -> tuple[float, float]:
+    """The untraced seconds window w stands for, and the relative error of a rate from it that the
+    exposure makes: a step window's steps at its step function's rate (`step_rates`), no error from
+    the exposure; any other, its counting time less the probes' share (`Exposure.effective_s`)."""
+    if w.step_func is not None and w.steps > 0:
+        r = steps_hz.get(w.step_func)
+        if r:
+            return w.steps / r, 0.0
+    return expo.effective_s(w), expo.rel_err(w)
 
 
 def exposure(windows: Iterable[Window], *, min_calls: int = 30) -> Exposure:
@@ -348,11 +382,14 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
             funcs.update(f for f, u in o.unwatched_s.items() if u > 0 and f in carry and carry[f].rate_hz > 0)
     # Per observation and function, its windows pooled, worked out once per window and function.
     per_obs: list[dict[int, _Unit]] = []
+    steps_hz = step_rates(observations)
     for o in observations:
         acc: dict[int, _Unit] = {}
         last_resort: dict[int, _Unit] = {}
         for w in o.windows:
-            eff, rel = expo.effective_s(w), expo.rel_err(w)
+            eff, rel = window_time(w, expo, steps_hz)
+            # (A step window's rate has no range from the exposure: its counting time is its own.)
+            counted = eff if rel == 0.0 and w.steps else w.counted_s
             probed = w.probed if len(w.probed) <= 2 * len(funcs) else funcs.intersection(w.probed)
             calls = w.calls
             into = last_resort if w.discovery else acc
@@ -360,7 +397,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 a = into.get(f)
                 if a is None:
                     a = into[f] = _Unit()
-                a.add(calls.get(f, 0), eff, rel, w.counted_s)
+                a.add(calls.get(f, 0), eff, rel, counted)
         for f, a in last_resort.items():
             if f not in acc:
                 a.alone = True
@@ -472,10 +509,11 @@ def last_rates(observations: Sequence[Observation], expo: Exposures) -> dict[int
     out: dict[int, Carried] = {}
     for o in observations:
         by_f: dict[int, _Unit] = {}
+        steps_hz = step_rates([o])
         for w in sorted(o.windows, key=lambda w: w.discovery):
             if w.discovery and any(f in by_f for f in w.probed):
                 continue
-            eff = expo.effective_s(w)
+            eff = window_time(w, expo, steps_hz)[0]
             for f in w.probed:
                 by_f.setdefault(f, _Unit()).add(w.calls.get(f, 0), eff, 0.0, w.counted_s)
         for f, a in by_f.items():
@@ -552,17 +590,62 @@ class MarkerPool:
         return Exposure((lo + hi) / 2, (hi - lo) / 2 + 1e-12, True)
 
 
+@dataclass
+class StepPool:
+    """The exposure as step windows measure it, pooled over a session's (of one kind): a step
+    window's steps took its counting time under its probes and steps / R untraced (R: the step
+    function's calls a second over the window's interval, counted exactly on the watch link), so
+    the time it lost against its calibrated probe time is the exposure, whole steps at a time (a
+    marker's reference span sees other parts of a bursty step than its window does: on the H200 a
+    GPT-2 step's counted windows measured 1.5 +- 1.5). A ratio estimator, sum(lost) / sum(probe),
+    its interval from the windows' residuals (the job's own pace moves each window's steps)."""
+
+    lost: list[float] = field(default_factory=list)
+    probe: list[float] = field(default_factory=list)
+
+    def add(self, w: Window, step_hz: float | None) -> None:
+        if not w.steps or not step_hz or w.probe_s <= 0 or w.counted_s <= 0:
+            return
+        self.lost.append(w.counted_s - w.steps / step_hz)
+        self.probe.append(w.probe_s - w.stepped_s)
+
+    def exposure(self, min_windows: int = 3) -> Exposure:
+        n, p = len(self.lost), sum(self.probe)
+        if n < min_windows or p <= 0:
+            return UNMEASURED_EXPOSURE
+        k = sum(self.lost) / p
+        resid = sum((x - k * y) ** 2 for x, y in zip(self.lost, self.probe)) * n / (n - 1)
+        half = t975(n - 1) * math.sqrt(resid) / p
+        lo, hi = max(0.0, k - half), min(EXPOSURE_MAX, k + half)
+        if lo > hi:
+            return Exposure(EXPOSURE_MAX / 2, EXPOSURE_MAX / 2, True)
+        return Exposure((lo + hi) / 2, (hi - lo) / 2 + 1e-12, True)
+
+
+def _narrower(a: Exposure, b: Exposure) -> Exposure:
+    """Of two measures of one exposure, the measured one with the narrower interval."""
+    if not b.measured:
+        return a
+    if not a.measured:
+        return b
+    return a if a.err <= b.err else b
+
+
 class MarkerPools:
-    """A MarkerPool for each kind of window."""
+    """A MarkerPool for each kind of window, and a StepPool for each: each kind's exposure is the
+    narrower of the two measures."""
 
     def __init__(self) -> None:
         self.counted, self.timed = MarkerPool(), MarkerPool()
+        self.steps_counted, self.steps_timed = StepPool(), StepPool()
 
-    def add(self, w: Window) -> None:
+    def add(self, w: Window, step_hz: float | None = None) -> None:
         (self.timed if w.timed else self.counted).add(w)
+        (self.steps_timed if w.timed else self.steps_counted).add(w, step_hz)
 
     def exposures(self) -> Exposures:
-        return Exposures(self.counted.exposure(), self.timed.exposure())
+        return Exposures(_narrower(self.counted.exposure(), self.steps_counted.exposure()),
+                         _narrower(self.timed.exposure(), self.steps_timed.exposure()))
 
 
 # --- a session's observations as plain data (bench/audit_gpu.py reads them back to check estimators) ---
@@ -573,6 +656,8 @@ def dump_observations(observations: Sequence[Observation], expo: Exposures) -> d
              "probe_s": w.probe_s, "timed": w.timed, "stepped_s": w.stepped_s, "discovery": w.discovery}
         if w.marker is not None:
             d["marker"] = [w.marker.calls_in, w.marker.in_s, w.marker.calls_out, w.marker.out_s, w.marker.out_probe_s]
+        if w.step_func is not None and w.steps:
+            d["step"] = [w.step_func, w.steps]
         return d
 
     return {
@@ -586,8 +671,10 @@ def dump_observations(observations: Sequence[Observation], expo: Exposures) -> d
 def load_observations(doc: dict) -> tuple[list[Observation], Exposures]:
     def window(d: dict) -> Window:
         m = d.get("marker")
+        step = d.get("step") or (None, 0)
         return Window(d["counted_s"], frozenset(d["probed"]), {int(f): n for f, n in d["calls"].items()},
-                      d["probe_s"], MarkerCount(*m) if m else None, d["timed"], d["stepped_s"], d["discovery"])
+                      d["probe_s"], MarkerCount(*m) if m else None, d["timed"], d["stepped_s"], d["discovery"],
+                      step_func=step[0], steps=step[1])
 
     ex = doc["exposures"]
     expo = Exposures(Exposure(*ex["counted"]), Exposure(*ex["timed"]))

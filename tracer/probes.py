@@ -25,11 +25,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import links
-from .bpfprog import COOKIE_KEPT, COOKIE_MARKER, COOKIE_STEPPED, COOKIE_TIMED, COOKIE_WATCH, Program
+from .bpfprog import CLOSED, COOKIE_KEPT, COOKIE_MARKER, COOKIE_STEPPED, COOKIE_TIMED, COOKIE_WATCH, Program
 from .calibrate import Calibration, probe_kind
 from .symbols import Function
 
 POLL_S = 0.02  # how often the waits look at the watch link's counter
+# A step window (Probes._step_window) is looked at this often once its expected time is up, and
+# waited for at most twice that time and this much more.
+STEP_POLL_S = 0.001
+STEP_SLACK_S = 0.005
 # A follow-up window (`Probes.join`) shorter than this is not opened: the discovery span stands.
 FOLLOW_MIN_S = 0.001
 # The kept functions' hits are held against their limit (`Probes.kept_hz_limit`) over spans of at
@@ -58,6 +62,10 @@ class WindowSpan:
     outside_s: float = 0.0   # the marker's reference span before it
     t0: float = 0.0          # CLOCK_MONOTONIC: the first link of it attaching (the marker's, if any)
     t1: float = 0.0          # ... the last detached
+    # A step window that closed as armed: it counted `steps` whole calls-to-calls of `step_func`
+    # (Program.arm); 0: a window of time (armed but cut short, or not a step window).
+    step_func: int | None = None
+    steps: int = 0
 
 
 @dataclass
@@ -258,9 +266,10 @@ class Probes:
                 return  # waited it out
 
     # --- windows ------------------------------------------------------------------------------
-    def attach(self, timed: frozenset[int], probe: frozenset[int] | None = None) -> None:
+    def attach(self, timed: frozenset[int], probe: frozenset[int] | None = None, *, open_counting: bool = True) -> None:
         """Attaches the return link, then the entry link (every entry seen has its return seen), then
-        opens counting. A pid-filtered attach raises NoSuchProcess if that process has exited."""
+        opens counting (without `open_counting`, the caller arms a step window instead). A
+        pid-filtered attach raises NoSuchProcess if that process has exited."""
         self.outside_end()
         self.program.next_generation()
         t0 = time.perf_counter()
@@ -278,7 +287,8 @@ class Probes:
                 raise
             self.log.writes += 2 * len(ids)
             self.attach_s.append(time.perf_counter() - t0)
-        self.opened_at = stamped(self.program.open)
+        if open_counting:
+            self.opened_at = stamped(self.program.open)
 
     def reopen(self) -> float:
         """Exact mode: the span counted since the last call. Counting stays open from one interval
@@ -364,8 +374,13 @@ class Probes:
                 outside = self.outside_end()
             probe = plan.probe | self.joined  # with the functions that moved off the watch link since the plan
             self._current = WindowSpan(0.0, probe, plan.timed, plan.marker, outside, t0)
-            self.attach(plan.timed, probe)
-            self.waiting(wait, length)
+            if self._steps_ok(plan) and length >= 0.99 * plan.period_s:
+                if not self._step_window(plan, length, probe, wait):
+                    gone = True
+                    break
+            else:
+                self.attach(plan.timed, probe)
+                self.waiting(wait, length)
             total += self._finish_window()
         rare = plan.rare
         if rare is not None and not gone and rare[0] + rare[1] <= interval_s:
@@ -373,8 +388,12 @@ class Probes:
             offset, length = rare
             if self.waiting(wait, t_start + offset - time.monotonic()):
                 self._current = WindowSpan(0.0, plan.rare_probe, plan.rare_timed, None, 0.0, time.monotonic())
-                self.attach(plan.rare_timed, plan.rare_probe)
-                self.waiting(wait, length)
+                if plan.rare_steps and self._steps_ok(plan):
+                    self._step_window(plan, plan.rare_steps * plan.period_s, plan.rare_probe, wait,
+                                      timed=plan.rare_timed, steps=plan.rare_steps)
+                else:
+                    self.attach(plan.rare_timed, plan.rare_probe)
+                    self.waiting(wait, length)
                 total += self._finish_window()
         if not gone:
             before = self.log.counted_s
@@ -382,10 +401,49 @@ class Probes:
             total += self.log.counted_s - before
         return total
 
+    def _steps_ok(self, plan) -> bool:
+        """Whether the plan's step windows can be had: its step function still kept (on the watch
+        link, where the program sees its calls), on this process's own links."""
+        return plan.step is not None and bool(self.pid) and plan.step in self.kept and plan.period_s > 0
+
+    def _step_window(self, plan, length: float, probe: frozenset[int], wait: Callable[[float], bool], *,
+                     timed: frozenset[int] | None = None, steps: int = 0) -> bool:
+        """A window of whole steps (Program.arm): the links attached with counting closed, armed to
+        open at the step function's next call and close `length / period` calls of it later. It is
+        waited for no longer than twice its expected time (a step function that stops being called,
+        or leaves the watch link, must not keep the links on): cut short, the window is one of time
+        from its opening, or nothing if it never opened. False once wait says no one is left."""
+        period = plan.period_s
+        steps = steps or max(1, round(length / period))
+        self.attach(plan.timed if timed is None else timed, probe, open_counting=False)
+        self.program.arm(plan.step, self.pid, steps)
+        armed = time.monotonic()
+        deadline = armed + 2 * (steps + 1) * period + STEP_SLACK_S
+        alive = self.waiting(wait, steps * period)
+        st = self.program.step_state()
+        while alive and st.state != CLOSED and time.monotonic() < deadline:
+            alive = self.waiting(wait, STEP_POLL_S)
+            st = self.program.step_state()
+        ws = self._current
+        now = None
+        if st.state != CLOSED:
+            now = stamped(self.program.close_counting)
+            st = self.program.step_state()  # it may have opened or closed just before
+        if st.steps > 0 and st.t0 is not None and st.t1 is not None:
+            ws.step_func, ws.steps, ws.counted_s = plan.step, st.steps, st.t1 - st.t0
+        elif st.t0 is not None and now is not None:
+            ws.counted_s = max(0.0, now - st.t0)  # cut short: a window of time from its opening
+        self.opened_at = None
+        return alive
+
     def _finish_window(self) -> float:
+        ws = self._current
+        stepped = ws is not None and ws.counted_s > 0  # a step window: its span is the program's
         counted = self.detach(marker=True)
         ws, self._current = self._current, None
         if ws is not None:
+            if stepped:
+                counted = ws.counted_s
             ws.counted_s = counted
             ws.t1 = time.monotonic()
             self._end_window(ws)

@@ -238,10 +238,12 @@ class Tracee:
                                          m.outside * self.costs[ws.marker].entry_ns * 1e-9)
             w = est.Window(ws.counted_s, ws.probed, {f: x.calls for f, x in d.items() if x.calls},
                            self._probe_s(d, window_only=True), marker, timed=ws.timed >= ws.probed,
-                           stepped_s=self._probe_s(d, window_only=True, stepped=True))
+                           stepped_s=self._probe_s(d, window_only=True, stepped=True),
+                           step_func=ws.step_func if ws.steps else None, steps=ws.steps)
             windows.append(w)
-            self._pool.add(w)
-            self._expo = None
+            if not w.steps:
+                self._pool.add(w)
+                self._expo = None
         for f, dt, n in log.discovered.get(self.pid, ()):
             # The watch link's last calls of a function before it moved into the windows: a window
             # of its own (only it, and the other watched ones that cost nothing, probed).
@@ -253,6 +255,15 @@ class Tracee:
             prev = end_rows
         self._prev = prev  # the caller hands over rows it no longer changes
         gained = row_deltas(prev, start, self.ids)
+        for w in windows:
+            if w.steps and w.step_func is not None:
+                # Its steps against the step function's count over the interval (exact: it is kept).
+                g = gained.get(w.step_func)
+                whole = log.unwatched_s.get(w.step_func, 0.0) <= 0
+                self._pool.add(w, g.watched / span if whole and g is not None and g.watched and span > 0 else None)
+                self._expo = None
+                if not self.exact:
+                    self.policy.observe_step(w.step_func, w.counted_s / w.steps)
         self.window_s += log.counted_s
         if self.exact:
             obs = est.Observation(span, (), {f: d.calls for f, d in gained.items() if d.calls}, {})
@@ -275,8 +286,9 @@ class Tracee:
         if not self.exact:
             # The windows' own rates (untraced), for the next plan: not the estimate's whole work.
             rates: dict[int, list[float]] = {}
+            steps_hz = est.step_rates([obs])
             for w in windows:
-                eff = expo.effective_s(w)
+                eff = est.window_time(w, expo, steps_hz)[0]
                 for f in w.probed:
                     rates.setdefault(f, []).append(w.calls.get(f, 0) / eff)
             if self.policy.kept and span > 0:
