@@ -137,7 +137,7 @@ def build(
     cmd = [cc, *args, "-o", tmp, *map(str, sources), *ldflags]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)  # (clang removes its output when it fails)
         raise BuildError(
             f"building {name} failed:\n{proc.stderr.strip()[-2000:]}",
             f"command: {' '.join(cmd)}",

@@ -57,25 +57,29 @@ static __always_inline struct gt_stats *gt_stats_of(u32 tgid, u32 func)
     return s;
 }
 
-static __always_inline struct gt_config gt_config_now(void)
+/* The config map's one value, read in place (a copy of it no longer fits the program's stack
+ * beside a thread's frames); an array's index 0 is always there. */
+static __always_inline struct gt_config *gt_config_at(void)
 {
     u32 zero = 0;
-    struct gt_config *c = config_lookup(&zero);
-    struct gt_config none = {};
-    return c ? *c : none;
+    return config_lookup(&zero);
 }
 
-/* A call of a step window's step function (struct gt_config): opens the window at the first after
- * arming, closes it sync_steps later. */
+/* A call of the step function (struct gt_config): its time noted (user space arms a step window
+ * just before the next is due); armed, it opens the window at the first call after arming and
+ * closes it sync_steps calls later. */
 static __always_inline void gt_step(u32 state)
 {
     u32 zero = 0;
     struct gt_config *c = config_lookup(&zero);
     if (!c)
         return;
+    u64 now = bpf_ktime_get_ns();
+    c->step_last_t = now;
+    if (state != GT_ARMED && state != GT_OPEN)
+        return;
     __sync_fetch_and_add(&c->sync_calls, 1);
     u64 n = c->sync_calls;
-    u64 now = bpf_ktime_get_ns();
     if (state == GT_ARMED) {
         c->sync_start = n;
         c->sync_t0 = now;
@@ -92,7 +96,10 @@ GT_UPROBE int gt_entry(struct pt_regs *ctx)
     u64 cookie = bpf_get_attach_cookie(ctx);
     u32 func = cookie & GT_COOKIE_FUNC_MASK;
     u64 id = bpf_get_current_pid_tgid();
-    struct gt_config cfg = gt_config_now();
+    struct gt_config *cfg = gt_config_at();
+    if (!cfg)
+        return 0;
+    u32 open = cfg->open;
     struct gt_stats *s = gt_stats_of(id >> 32, func);
     if (cookie & GT_COOKIE_KEPT) {
         /* Seen called, but called so rarely that counting every call costs less than sampling it
@@ -105,9 +112,8 @@ GT_UPROBE int gt_entry(struct pt_regs *ctx)
             __sync_fetch_and_add(k, 1);
         if (s)
             __sync_fetch_and_add(&s->watched, 1);
-        if ((cfg.open == GT_ARMED || cfg.open == GT_OPEN) && cfg.sync_steps && func == cfg.sync_func &&
-            (u32)(id >> 32) == cfg.sync_tgid)
-            gt_step(cfg.open);
+        if (func == cfg->sync_func && (u32)(id >> 32) == cfg->sync_tgid)
+            gt_step(cfg->sync_steps ? open : GT_CLOSED);
         return 0;
     }
     if (cookie & GT_COOKIE_WATCH) {
@@ -126,13 +132,13 @@ GT_UPROBE int gt_entry(struct pt_regs *ctx)
          * reference span against its rate in the window is how much the window's probes slow
          * the target, measured rather than modelled. In the window its twin on the window's link
          * counts; while links attach or detach, it is a cost. */
-        if (s && cfg.open == GT_OUTSIDE)
+        if (s && open == GT_OUTSIDE)
             __sync_fetch_and_add(&s->outside, 1);
-        else if (s && (cfg.open == GT_CLOSED || cfg.open == GT_ARMED))
+        else if (s && (open == GT_CLOSED || open == GT_ARMED))
             __sync_fetch_and_add(&s->closed, 1);
         return 0;
     }
-    if (cfg.open != GT_OPEN) {
+    if (open != GT_OPEN) {
         if (s)
             __sync_fetch_and_add(&s->closed, 1);
         return 0;
@@ -144,14 +150,14 @@ GT_UPROBE int gt_entry(struct pt_regs *ctx)
     if (!(cookie & GT_COOKIE_TIMED)) {
         /* Counted only: still charge its probe to the timed call it is made from, if any. */
         struct gt_thread *p = threads_lookup(&tid);
-        if (p && p->depth && p->gen == cfg.gen) {
+        if (p && p->depth && p->gen == cfg->gen) {
             u32 top = (p->depth - 1) & (GT_MAX_DEPTH - 1);
-            p->frames[top].inner_ns += cfg.hit_ns[kind & 3];
+            p->frames[top].inner_ns += cfg->hit_ns[kind & 3];
         }
         return 0;
     }
 
-    u32 gen = cfg.gen;
+    u32 gen = cfg->gen;
     struct gt_thread *t = threads_lookup(&tid);
     if (!t) {
         struct gt_thread fresh = {.gen = gen};
@@ -191,7 +197,8 @@ GT_UPROBE int gt_return(struct pt_regs *ctx)
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
     struct gt_thread *t = threads_lookup(&tid);
-    if (!t || t->depth == 0 || t->gen != gt_config_now().gen) {
+    struct gt_config *cfg = gt_config_at();
+    if (!t || t->depth == 0 || !cfg || t->gen != cfg->gen) {
         /* Still a hit the target paid for (a return link's edge): a cost, like a closed entry. */
         gt_error(GT_ERR_UNPAIRED);
         struct gt_stats *c = gt_stats_of(id >> 32, func);
@@ -224,10 +231,9 @@ GT_UPROBE int gt_return(struct pt_regs *ctx)
     delta = delta > inner ? delta - inner : 0;
     t->depth = f;
     if (f > 0) {  /* this call's probes, and those inside it, ran inside its caller's timed call */
-        struct gt_config cfg = gt_config_now();
         u32 kind = (bpf_get_attach_cookie(ctx) & GT_COOKIE_STEPPED) ? 3 : 1;
         u32 up = (f - 1) & (GT_MAX_DEPTH - 1);
-        t->frames[up].inner_ns += inner + cfg.hit_ns[kind & 3];
+        t->frames[up].inner_ns += inner + cfg->hit_ns[kind & 3];
     }
 
     struct gt_stats *s = gt_stats_of(id >> 32, func);

@@ -92,6 +92,7 @@ struct gt_config {
     u64 sync_end;
     u64 sync_t0;
     u64 sync_t1;
+    u64 step_last_t;              /* the last call of sync_func (in sync_tgid), armed or not: when to arm */
 };
 
 #define GT_CLOSED 0               /* links attaching or detaching: hits are a cost, not a sample */

@@ -336,16 +336,31 @@ class Program:
         for i, ns in enumerate(self.hit_ns):
             leaf.hit_ns[i] = int(ns)
         if step is not None:
+            if (leaf.sync_func, leaf.sync_tgid) != step[:2]:
+                leaf.step_last_t = 0
             leaf.sync_func, leaf.sync_tgid, leaf.sync_steps = step
             leaf.sync_calls = leaf.sync_start = leaf.sync_end = leaf.sync_t0 = leaf.sync_t1 = 0
         else:
             leaf.sync_steps = 0  # what it recorded stays readable (step_state) until the next arm
         self._config.update(0, leaf)
 
+    def watch_step(self, func: int, tgid: int) -> None:
+        """Notes the time of process `tgid`'s calls of `func` (a kept function) from now on
+        (step_last), so that a step window can be armed just before its next call is due."""
+        leaf = self._config.lookup(0)
+        if (leaf.sync_func, leaf.sync_tgid) != (func, tgid):
+            self._set_config(int(leaf.open), (func, tgid, 0))
+
+    def step_last(self) -> float | None:
+        """CLOCK_MONOTONIC seconds of the last call `watch_step` or `arm` named (None: none seen)."""
+        t = self._config.lookup(0).step_last_t
+        return t * 1e-9 if t else None
+
     def arm(self, func: int, tgid: int, steps: int) -> None:
         """A step window: counting opens at process `tgid`'s next call of `func` (a kept function,
         on the watch link) and closes `steps` calls of it later, in the program (gt_step)."""
         self._set_config(ARMED, (func, tgid, max(1, int(steps))))
+        # (The last call's time stays: arming moves no edge.)
 
     def step_state(self) -> StepState:
         """Where the armed step window stands: its state and what the program recorded."""

@@ -96,6 +96,11 @@ PERIOD_MIN_HZ = 2.0
 # (what 1% paid for each interval) read them -22..+21% after 5 s; a window of the whole step counts
 # every burst of one step, wherever it starts.
 WHOLE_MAX_EVERY = 3
+# ... and this many where it is a step window (`step_windows`): one counts every function's calls of
+# a whole step exactly, which no number of windows of time that the same budget pays for does.
+WHOLE_STEP_MAX_EVERY = 5
+# The time a step window's links are attached before its first call is due (Probes._step_window).
+STEP_ARM_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,7 @@ class Plan:
     step: int | None = None
     period_s: float = 0.0
     rare_steps: int = 0       # the rare window's steps (0: a window of time)
+    step_hz: float = 0.0      # the step function's calls a second (untraced): when its next call is due
 
     @property
     def window_s(self) -> float:
@@ -435,11 +441,9 @@ class Policy:
             k, marker, w = whole
             self.skip, self.rare_due, self.last_window_s = k - self.every, 0, w
             lead = w if marker is not None else 0.0
-            step = self.step_of(self.window_cost_per_s(probe, timed))
-            # (A step window waits for its first call, half a period on average: room for it.)
+            step = self.step_of(self.window_cost_per_s(probe, timed)) if self.step_windows_ok else None
             at = lead + self.rng.uniform(0.0, max(0.0, self.interval_s - lead - 2 * w))
-            return Plan(True, ((at, w),), timed, probe, marker,
-                        step=step[0] if step else None, period_s=step[1] if step else 0.0)
+            return Plan(True, ((at, w),), timed, probe, marker, **self._step_fields(step))
         if w < self.min_window_s:
             # Even one window costs more than an interval's budget: one every k intervals, paid for
             # by all k (and no rare window). Never for good: rates and exposure are measured again.
@@ -458,38 +462,48 @@ class Policy:
         room = half / (3 if marker is not None else 2)  # room for the reference before it
         cost = self.window_cost_per_s(hot, timed)
         w, step = self.step_windows(self.whole_periods(min(w, room), min(afford, room), cost), cost)
+        if step:
+            marker = None  # step windows measure what their probes cost the job themselves (StepPool)
         self.last_window_s = w
         lead = w if marker is not None else 0.0
-        wait = 0.5 * step[1] if step else 0.0  # a step window waits for its first call
+        wait = step[1] if step else 0.0  # a step window is armed just before a call is due: up to a period
         windows = tuple((k * half + lead + self.rng.uniform(0.0, max(0.0, half - lead - w - wait)), w) for k in range(n))
-        steps: dict = dict(step=step[0], period_s=step[1]) if step else {}
+        steps = self._step_fields(step)
         if not held:
             return Plan(True, windows, timed, hot, marker, rare_set=rare, **steps)
         rare_cost = self.window_cost_per_s(rare_probe, rare_timed)
         rare_w, rare_step = self.step_windows(self.whole_periods(rare_w, rare_w, rare_cost), rare_cost)
         if rare_step:
-            steps.update(step=rare_step[0], period_s=steps.get("period_s", rare_step[1]),
-                         rare_steps=max(1, round(rare_w / rare_step[1])))
+            steps = self._step_fields(step or rare_step) | {"rare_steps": max(1, round(rare_w / rare_step[1]))}
         self.last_rare_s, self.rare_due = rare_w, 0
         self.rare_held += 1
         at = span + self.rng.uniform(0.0, max(0.0, RARE_SLOT * self.interval_s - rare_w - wait))
         return Plan(True, windows, timed, hot, marker, rare=(at, rare_w), rare_probe=rare_probe,
                     rare_timed=rare_timed, rare_set=rare, **steps)
 
+    def _step_fields(self, step: tuple[int, float] | None) -> dict:
+        """A Plan's step fields for `step` (function, period), none for None."""
+        if step is None:
+            return {}
+        return {"step": step[0], "period_s": step[1], "step_hz": self.rates.get(step[0], 0.0)}
+
     def whole_step(self, probe: frozenset[int], timed: frozenset[int], w: float) -> tuple[int, int | None, float] | None:
         """Where the windows an interval pays for (each `w` long) are shorter than the job's period,
         but WHOLE_MAX_EVERY intervals' budget at most pays for one window of a whole period of every
         function in `probe`: (the intervals it comes every, its marker, its length).  None otherwise."""
-        marker = self.choose_marker(probe, timed)
         p = self.period_s(self.window_cost_per_s(probe, timed))
+        stepped = self.step_windows_ok and p is not None
+        # A step window measures what its probes cost the job itself (StepPool): no marker. It is
+        # armed just before its first call is due (Probes._step_window): a tenth of a period more.
+        marker = None if stepped else self.choose_marker(probe, timed)
         if p is None or w >= p or p > self.interval_s / (3 if marker is not None else 2):
             return None
-        # A step window waits for its first call too: half a period on average.
-        need = 1.5 * p if self.step_windows_ok else p
+        need = 1.1 * p + STEP_ARM_S if stepped else p
+        most = (WHOLE_STEP_MAX_EVERY if stepped else WHOLE_MAX_EVERY) * self.every
         k = self.every
         while self.affordable_s(probe, timed, marker, 1, k) < need:
             k += self.every
-            if k > WHOLE_MAX_EVERY * self.every:
+            if k > most:
                 return None
         return k, marker, p
 

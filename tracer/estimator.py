@@ -29,6 +29,7 @@ plus the exposure's share (the same for every sampled rate).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field, fields
 from typing import Iterable, Mapping, Sequence
 
@@ -43,6 +44,9 @@ SMALL_UNIT = 0.5  # an interval whose windows counted less than this share of th
 FIRM_REL = 0.2
 LOOSE_REL = 0.5
 FIRM_FACTOR = 5.0
+# An interval whose step function (a step window's) was on the watch link for at least this share of
+# it gives that function's rate there (`_by_steps`).
+STEP_WATCHED_MIN = 0.5
 
 
 @dataclass(frozen=True)
@@ -415,6 +419,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         # (a kept function that turned hot leaves the watch link; where the budget then spaces
         # windows out, an old window's rate stood for it: 0 calls/s +-0 for 478k).
         latest_exact: tuple[int, float] | None = None
+        stood: list[tuple[Observation, float]] = []  # (interval, its time off the watch link measured)
         for o, d in zip(observations, per_obs):
             c = o.watched_calls.get(f, 0)
             observed += c
@@ -443,8 +448,10 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 latest_exact = None
             if units:
                 units[-1].u += u
+                stood.append((o, u))
             elif carry and f in carry:
                 carried_u += u
+                stood.append((o, u))
             else:
                 unmeasured += u
         sampled = var = rel_sys = half_walk = 0.0
@@ -491,6 +498,11 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         else:
             half = max((t975(dof) if dof else 1.96) * math.sqrt(var), half_walk)
         half += rel_sys
+        by_steps = _by_steps(f, observations, stood, sampled, half)
+        if by_steps is not None:
+            sampled, half = by_steps
+            total = exact + sampled
+            rate = total / measured if measured > 0 else 0.0
         out[f] = Estimate(
             calls_observed=observed,
             # Measured throughout: the calls themselves (rate x span may miss them by a rounding,
@@ -501,6 +513,65 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
             measured_s=measured,
         )
     return out
+
+
+def _by_steps(f: int, observations: Sequence[Observation], stood: Sequence[tuple[Observation, float]],
+              sampled: float, half: float) -> tuple[float, float] | None:
+    """f's sampled calls as its step windows give them, and their 95% half-width: where it has step
+    windows (all of one step function), its calls a step pooled over them (calls over steps) times the step function's
+    calls in each interval, for its time off the watch link there (in an interval in which the
+    step function was not counted throughout, its mean rate over those it was). Windows of time read the job at
+    its pace in them (on the H200 a GPT-2 step's functions all read 0.69-1.36x in one ~100-ms
+    window); steps counted whole do not, so they stand for the whole span, unless the estimate
+    from all the windows (`sampled` +- `half`) is not within its interval of theirs: a change of
+    what a step calls, which windows of time between them may have seen. None: no step windows,
+    or that.
+
+    The half-width: from the windows' residuals about the pooled ratio (Student's t), never less
+    than the calls' Poisson error; with one step window, never less than how far the estimate from
+    all the windows is (nothing else says how much one step stands for)."""
+    wins = [w for o in observations for w in o.windows if w.steps and f in w.probed and w.step_func is not None]
+    if not wins or not stood:
+        return None
+    g = wins[0].step_func
+    if any(w.step_func != g for w in wins):
+        return None
+    # The step function's rate in each interval, where it was on the watch link for most of it.
+    def step_hz(o: Observation) -> float | None:
+        on = o.span_s - min(o.unwatched_s.get(g, 0.0), o.span_s)
+        return o.watched_calls.get(g, 0) / on if on >= STEP_WATCHED_MIN * o.span_s and on > 0 else None
+
+    known = [r for o in observations if (r := step_hz(o)) is not None]
+    if not known:
+        return None
+    mean_hz = sum(known) / len(known)
+    steps_of = guessed = 0.0
+    for o, u in stood:
+        r = step_hz(o)
+        if r is None:
+            guessed += min(u, o.span_s)  # before it was kept: its mean over the intervals it was
+        else:
+            steps_of += r * min(u, o.span_s)
+    steps_of += mean_hz * guessed
+    n = [w.calls.get(f, 0) for w in wins]
+    k = [w.steps for w in wins]
+    ratio = sum(n) / sum(k)
+    est = ratio * steps_of
+    m = len(wins)
+    var = max(1, sum(n)) / sum(k) ** 2  # Poisson
+    if m >= 2:
+        resid = sum((a - ratio * b) ** 2 for a, b in zip(n, k)) * m / (m - 1) / sum(k) ** 2
+        h = max(t975(m - 1) * math.sqrt(resid), 1.96 * math.sqrt(var)) * steps_of
+    else:
+        h = max(1.96 * math.sqrt(var) * steps_of, abs(sampled - est))
+    if guessed > 0:
+        # The time whose steps were not counted: as far off as the intervals' rates spread (half
+        # the mean with fewer than two of them).
+        spread = (t975(len(known) - 1) * statistics.stdev(known) if len(known) >= 2 else 0.5 * mean_hz)
+        h += ratio * spread * guessed
+    if abs(sampled - est) > half:
+        return None  # not within the interval of the estimate from every window: not one rate a step
+    return est, h
 
 
 def last_rates(observations: Sequence[Observation], expo: Exposures) -> dict[int, Carried]:
