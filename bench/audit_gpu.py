@@ -167,6 +167,39 @@ def local_loss_s(stamps: list[float], windows: list[tuple[float, float]], around
     return lost
 
 
+def step_loss_s(stamps: list[float], windows: list[tuple[float, float]], around: float = 0.3) -> float:
+    """Seconds the job lost in the windows, counted in whole steps: each window (windows whose steps
+    overlap merged) widened to the steps around it, from the last step that ended before it to the
+    first that ended after it; those steps' time against as many steps at the mean length of the
+    steps within `around` on either side (other windows' steps left out). `local_loss_s` counts the
+    steps inside a window's span, which for a job of 60 steps a second is a step more or less (17 ms)
+    in every window: a tenth of a 5-s attach's budget, and one sign for windows aligned to steps."""
+    if len(stamps) < 3:
+        return 0.0
+    spans: list[list[int]] = []
+    for t0, t1 in sorted(windows):
+        i0 = bisect.bisect_right(stamps, t0) - 1
+        i1 = bisect.bisect_left(stamps, t1)
+        if i0 < 0 or i1 >= len(stamps):
+            continue
+        if spans and i0 <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], i1)
+        else:
+            spans.append([i0, i1])
+    lost = 0.0
+    for k, (i0, i1) in enumerate(spans):
+        lo_stop = spans[k - 1][1] if k else 0
+        hi_stop = spans[k + 1][0] if k + 1 < len(spans) else len(stamps) - 1
+        j0 = max(lo_stop, bisect.bisect_left(stamps, stamps[i0] - around))
+        j1 = min(hi_stop, bisect.bisect_right(stamps, stamps[i1] + around) - 1)
+        n_ref = (i0 - j0) + (j1 - i1)
+        if n_ref < 3:
+            continue
+        ref = ((stamps[i0] - stamps[j0]) + (stamps[j1] - stamps[i1])) / n_ref
+        lost += (stamps[i1] - stamps[i0]) - (i1 - i0) * ref
+    return lost
+
+
 def tracer_pairs(job: Job, seconds: float, reps: int, dirpath: Path, tag: str, untraced_s: float) -> list[dict]:
     """`reps` attaches of `seconds`, each between two untraced phases (U T U T ... U): a traced
     phase's reference is the mean rate of the phases on either side, so drift cancels to first order."""
@@ -180,6 +213,7 @@ def tracer_pairs(job: Job, seconds: float, reps: int, dirpath: Path, tag: str, u
         lost = t["seconds"] - t["steps"] / ref
         windows = [tuple(w) for iv in rep["intervals"] for w in iv.get("windows", ())]
         local = local_loss_s(t["stamps"], windows)
+        whole = step_loss_s(t["stamps"], windows)
         # The job's own steps while the tracer was attached: the truth of its rates (the phases on
         # either side drift by up to 15% from it on the H200; the tracer's loss, <1%, is in both).
         a0 = rep["attach"]["started_monotonic_s"]
@@ -192,6 +226,7 @@ def tracer_pairs(job: Job, seconds: float, reps: int, dirpath: Path, tag: str, u
             "session_steps_per_s": session_steps / s["interval_s"] if s["interval_s"] else None,
             "lost_s": lost, "slowdown": lost / s["interval_s"],
             "local_lost_s": local, "slowdown_local": local / s["interval_s"],
+            "steps_lost_s": whole, "slowdown_steps": whole / s["interval_s"],
             "accounted": s["tracer_overhead"], "exposure": s.get("exposure"),
             "windows": len(windows), "window_s": s["window_s"],
             "window_spans_s": sum(b - a for a, b in windows),
@@ -305,6 +340,7 @@ def analyze(doc: dict, d: Path | None = None) -> dict:
     out["tracer"] = {
         str(L): {"slowdown": median_ci([p["slowdown"] for p in ps]),
                  "slowdown_local": median_ci([p["slowdown_local"] for p in ps]),
+                 "slowdown_steps": median_ci([p["slowdown_steps"] for p in ps if "slowdown_steps" in p]),
                  "accounted": median_ci([p["accounted"] for p in ps if p["accounted"] is not None])}
         for L, ps in sorted(by_len.items())}
     # Rates against the truth: calls per step x the steps/s the job made while attached (in runs
@@ -463,6 +499,7 @@ def main() -> int:
     (d / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     for name, s in summary.items():
         tr = "; ".join(f"{L}s {100 * v['slowdown']['median']:+.2f}% (local {100 * v['slowdown_local']['median']:+.2f}%, "
+                       f"in whole steps {100 * (v['slowdown_steps']['median'] or 0):+.2f}%, "
                        f"accounted {100 * (v['accounted']['median'] or 0):.2f}%)" for L, v in s["tracer"].items())
         ok = sum(e["inside_within_1pt"] for e in s["emulation"])
         meets = sum(bool(e.get("interval_meets_bounds")) for e in s["emulation"])
