@@ -98,7 +98,9 @@ def test_planned_windows_keep_their_expected_cost_within_the_budget_and_use_it(e
     costs = {0: CHEAP, 1: STEPPED, 2: STEPPED, 3: CHEAP}
     budget, interval = 0.01, 1.0
     # (No rare window: its first comes at once on the budget of the next few intervals; tested apart.)
-    p = scouted(classes, costs, {0: 100, 1: 30, 2: 5, 3: 2}, budget=budget, interval_s=interval, rare_share=0.0)
+    # (Windows of time: step windows are whole steps, at most what the budget pays; tested apart.)
+    p = scouted(classes, costs, {0: 100, 1: 30, 2: 5, 3: 2}, budget=budget, interval_s=interval, rare_share=0.0,
+                step_windows=False)
     p.observe_exposure(exposure)
     plan = p.plan()
     assert plan.attach and len(plan.windows) == 2
@@ -424,7 +426,8 @@ def test_an_interval_that_timed_every_function_but_saw_no_hot_call_is_planned_ag
 
 
 def test_a_function_not_called_for_idle_windows_goes_back_to_the_watch_link():
-    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 100, 1: 10}, idle_windows=4)
+    # (No step windows: the step function would be kept, counted on the watch link, never idle.)
+    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 100, 1: 10}, idle_windows=4, step_windows=False)
     for _ in range(2):
         p.observe(2, {0: 2e4, 1: 0.0}, {0: 100})  # function 1 probed, no longer called
     p.observe(2, {0: 2e4}, {0: 100})  # not probed (left to a rare window): not idle for that
@@ -981,3 +984,51 @@ def test_every_command_that_takes_a_budget_echoes_a_bare_fraction(capsys):
     assert capsys.readouterr().err == "gputrace: --budget 0.5 read as 50% of the job's time\n"
     assert parse_budget("1%") == pytest.approx(0.01) and capsys.readouterr().err == ""
     assert parse_budget("0.5", echo=False) == 0.5 and capsys.readouterr().err == ""
+
+
+# --- step windows ----------------------------------------------------------------------------------------------------
+
+def test_the_step_function_is_kept_beyond_the_kept_share_and_the_windows_are_whole_steps_without_a_marker():
+    """A job whose once-a-step function costs more to count than the kept share allows (but within
+    STEP_KEEP_SHARE) keeps it anyway: it is the step. Windows then come as whole steps of it
+    (period 1 / its rate, stretched by the window's cost), armed on it, with no marker, each no longer
+    than what the budget pays for; without step windows the same job gets windows of time with one."""
+    from gputrace.tracer.budget import PLAN_SHARE, STEP_KEEP_SHARE
+
+    classes = {0: SUB, 1: QUERY, 2: STATE}
+    costs = {f: CHEAP for f in classes}
+    budget = 0.05
+    # Function 2 at 250 calls/s: 250 x 1 us x 3 (the exposure's most) = 0.075% of the job's time,
+    # above the kept share (1% here) of the planned budget and within the step's.
+    assert 0.01 * PLAN_SHARE * budget < 250 * 1e-6 * 3 <= STEP_KEEP_SHARE * PLAN_SHARE * budget
+    calls = {0: 300, 1: 60, 2: 1}  # in 4 ms: 75k/s, 15k/s, 250/s
+    p = scouted(classes, costs, calls, scout_s=0.004, budget=budget, interval_s=1.0, rare_share=0.0, keep_share=0.01)
+    assert p.kept == frozenset({2})
+    p.plan()  # the interval that times every function
+    p.observe(2, {0: 75e3, 1: 15e3}, {0: 300, 1: 60})
+    p.observe_kept({2: 250.0})
+    plan = p.plan()
+    assert plan.step == 2 and plan.step_hz == 250.0 and plan.marker is None
+    f, period = p.step_of(p.window_cost_per_s(plan.probe, plan.timed))
+    assert f == 2 and period > 1 / 250.0
+    afford = p.affordable_s(plan.probe, plan.timed, p.choose_marker(plan.probe, plan.timed), len(plan.windows))
+    for _, w in plan.windows:
+        steps = w / period
+        assert abs(steps - round(steps)) < 1e-6 and round(steps) >= 1 and w <= afford + 1e-9
+    q = scouted(classes, costs, calls, scout_s=0.004, budget=budget, interval_s=1.0, rare_share=0.0, keep_share=0.01,
+                step_windows=False)
+    assert q.kept == frozenset()
+    q.plan()
+    q.observe(2, {0: 75e3, 1: 15e3, 2: 250.0}, {0: 300, 1: 60, 2: 1})
+    plain = q.plan()
+    assert plain.step is None and plain.marker is not None
+
+
+def test_a_step_once_measured_sets_the_period_not_the_stretch_at_the_exposures_far_end():
+    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 300, 1: 1}, scout_s=0.004, budget=0.05, keep_share=0.01)
+    p.observe_kept({1: 250.0})
+    assert p.step_of(0.9)[1] == pytest.approx(1 / (250.0 * 0.1))  # stretched as if the window cost 90% of the job
+    p.observe_step(1, 0.005)
+    assert p.step_of(0.9) == (1, pytest.approx(0.005))
+    p.observe_step(1, 0.001)  # never shorter than the step untraced
+    assert p.step_of(0.9)[1] == pytest.approx(max(0.003, 1 / 250.0))
