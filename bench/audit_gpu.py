@@ -47,6 +47,10 @@ HERE = Path(__file__).resolve().parent
 EXPECT_STARTUP_S = 3.5  # compile and calibration before an attach's first interval (measured, then updated)
 
 
+def fmt_pct(x: float | None) -> str:
+    return "not measured" if x is None else f"{100 * x:+.2f}%"
+
+
 def median_ci(xs: list[float], n: int = 2000) -> dict:
     """Median with a 95% bootstrap interval (seeded); one value has no interval."""
     if not xs:
@@ -499,7 +503,7 @@ def main() -> int:
     (d / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     for name, s in summary.items():
         tr = "; ".join(f"{L}s {100 * v['slowdown']['median']:+.2f}% (local {100 * v['slowdown_local']['median']:+.2f}%, "
-                       f"in whole steps {100 * (v['slowdown_steps']['median'] or 0):+.2f}%, "
+                       f"in whole steps {fmt_pct(v['slowdown_steps']['median'])}, "
                        f"accounted {100 * (v['accounted']['median'] or 0):.2f}%)" for L, v in s["tracer"].items())
         ok = sum(e["inside_within_1pt"] for e in s["emulation"])
         meets = sum(bool(e.get("interval_meets_bounds")) for e in s["emulation"])

@@ -75,7 +75,14 @@ static __always_inline void gt_step(u32 state)
     if (!c)
         return;
     u64 now = bpf_ktime_get_ns();
+    u64 last = c->step_last_t;
     c->step_last_t = now;
+    if (last && now > last) {
+        u64 dt = (now - last) / 1000;
+        c->gap_n += 1;
+        c->gap_sum += dt;
+        c->gap_sq += dt * dt;
+    }
     if (state != GT_ARMED && state != GT_OPEN)
         return;
     __sync_fetch_and_add(&c->sync_calls, 1);

@@ -93,6 +93,12 @@ struct gt_config {
     u64 sync_t0;
     u64 sync_t1;
     u64 step_last_t;              /* the last call of sync_func (in sync_tgid), armed or not: when to arm */
+    /* The gaps between its calls (microseconds): count, sum and sum of squares. A job's step is
+     * called at regular intervals; a function called in a burst a step is not, and whole numbers
+     * of its calls are no whole steps. */
+    u64 gap_n;
+    u64 gap_sum;
+    u64 gap_sq;
 };
 
 #define GT_CLOSED 0               /* links attaching or detaching: hits are a cost, not a sample */

@@ -915,7 +915,7 @@ def test_a_live_view_keeps_memory_bounded():
 
     cost = ProbeCost(entry_ns=500.0, entry_return_ns=900.0, bias_ns=300.0)
     fn = Function("cuLaunchKernel", 0x1000, 0x1000, 16, SUB)
-    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, kinds={0: "emulated"},
+    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, kinds={0: "emulated"}, irregular=set(),
                                    calibration=Calibration(cost, cost, 5.0, 1, 1))
     for keep, bound in ((False, 1), (True, 200)):
         t = Tracee(os.getpid(), probes, budget=0.01, interval_s=1.0, exact=False, keep=keep)
@@ -937,7 +937,7 @@ def _one_function_tracee(pid: int):
 
     cost = ProbeCost(entry_ns=500.0, entry_return_ns=900.0, bias_ns=300.0)
     fn = Function("cuLaunchKernel", 0x1000, 0x1000, 16, SUB)
-    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, kinds={0: "emulated"},
+    probes = types.SimpleNamespace(ids={0: fn}, classes={0: SUB}, costs={0: cost}, kinds={0: "emulated"}, irregular=set(),
                                    calibration=Calibration(cost, cost, 5.0, 1, 1))
     return Tracee(pid, probes, budget=0.01, interval_s=1.0, exact=False)
 

@@ -337,7 +337,7 @@ class Program:
             leaf.hit_ns[i] = int(ns)
         if step is not None:
             if (leaf.sync_func, leaf.sync_tgid) != step[:2]:
-                leaf.step_last_t = 0
+                leaf.step_last_t = leaf.gap_n = leaf.gap_sum = leaf.gap_sq = 0
             leaf.sync_func, leaf.sync_tgid, leaf.sync_steps = step
             leaf.sync_calls = leaf.sync_start = leaf.sync_end = leaf.sync_t0 = leaf.sync_t1 = 0
         else:
@@ -355,6 +355,17 @@ class Program:
         """CLOCK_MONOTONIC seconds of the last call `watch_step` or `arm` named (None: none seen)."""
         t = self._config.lookup(0).step_last_t
         return t * 1e-9 if t else None
+
+    def step_gaps(self) -> tuple[int, float, float]:
+        """The gaps between the calls `watch_step` named, since it did: (count, mean seconds,
+        coefficient of variation)."""
+        leaf = self._config.lookup(0)
+        n = int(leaf.gap_n)
+        if n < 2:
+            return n, 0.0, 0.0
+        mean = leaf.gap_sum / n
+        var = max(0.0, leaf.gap_sq / n - mean * mean)
+        return n, mean * 1e-6, (var ** 0.5 / mean) if mean > 0 else 0.0
 
     def arm(self, func: int, tgid: int, steps: int) -> None:
         """A step window: counting opens at process `tgid`'s next call of `func` (a kept function,

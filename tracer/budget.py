@@ -104,6 +104,10 @@ WHOLE_MAX_EVERY = 3
 WHOLE_STEP_MAX_EVERY = 5
 # The time a step window's links are attached before its first call is due (Probes._step_window).
 STEP_ARM_S = 0.002
+# The share of each interval's budget that a window of the waits alone gets in the intervals a
+# whole-step window is paid by (`Policy.waits_plan`), and the longest such window (share of an interval).
+WAITS_SHARE = 0.1
+WAITS_MAX_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,7 @@ class Policy:
         self.retiming = False                   # the last plan timed every function
         self.retried = False                    # ... and it was planned again for the one before seeing no hot call
         self.skip = 0
+        self.skip_waits = False                 # the skipped intervals pay for a whole step: a window of the waits each
         # Windows an interval (where each can be min_window_s long), and a window only every
         # `every` intervals, paid for by all of them: host-wide, each window's attach and detach
         # writes its breakpoints into every process on the file (tracer/host.py).
@@ -204,6 +209,9 @@ class Policy:
         # step window is armed on one process's step function).
         self.step_windows_ok = step_windows
         self.step_s: dict[int, float] = {}  # step function -> seconds a step, as step windows measured it
+        # Kept functions found called at irregular intervals (tracer/probes.py, Probes.step_regular):
+        # never the step. The tracee shares its probes' set here.
+        self.irregular: set[int] = set()
 
     # --- what the windows probe ---------------------------------------------------------------
     def _timed(self) -> frozenset[int]:
@@ -256,14 +264,15 @@ class Policy:
                 break
             out.add(f)
             spent += c
-        if self.step_windows_ok and not any(self.rates.get(f, 0.0) >= PERIOD_MIN_HZ for f in out):
+        if self.step_windows_ok and self.keep_share > 0 and not any(
+                self.rates.get(f, 0.0) >= PERIOD_MIN_HZ and f not in self.irregular for f in out):
             # The job's step function (`step_of`), where the share above keeps none: the cheapest
             # called often enough, up to STEP_KEEP_SHARE of the planned budget. On the H200 the
             # MLP's once-a-step copy (730 calls/s) cost just over the kept share at the planned
             # exposure, and an attach without it had no step windows (4 of 8 rates within 10%).
             step_allowed = STEP_KEEP_SHARE * PLAN_SHARE * self.budget
             for c, f in sorted((cost[f], f) for f in candidates if f not in out):
-                if self.rates.get(f, 0.0) < PERIOD_MIN_HZ:
+                if self.rates.get(f, 0.0) < PERIOD_MIN_HZ or f in self.irregular:
                     continue
                 if c <= step_allowed and len(out) + 1 < len(self.seen):
                     out.add(f)
@@ -399,6 +408,8 @@ class Policy:
             return NO_WINDOW  # nothing called since the scout: the watch link counts it all
         if self.skip > 0:
             self.skip -= 1
+            if self.skip_waits:
+                return self.waits_plan(probe)
             return NO_WINDOW
         if (self.intervals - 1) % self.every:
             return NO_WINDOW
@@ -456,6 +467,7 @@ class Policy:
             # their whole step as well), every k intervals, paid for by all k.
             k, marker, w = whole
             self.skip, self.rare_due, self.last_window_s = k - self.every, 0, w
+            self.skip_waits = True
             lead = w if marker is not None else 0.0
             step = self.step_of(self.window_cost_per_s(probe, timed)) if self.step_windows_ok else None
             at = lead + self.rng.uniform(0.0, max(0.0, self.interval_s - lead - 2 * w))
@@ -468,7 +480,7 @@ class Policy:
             k = self.every
             while k < self.max_skip + 1 and self.affordable_s(hot, timed, marker, 1, k) < self.min_window_s:
                 k += self.every
-            self.skip = k - self.every
+            self.skip, self.skip_waits = k - self.every, False
             w = max(self.min_window_s, self.affordable_s(hot, timed, marker, 1, k))
         afford = w
         if self.last_window_s and self.max_growth:
@@ -497,6 +509,21 @@ class Policy:
         return Plan(True, windows, timed, hot, marker, rare=(at, rare_w), rare_probe=rare_probe,
                     rare_timed=rare_timed, rare_set=rare, **steps)
 
+    def waits_plan(self, probe: frozenset[int]) -> Plan:
+        """An interval a whole-step window is paid for by (`whole_step`): one window of only the waits,
+        timed, on WAITS_SHARE of the interval's budget (the whole step's leaves it out). Their time is
+        the slack a layer's cost hides in, and an interval without it has no lower bound: on this
+        project's CI a launch-bound job had three intervals of six without one."""
+        waits = probe & self.waiting
+        if not waits:
+            return NO_WINDOW
+        w = min(WAITS_MAX_S * self.interval_s,
+                self.affordable_s(waits, waits, None, 1, self.every, WAITS_SHARE))
+        if w < self.min_window_s:
+            return NO_WINDOW
+        at = self.rng.uniform(0.0, self.interval_s - w)
+        return Plan(True, ((at, w),), waits, waits)
+
     def _step_fields(self, step: tuple[int, float] | None) -> dict:
         """A Plan's step fields for `step` (function, period), none for None."""
         if step is None:
@@ -516,8 +543,10 @@ class Policy:
             return None
         need = 1.1 * p + STEP_ARM_S if stepped else p
         most = (WHOLE_STEP_MAX_EVERY if stepped else WHOLE_MAX_EVERY) * self.every
+        # (The intervals it is paid by keep WAITS_SHARE for a window of the waits: `waits_plan`.)
+        share = 1.0 - WAITS_SHARE if probe & self.waiting else 1.0
         k = self.every
-        while self.affordable_s(probe, timed, marker, 1, k) < need:
+        while self.affordable_s(probe, timed, marker, 1, k, share) < need:
             k += self.every
             if k > most:
                 return None
@@ -528,7 +557,8 @@ class Policy:
         and its period stretched by what a window of `cost_per_s` slows the job (the time between
         two of its calls inside such a window). None without one, or where step windows cannot
         be had (`step_windows_ok`: host-wide links)."""
-        slow = [(self.rates.get(f, 0.0), f) for f in self.kept if self.rates.get(f, 0.0) >= PERIOD_MIN_HZ]
+        slow = [(self.rates.get(f, 0.0), f) for f in self.kept
+                if self.rates.get(f, 0.0) >= PERIOD_MIN_HZ and f not in self.irregular]
         if not slow:
             return None
         r, f = min(slow)

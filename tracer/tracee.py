@@ -142,7 +142,8 @@ class Tracee:
         # keep_cheap: the cheapest functions counted every call on the watch link (Policy.kept);
         # not host-wide, where one set of links serves every process.
         self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s, waiting=waiting,
-                             **({} if keep_cheap else {"keep_share": 0.0}))
+                             step_windows=keep_cheap, **({} if keep_cheap else {"keep_share": 0.0}))
+        self.policy.irregular = probes.irregular  # step functions the probes found irregular: one set
         self.comm = comm(pid)
         # The maps may already hold counts of this pid (a reused program, a process hit before it
         # was found): start from them.
