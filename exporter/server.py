@@ -33,9 +33,12 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def serve(source: Frames, metrics: FleetMetrics, addr: str, port: int, *, duration_s: float | None = None,
           on_ready: Callable[[int], None] = lambda port: None,
-          on_frame: Callable[[HostSnapshot], None] = lambda frame: None) -> None:
+          on_frame: Callable[[HostSnapshot], None] = lambda frame: None,
+          start: Callable[[], None] = lambda: None) -> None:
     """Serves /metrics on addr:port until the source ends, `duration_s` has passed, or Ctrl-C.
-    `on_ready` gets the port bound (port 0 picks a free one)."""
+    `start` runs once the port is bound (the source's set-up: loading the BPF program and
+    calibrating take seconds, and minutes on a loaded host, which a port already taken must not
+    cost before it is said); `on_ready` gets the port bound (port 0 picks a free one)."""
     from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
     registry = CollectorRegistry(auto_describe=False)
@@ -47,9 +50,11 @@ def serve(source: Frames, metrics: FleetMetrics, addr: str, port: int, *, durati
         hint = ("another exporter (a second gputrace, a dcgm-exporter) holds it: choose another port"
                 if exc.errno == errno.EADDRINUSE else "check the address: it must be one of this host's")
         raise GputraceError(f"cannot listen on {addr}:{port}: {exc.strerror}", hint) from None
-    on_ready(server.server_address[1])
     t0 = time.monotonic()
     try:
+        start()
+        on_ready(server.server_address[1])
+        t0 = time.monotonic()
         for frame in source.frames():
             metrics.update(frame, source.calibration)
             on_frame(frame)

@@ -58,7 +58,9 @@ def test_the_object_holds_the_programs_and_maps_of_the_source(object_path):
     h = bpfprog.header_constants((BPF_DIR / "gputrace.h").read_text())
     assert types == {"stats": (1, 8, 8 * (8 + h["GT_HIST_SLOTS"]), h["GT_MAX_STATS"]),
                      "threads": (9, 4, 16 + 24 * h["GT_MAX_DEPTH"], h["GT_MAX_THREADS"]),
-                     "errors": (2, 4, 8, h["GT_ERR_COUNT"]), "config": (2, 4, 40, 1), "seen": (2, 4, 8, 2)}
+                     "errors": (2, 4, 8, h["GT_ERR_COUNT"]),
+                     # gen, open, hit_ns[4]; sync_func, sync_tgid, 6 sync_* u64s, step_last_t, 3 gap_* u64s
+                     "config": (2, 4, 8 + 32 + 8 + 48 + 8 + 24, 1), "seen": (2, 4, 8, 2)}
     # The stats row typed from the BTF: RawStats' fields, laid out as the C struct.
     leaf = bpfprog.Layout.of(obj.maps["stats"].value_type)
     assert leaf.struct.format == f"=1Q1Q1Q1Q1Q1Q1Q1Q{h['GT_HIST_SLOTS']}Q"

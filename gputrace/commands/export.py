@@ -45,8 +45,11 @@ def export(args: argparse.Namespace) -> int:
     say = lambda msg: print(f"gputrace: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     options = Options(interval_s=args.interval, budget=parse_budget(args.budget), attach_mode=args.attach_mode)
     source = LiveSource(options, args.interval, warn=say)
-    say("loading the BPF program and calibrating the probe cost ...")
-    source.start()
+
+    def start() -> None:
+        say("loading the BPF program and calibrating the probe cost ...")
+        source.start()
+
     serve(source, FleetMetrics(per_function=args.per_function), addr, port, duration_s=args.duration,
-          on_ready=lambda bound: say(f"serving http://{addr}:{bound}/metrics (Ctrl-C ends it)"))
+          on_ready=lambda bound: say(f"serving http://{addr}:{bound}/metrics (Ctrl-C ends it)"), start=start)
     return 0
