@@ -31,9 +31,11 @@ from .calibrate import Calibration, probe_kind
 from .symbols import Function
 
 POLL_S = 0.02  # how often the waits look at the watch link's counter
-# A step window (Probes._step_window) is looked at this often once its expected time is up, and
-# waited for at most twice that time and this much more.
+# A step window (Probes._step_window) is looked at every STEP_POLL_S from STEP_SOONEST of its steps
+# at the step function's untraced rate on (the job's pace moves by about 0.7-1.4x at this scale on
+# the H200), and waited for at most twice its planned length and STEP_SLACK_S more.
 STEP_POLL_S = 0.001
+STEP_SOONEST = 0.7
 STEP_SLACK_S = 0.005
 # A step window's links are attached this long (beyond the time attaching takes) before the step
 # function's next call is due.
@@ -458,7 +460,11 @@ class Probes:
         self.program.arm(plan.step, self.pid, steps)
         armed = time.monotonic()
         deadline = armed + 2 * (steps + 1) * period + STEP_SLACK_S
-        alive = self.waiting(wait, steps * period)
+        # Looked at every STEP_POLL_S from the soonest it can close: once the program has closed
+        # it, its links go on costing the job until they are detached. (`period` is the step under
+        # probes as planned, up to 2.5x the untraced one before a step window has measured it.)
+        soonest = STEP_SOONEST * steps / plan.step_hz if plan.step_hz > 0 else STEP_SOONEST * steps * period
+        alive = self.waiting(wait, soonest)
         st = self.program.step_state()
         while alive and st.state != CLOSED and time.monotonic() < deadline:
             alive = self.waiting(wait, STEP_POLL_S)
