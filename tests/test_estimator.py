@@ -562,3 +562,17 @@ def test_step_windows_survive_the_observations_dump():
     o = est.Observation(1.0, (w, est.Window(0.01, frozenset({1}), {1: 4}, 0.0)), {2: 90}, {1: 1.0})
     back, _ = est.load_observations(est.dump_observations([o], MEASURED))
     assert back[0].windows == o.windows
+
+
+def test_step_windows_do_not_stand_for_time_after_the_step_function_leaves_the_watch_link():
+    """The step function (2) kept, then turned hot and sampled in windows: the step windows' calls a
+    step say nothing of the time after (the job changed), nor of the step function's own calls
+    (seen on CI: a kept function that turned hot read 13k for 1.79M calls/s)."""
+    step = est.Window(0.05, frozenset({1, 2}), {1: 40, 2: 1}, 0.0, step_func=2, steps=1)
+    obs = [est.Observation(1.0, (step,), {2: 20}, {1: 1.0}),
+           est.Observation(1.0, (est.Window(0.05, frozenset({1, 2}), {1: 4000, 2: 9000}, 0.0),), {},
+                           {1: 1.0, 2: 1.0})]
+    out = est.estimate(obs, MEASURED)
+    # f = 1: 40 calls a step x 20 steps in the first second, then 4000 in 50 ms (80k/s) in the second.
+    assert out[1].calls_estimated == pytest.approx(800 + 80000, rel=0.01)
+    assert out[2].calls_estimated == pytest.approx(20 + 180000, rel=0.01)  # its own count, then its windows

@@ -519,8 +519,9 @@ def _by_steps(f: int, observations: Sequence[Observation], stood: Sequence[tuple
               sampled: float, half: float) -> tuple[float, float] | None:
     """f's sampled calls as its step windows give them, and their 95% half-width: where it has step
     windows (all of one step function), its calls a step pooled over them (calls over steps) times the step function's
-    calls in each interval, for its time off the watch link there (in an interval in which the
-    step function was not counted throughout, its mean rate over those it was). Windows of time read the job at
+    calls in each interval, for its time off the watch link there (in the intervals before the step
+    function was counted, its mean rate over those it was; where it stops being counted, as when it
+    turns hot, none: the job changed). Windows of time read the job at
     its pace in them (on the H200 a GPT-2 step's functions all read 0.69-1.36x in one ~100-ms
     window); steps counted whole do not, so they stand for the whole span, unless the estimate
     from all the windows (`sampled` +- `half`) is not within its interval of theirs: a change of
@@ -534,8 +535,8 @@ def _by_steps(f: int, observations: Sequence[Observation], stood: Sequence[tuple
     if not wins or not stood:
         return None
     g = wins[0].step_func
-    if any(w.step_func != g for w in wins):
-        return None
+    if g == f or any(w.step_func != g for w in wins):
+        return None  # (the step function's own calls a step are the steps: its count is its rate)
     # The step function's rate in each interval, where it was on the watch link for most of it.
     def step_hz(o: Observation) -> float | None:
         on = o.span_s - min(o.unwatched_s.get(g, 0.0), o.span_s)
@@ -546,11 +547,15 @@ def _by_steps(f: int, observations: Sequence[Observation], stood: Sequence[tuple
         return None
     mean_hz = sum(known) / len(known)
     steps_of = guessed = 0.0
+    seen_known = False
     for o, u in stood:
         r = step_hz(o)
         if r is None:
+            if seen_known:
+                return None  # it left the watch link (turned hot, say): the job changed
             guessed += min(u, o.span_s)  # before it was kept: its mean over the intervals it was
         else:
+            seen_known = True
             steps_of += r * min(u, o.span_s)
     steps_of += mean_hz * guessed
     n = [w.calls.get(f, 0) for w in wins]
