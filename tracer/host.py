@@ -56,6 +56,7 @@ class HostSession:
         self.probes.on_window_end = self._window_end
         self._window_rows: list[dict[int, dict[int, RawStats]]] = []
         self._last_rows: dict[int, dict[int, RawStats]] | None = None  # the maps as last read
+        self._rows_t = time.monotonic()  # when they were
         self._seen_rows: dict[int, dict[int, RawStats]] = {}
         self._seen_t = time.monotonic()
         self.tracees: dict[int, Tracee] = {}
@@ -141,7 +142,7 @@ class HostSession:
                 continue  # exited before its first interval
             o = self.options
             t = Tracee(pid, self.probes, budget=o.budget, interval_s=o.interval_s, exact=o.exact,
-                       prev=stats.get(pid), keep=self.keep, keep_cheap=False)
+                       prev=stats.get(pid), keep=self.keep, keep_cheap=False, rows_t=self._rows_t)
             t.comm_every = 10  # 50 processes' comm every second is 50 file reads for nothing
             self.tracees[pid] = t
             self._pidfds[pid] = fd
@@ -152,6 +153,7 @@ class HostSession:
 
     def _read(self) -> dict[int, dict[int, RawStats]]:
         self._last_rows = self.program.read_by_tgid()
+        self._rows_t = time.monotonic()
         return self._last_rows
 
     def _wait(self, seconds: float) -> bool:
@@ -246,16 +248,18 @@ class HostSession:
             self.probes.window(plan, interval_s, self.options.exact, self._wait)
         if not self.tracees and not self._stop.is_set():
             self._stop.wait(max(0.0, t_start + interval_s - time.monotonic()))
-        span = time.monotonic() - t_start
         # Rows change only while a link is attached: after the windows (read then) only the watch
         # link's, which the poll counter tells.
         end = self._read() if self.probes.poll_seen() is not None or self._last_rows is None or self.options.exact \
             else self._last_rows
         log = self.probes.take_log()
+        now = time.monotonic()
         snaps = {}
         for pid, t in self.tracees.items():
             rows = [r.get(pid, {}) for r in self._window_rows]
-            snap = t.account(span, log, rows, end.get(pid, {}), snapshot=view == "interval")
+            # Each one's span from the rows it counts from (its last interval's, or those it was
+            # added with) to now: the time between intervals, when the watch link counts on, in it.
+            snap = t.account(now - t.rows_t, log, rows, end.get(pid, {}), snapshot=view == "interval")
             if snap is None:
                 # An interval without a window adds nothing but watched calls: the last recent
                 # snapshot stands (the same object, so a caller can tell nothing new came).

@@ -104,8 +104,9 @@ class Session:
         try:
             self.probes = Probes(library, functions, prog, cal, pid=pid)
             prev = {func: st for (tgid, func), st in prog.read_stats().items() if tgid == pid}
+            rows_t = time.monotonic()
             self.tracee = Tracee(pid, self.probes, budget=options.budget, interval_s=options.interval_s,
-                                 exact=options.exact, prev=prev)
+                                 exact=options.exact, prev=prev, rows_t=rows_t)
         except Exception as exc:
             if alive(pid):
                 raise
@@ -120,8 +121,9 @@ class Session:
         self._kept_rows, self._kept_t = prev, time.monotonic()
         self._window_rows: list = []
         self._seen_rows, self._seen_t = prev, time.monotonic()
-        self.started = time.monotonic()
-        self.started_wall = time.time()
+        # The session counts from the rows read above: its first interval starts there.
+        self.started = rows_t
+        self.started_wall = time.time() - (time.monotonic() - rows_t)
         self.interrupted = False
         self._pidfd: int | None = None
         try:
@@ -257,7 +259,6 @@ class Session:
         plan = self.policy.plan()
         if plan.full_scan:
             interval_s = min(interval_s, SCOUT_INTERVAL_S)
-        t_start = time.monotonic()
         self.tracee.begin()
         self._window_rows = []
         window = 0.0
@@ -273,11 +274,15 @@ class Session:
             # Ctrl-C: keep what this interval counted up to now, and let run() stop after it.
             self.interrupted = True
             window = self.probes.interrupted(exact)
-        span = time.monotonic() - t_start
         if self.exited and exact:
             self.probes.detach()
         log = self.probes.take_log()
         end = self._read()
+        # The interval's counts are these rows less the last interval's: its span is the time
+        # between the two reads, the set-up between intervals included (the kept functions'
+        # counts ran on through it; timed from the windows' start, they read 2% high).
+        t_from = self.tracee.rows_t
+        span = time.monotonic() - t_from
         snap = self.tracee.account(span, log, self._window_rows, end)
         if not exact and not self.exited:
             self.policy.retire_idle()
@@ -285,7 +290,7 @@ class Session:
                 self._set_watch(end)
             except NoSuchProcess:
                 self.exited = True  # it ended after the interval's last look: the report stands
-        return Interval(index, t_start - self.started, span, window, (snap,), self.program.read_errors(),
+        return Interval(index, t_from - self.started, span, window, (snap,), self.program.read_errors(),
                         tuple((w.t0, w.t1) for w in log.windows if w.t1 > 0))
 
     def summary(self) -> ProcessSnapshot:

@@ -132,8 +132,12 @@ def row_deltas(now: Mapping[int, RawStats], then: Mapping[int, RawStats], ids) -
 
 class Tracee:
     def __init__(self, pid: int, probes: Probes, *, budget: float, interval_s: float, exact: bool,
-                 prev: Mapping[int, RawStats] | None = None, keep: bool = True, keep_cheap: bool = True) -> None:
+                 prev: Mapping[int, RawStats] | None = None, keep: bool = True, keep_cheap: bool = True,
+                 rows_t: float | None = None) -> None:
         self.pid = pid
+        # When the rows counted from (`prev`) were read: an interval's span runs from the last
+        # interval's rows to its own (the time between intervals is in it: the watch link counts on).
+        self.rows_t = time.monotonic() if rows_t is None else rows_t
         self.probes = probes
         self.ids, self.costs, self.calibration = probes.ids, probes.costs, probes.calibration
         waiting = waiting_ids(self.ids)
@@ -210,7 +214,8 @@ class Tracee:
     # --- one interval ------------------------------------------------------------------------
     def account(self, span: float, log: IntervalLog, window_rows: Sequence[Mapping[int, RawStats]],
                 end_rows: Mapping[int, RawStats] | None, *, snapshot: bool = True) -> ProcessSnapshot | None:
-        """Takes in an interval of `span` seconds: what the probes did (`log`), this process's rows
+        """Takes in an interval of `span` seconds (from `rows_t`, when the rows it counts from were
+        read, to when `end_rows` were): what the probes did (`log`), this process's rows
         read after each of its windows (`window_rows`, one per window in the log) and at its end
         (`end_rows`; None: not read, nothing could have changed them). Updates the policy; returns
         the interval's snapshot (None without `snapshot`: a caller that shows recent() or summary())."""
@@ -225,6 +230,7 @@ class Tracee:
         else:
             self.target_cpu_s += cpu
         self.elapsed_s += span
+        self.rows_t += span
         windows: list[est.Window] = []
         start = prev = self._prev
         for ws, rows in zip(log.windows, window_rows):
