@@ -1024,10 +1024,43 @@ def test_the_step_function_is_kept_beyond_the_kept_share_and_the_windows_are_who
     assert plain.step is None and plain.marker is not None
 
 
+def test_a_gpt2_step_at_the_rates_of_an_attach_that_read_them_high_still_gets_a_whole_step_window():
+    """One 5-s attach to GPT-2 on the H200 (audit-h200-11/run24, its third): rates read 1.4x high
+    (15 functions, 0.9M calls/s at 529 ns a probe, exposure 1.5), an 80/s loss copy kept as the step.
+    The step stretched as 1 / (1 - cost) planned its 12.5-ms step at 40 ms, which five intervals'
+    budget did not pay for: no whole-step window in the attach, and its hottest rates stayed +36..+64%.
+    As 1 + cost (what the job's steps took in such windows: 17.5-26 ms) it is planned within the
+    first two intervals after the one that times every function."""
+    from gputrace.tracer.calibrate import ProbeCost as PC
+
+    h200 = PC(entry_ns=529.0, entry_return_ns=984.0, bias_ns=376.0)
+    rates = {0: 582743.0, 1: 182678.0, 2: 46111.0, 3: 10473.0, 4: 8043.0, 5: 7708.0, 6: 4440.0, 7: 3184.0,
+             8: 2178.0, 9: 2178.0, 10: 2011.0, 11: 1676.0, 12: 508.0, 13: 80.0}
+    classes = {f: (SUB if f in (2, 5) else STATE if f == 1 else QUERY) for f in rates}
+    p = scouted(classes, {f: h200 for f in classes}, {f: max(1, int(r * 0.003)) for f, r in rates.items()},
+                scout_s=0.003, budget=0.01, interval_s=1.0)
+    p.irregular = {12}  # (six calls close together a step: not the step)
+    planned = []
+    for _ in range(4):
+        p.observe_kept({12: 508.0, 13: 80.0})
+        p.observe_exposure(1.5, 1.31)
+        plan = p.plan()
+        planned.append(plan)
+        p.observe(len(plan.windows), {f: r for f, r in rates.items() if f in plan.probe and f not in p.kept},
+                  {f: 10 for f in plan.probe})
+    assert p.kept >= {13}
+    whole = [pl for pl in planned[1:3] if pl.step == 13 and len(pl.probe) >= 12]
+    assert whole, [(pl.windows, pl.step, len(pl.probe)) for pl in planned]
+    (_, w), = whole[0].windows
+    assert w == pytest.approx(whole[0].period_s) and 1 / 80.0 < w < 2.0 / 80.0
+
+
 def test_a_step_once_measured_sets_the_period_not_the_stretch_at_the_exposures_far_end():
     p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 300, 1: 1}, scout_s=0.004, budget=0.05, keep_share=0.01)
     p.observe_kept({1: 250.0})
-    assert p.step_of(0.9)[1] == pytest.approx(1 / (250.0 * 0.1))  # stretched as if the window cost 90% of the job
+    # Stretched by the probes' time a step: 0.9 s a second of the job untraced, 1.9x its own.
+    assert p.step_of(0.9)[1] == pytest.approx(1.9 / 250.0)
+    assert p.step_of(2.0)[1] == pytest.approx(3.0 / 250.0)  # (no pole at a cost of one second a second)
     p.observe_step(1, 0.005)
     assert p.step_of(0.9) == (1, pytest.approx(0.005))
     p.observe_step(1, 0.001)  # never shorter than the step untraced

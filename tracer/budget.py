@@ -469,7 +469,7 @@ class Policy:
             self.skip, self.rare_due, self.last_window_s = k - self.every, 0, w
             self.skip_waits = True
             lead = w if marker is not None else 0.0
-            step = self.step_of(self.window_cost_per_s(probe, timed)) if self.step_windows_ok else None
+            step = self.step_of(self.hit_s_per_s(probe, timed)) if self.step_windows_ok else None
             at = lead + self.rng.uniform(0.0, max(0.0, self.interval_s - lead - 2 * w))
             return Plan(True, ((at, w),), timed, probe, marker, **self._step_fields(step))
         if w < self.min_window_s:
@@ -488,7 +488,7 @@ class Policy:
         span = self.interval_s * (1.0 - RARE_SLOT) if rare else self.interval_s
         half = span / n
         room = half / (3 if marker is not None else 2)  # room for the reference before it
-        cost = self.window_cost_per_s(hot, timed)
+        cost = self.hit_s_per_s(hot, timed)
         w, step = self.step_windows(self.whole_periods(min(w, room), min(afford, room), cost), cost)
         if step:
             marker = None  # step windows measure what their probes cost the job themselves (StepPool)
@@ -499,7 +499,7 @@ class Policy:
         steps = self._step_fields(step)
         if not held:
             return Plan(True, windows, timed, hot, marker, rare_set=rare, **steps)
-        rare_cost = self.window_cost_per_s(rare_probe, rare_timed)
+        rare_cost = self.hit_s_per_s(rare_probe, rare_timed)
         rare_w, rare_step = self.step_windows(self.whole_periods(rare_w, rare_w, rare_cost), rare_cost)
         if rare_step:
             steps = self._step_fields(step or rare_step) | {"rare_steps": max(1, round(rare_w / rare_step[1]))}
@@ -534,7 +534,7 @@ class Policy:
         """Where the windows an interval pays for (each `w` long) are shorter than the job's period,
         but WHOLE_MAX_EVERY intervals' budget at most pays for one window of a whole period of every
         function in `probe`: (the intervals it comes every, its marker, its length).  None otherwise."""
-        p = self.period_s(self.window_cost_per_s(probe, timed))
+        p = self.period_s(self.hit_s_per_s(probe, timed))
         stepped = self.step_windows_ok and p is not None
         # A step window measures what its probes cost the job itself (StepPool): no marker. It is
         # armed just before its first call is due (Probes._step_window): a tenth of a period more.
@@ -554,9 +554,10 @@ class Policy:
 
     def step_of(self, cost_per_s: float) -> tuple[int, float] | None:
         """The job's step: its slowest kept function called PERIOD_MIN_HZ times a second or more,
-        and its period stretched by what a window of `cost_per_s` slows the job (the time between
-        two of its calls inside such a window). None without one, or where step windows cannot
-        be had (`step_windows_ok`: host-wide links)."""
+        and its period stretched by what a window of `cost_per_s` (`hit_s_per_s`: probe seconds,
+        times the exposure, a second of the job untraced) slows the job: each step takes its probes'
+        time more, 1 + cost_per_s times its own. None without one, or where step windows cannot be
+        had (`step_windows_ok`: host-wide links)."""
         slow = [(self.rates.get(f, 0.0), f) for f in self.kept
                 if self.rates.get(f, 0.0) >= PERIOD_MIN_HZ and f not in self.irregular]
         if not slow:
@@ -564,10 +565,14 @@ class Policy:
         r, f = min(slow)
         seen = self.step_s.get(f)
         if seen is not None:
-            # As step windows have measured it: the stretch the formula assumes at the planned
-            # exposure's upper end (3x before it is measured) made GPT-2's 13-ms step 110 ms.
+            # As step windows have measured it: the stretch at the planned exposure's upper end
+            # (3x before it is measured) made GPT-2's 13-ms step 110 ms.
             return f, max(seen, 1.0 / r)
-        return f, 1.0 / (r * (1.0 - min(cost_per_s, 0.9)))
+        # (Not 1 / (1 - cost_per_s), the stretch of a share of the traced time: the rates are the
+        # untraced ones. On the H200 GPT-2's 13-ms step read 17.5-26 ms in whole-step windows of
+        # every function; at the +40% rates of one 5-s attach the old form planned 40 ms, which
+        # five intervals' budget did not pay for, and that attach had no such window.)
+        return f, (1.0 + cost_per_s) / r
 
     def observe_step(self, f: int, per_step_s: float) -> None:
         """A step window of step function f took per_step_s a step."""
