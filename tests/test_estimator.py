@@ -576,3 +576,18 @@ def test_step_windows_do_not_stand_for_time_after_the_step_function_leaves_the_w
     # f = 1: 40 calls a step x 20 steps in the first second, then 4000 in 50 ms (80k/s) in the second.
     assert out[1].calls_estimated == pytest.approx(800 + 80000, rel=0.01)
     assert out[2].calls_estimated == pytest.approx(20 + 180000, rel=0.01)  # its own count, then its windows
+
+
+def test_a_step_functions_rate_is_its_count_over_its_time_on_the_watch_link_by_one_rule():
+    from gputrace.tracer.estimator import Observation, Window, rate_on_link, step_rates, watched_rate
+
+    assert rate_on_link(100, 1.0, 0.0) == 100.0
+    assert rate_on_link(100, 1.0, 0.1) is None  # not on it throughout
+    assert rate_on_link(100, 1.0, 0.5, 0.5) == 200.0  # over the half it was on it
+    assert rate_on_link(100, 1.0, 0.6, 0.5) is None
+    assert rate_on_link(100, 1.0, 2.0, 0.0) is None  # (a tally past the span: never on it)
+    w = Window(0.02, frozenset({1, 2}), {1: 2, 2: 40}, 0.001, step_func=1, steps=2)
+    on = Observation(1.0, (w,), {1: 100}, {})
+    half = Observation(1.0, (), {1: 30}, {1: 0.6})
+    assert watched_rate(on, 1) == 100.0 and watched_rate(half, 1) is None and watched_rate(half, 1, 0.4) == 75.0
+    assert step_rates([on, half]) == {1: 100.0}  # only where it was on the link throughout

@@ -141,17 +141,30 @@ class Exposures:
 UNMEASURED = Exposures()
 
 
+def rate_on_link(calls: int, span_s: float, unwatched_s: float, min_share: float = 1.0) -> float | None:
+    """A function's calls a second in an interval of span_s, from its exact count on the watch link
+    (`calls`) over the time it was on it (span_s less unwatched_s); None where that was less than
+    min_share of the interval (1: throughout). The one rule for a step function's rate, wherever
+    it is read (`step_rates`, `_by_steps`, the tracee's StepPool)."""
+    on = span_s - min(max(unwatched_s, 0.0), span_s)
+    if on <= 0 or on < min_share * span_s * (1 - 1e-9):
+        return None
+    return calls / on
+
+
+def watched_rate(o: "Observation", g: int, min_share: float = 1.0) -> float | None:
+    """`rate_on_link` of function g in interval o."""
+    return rate_on_link(o.watched_calls.get(g, 0), o.span_s, o.unwatched_s.get(g, 0.0), min_share)
+
+
 def step_rates(observations: Sequence["Observation"]) -> dict[int, float]:
     """Per step function of the observations' step windows, its calls a second over the intervals
     in which it was on the watch link throughout (counted exactly there)."""
     funcs = {w.step_func for o in observations for w in o.windows if w.step_func is not None and w.steps > 0}
     out: dict[int, float] = {}
     for g in funcs:
-        n, t = 0, 0.0
-        for o in observations:
-            if o.unwatched_s.get(g, 0.0) <= 0:
-                n += o.watched_calls.get(g, 0)
-                t += o.span_s
+        on = [o for o in observations if watched_rate(o, g) is not None]
+        n, t = sum(o.watched_calls.get(g, 0) for o in on), sum(o.span_s for o in on)
         if n > 0 and t > 0:
             out[g] = n / t
     return out
@@ -539,8 +552,7 @@ def _by_steps(f: int, observations: Sequence[Observation], stood: Sequence[tuple
         return None  # (the step function's own calls a step are the steps: its count is its rate)
     # The step function's rate in each interval, where it was on the watch link for most of it.
     def step_hz(o: Observation) -> float | None:
-        on = o.span_s - min(o.unwatched_s.get(g, 0.0), o.span_s)
-        return o.watched_calls.get(g, 0) / on if on >= STEP_WATCHED_MIN * o.span_s and on > 0 else None
+        return watched_rate(o, g, STEP_WATCHED_MIN)
 
     known = [r for o in observations if (r := step_hz(o)) is not None]
     if not known:

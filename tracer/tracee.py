@@ -266,8 +266,9 @@ class Tracee:
             if w.steps and w.step_func is not None:
                 # Its steps against the step function's count over the interval (exact: it is kept).
                 g = gained.get(w.step_func)
-                whole = log.unwatched_s.get(w.step_func, 0.0) <= 0
-                self._pool.add(w, g.watched / span if whole and g is not None and g.watched and span > 0 else None)
+                hz = None if g is None or not g.watched else \
+                    est.rate_on_link(g.watched, span, log.unwatched_s.get(w.step_func, 0.0))
+                self._pool.add(w, hz)
                 self._expo = None
                 if not self.exact:
                     self.policy.observe_step(w.step_func, w.counted_s / w.steps)
