@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
+import orjson
 import pytest
 
 from gputrace.tracer import estimator as est
@@ -591,3 +593,19 @@ def test_a_step_functions_rate_is_its_count_over_its_time_on_the_watch_link_by_o
     half = Observation(1.0, (), {1: 30}, {1: 0.6})
     assert watched_rate(on, 1) == 100.0 and watched_rate(half, 1) is None and watched_rate(half, 1, 0.4) == 75.0
     assert step_rates([on, half]) == {1: 100.0}  # only where it was on the link throughout
+
+
+
+def test_one_window_left_standing_for_the_span_after_the_loose_ones_are_absorbed_says_it_knows_little():
+    """The observations of one of simcuda's 3-s attach tests here (tests/data: a launch-bound job
+    at ~1M calls/s, its windows' probes 50-67% of their time). cuLaunchKernel's short windows rest
+    on the exposure and are absorbed, leaving its 34.5-ms window of the rarer functions to stand for
+    the whole 3 s; with that window's Poisson and exposure errors alone it read 67k +- 6.4k where the
+    job made 75k. As with a single window, nothing says how far its rate is from the span's."""
+    doc = orjson.loads((Path(__file__).parent / "data" / "obs-3s-attach-launch-bound.json").read_bytes())
+    obs, expo = est.load_observations(doc)
+    launch = next(int(k) for k, n in doc["functions"].items() if n == "cuLaunchKernel")
+    e = est.estimate(obs, expo)[launch]
+    assert 60_000 < e.rate_hz < 70_000  # the long window's rate
+    assert e.err_hz >= e.rate_hz  # not its +-9.5%
+    assert abs(e.rate_hz - 75_184) <= e.err_hz  # (the job's own count over the attach)

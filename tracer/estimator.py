@@ -504,7 +504,11 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         measured = max(0.0, span - unmeasured)
         total = exact + sampled
         rate = total / measured if measured > 0 else 0.0
-        if windows == 1 and sampled > 0:
+        # After the loose units are absorbed, one window may be left standing for the whole span
+        # (a rarer function's long window beside short ones whose rates rest on the exposure):
+        # as with one window, nothing says how far its rate is from the span's.
+        alone = len(units) == 1 and units[0].k == 1 and not units[0].exact
+        if (windows == 1 or alone) and sampled > 0:
             # One window: nothing says how far its rate is from the span's; no more than the
             # whole of what it stands for, which is what t with no degree of freedom says.
             half = sampled
