@@ -47,7 +47,13 @@ class Job:
         self.reader.start()
 
     def _read(self) -> None:
-        for line in self.p.stdout:
+        while True:
+            try:
+                line = self.p.stdout.readline()
+            except ValueError:  # closed under the loop (the fixture's clean-up, after the test)
+                break
+            if not line:
+                break
             with self.cv:
                 self.lines.append(json.loads(line))
                 self.cv.notify_all()
