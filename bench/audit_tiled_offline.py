@@ -52,10 +52,14 @@ def rows_of(doc: dict, obs_doc: dict, per_step: dict[str, float], steps_hz: floa
     return out
 
 
+def fmt_range(r: list[float] | None) -> str:
+    return "-" if r is None else f"{1e3 * r[0]:.0f}-{1e3 * r[1]:.0f} ms"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="audit_gpu.py result directories")
-    ap.add_argument("--attach-s", type=float, default=5.0)
+    ap.add_argument("--attach-s", type=float, default=5.0, help="the attaches of this length (0: every length)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     table: dict[str, dict[str, list]] = {}
@@ -66,23 +70,28 @@ def main() -> int:
             doc = orjson.loads(path.read_bytes())
             per_step = doc["exact"]["calls_per_step"]
             for p in doc["tracer_pairs"]:
-                if p["attach_s"] != args.attach_s:
+                if args.attach_s and p["attach_s"] != args.attach_s:
                     continue
                 report = _xz(d / p["attach_file"])
                 obs_doc = _xz(d / Path(p["attach_file"]).with_suffix(".obs.json"))
                 if report is None or obs_doc is None or len(obs_doc["observations"]) != len(report["intervals"]):
                     continue
                 steps_hz = p.get("session_steps_per_s") or p["untraced_steps_per_s"]
-                job = table.setdefault(doc["job"], {"as_run": [], "tiled": [], "gap_share": []})
+                job = table.setdefault(doc["job"], {"as_run": [], "tiled": [], "gap_share": [], "gaps": []})
                 job["as_run"].append(rows_of(doc, obs_doc, per_step, steps_hz))
                 gaps = gaps_before(report)
+                job["gaps"].append(gaps)
                 for o, g in zip(obs_doc["observations"], gaps):
                     o["span_s"] += g
                 job["tiled"].append(rows_of(doc, obs_doc, per_step, steps_hz))
                 job["gap_share"].append(sum(gaps) / sum(o["span_s"] for o in obs_doc["observations"]))
     summary = {}
     for job, t in sorted(table.items()):
-        summary[job] = {"attaches": len(t["as_run"]), "gap_share_median": statistics.median(t["gap_share"])}
+        after_first = [g[1] for g in t["gaps"] if len(g) > 1]
+        others = [x for g in t["gaps"] for x in g[2:]]
+        summary[job] = {"attaches": len(t["as_run"]), "gap_share_median": statistics.median(t["gap_share"]),
+                        "gap_after_first_s": [min(after_first), max(after_first)] if after_first else None,
+                        "gap_after_others_s": [min(others), max(others)] if others else None}
         for mode in ("as_run", "tiled"):
             rows = [r for rr in t[mode] for r in rr]
             summary[job][mode] = {
@@ -90,12 +99,18 @@ def main() -> int:
                 "covered": sum(c for _, _, c in rows),
                 "median_rel_error": statistics.median(e for _, e, _ in rows) if rows else None}
         s = summary[job]
-        print(f"{job}: {s['attaches']} attaches of {args.attach_s:g} s, gaps {100 * s['gap_share_median']:.1f}% "
-              f"of the span (median)")
+        length = f"{args.attach_s:g} s" if args.attach_s else "any length"
+        print(f"{job}: {s['attaches']} attaches of {length}, gaps {100 * s['gap_share_median']:.1f}% "
+              f"of the span (median); after the first interval {fmt_range(s['gap_after_first_s'])}, "
+              f"after the others {fmt_range(s['gap_after_others_s'])}")
         for mode in ("as_run", "tiled"):
             m = s[mode]
             print(f"  {mode:7s} {m['within_10pct']}/{m['pairs']} within 10%, {m['covered']} inside their "
                   f"interval, median error {100 * m['median_rel_error']:+.1f}%")
+    for mode in ("as_run", "tiled"):
+        m = [summary[j][mode] for j in summary]
+        print(f"all jobs, {mode}: {sum(x['pairs'] for x in m)} pairs, {sum(x['within_10pct'] for x in m)} within 10%, "
+              f"{sum(x['covered'] for x in m)} inside their interval")
     if args.json:
         args.json.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     return 0

@@ -565,8 +565,8 @@ class Policy:
         r, f = min(slow)
         seen = self.step_s.get(f)
         if seen is not None:
-            # As step windows have measured it: the stretch at the planned exposure's upper end
-            # (3x before it is measured) made GPT-2's 13-ms step 110 ms.
+            # As step windows have measured it: the stretch below rests on the rates and on the
+            # exposure's upper end (3x before it is measured), each of which can be far off.
             return f, max(seen, 1.0 / r)
         # (Not 1 / (1 - cost_per_s), the stretch of a share of the traced time: the rates are the
         # untraced ones. On the H200 GPT-2's 13-ms step read 17.5-26 ms in whole-step windows of

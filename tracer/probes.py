@@ -462,7 +462,8 @@ class Probes:
         deadline = armed + 2 * (steps + 1) * period + STEP_SLACK_S
         # Looked at every STEP_POLL_S from the soonest it can close: once the program has closed
         # it, its links go on costing the job until they are detached. (`period` is the step under
-        # probes as planned, up to 2.5x the untraced one before a step window has measured it.)
+        # probes as planned: 1 + the window's cost times the untraced one before a step window has
+        # measured it, Policy.step_of.)
         soonest = STEP_SOONEST * steps / plan.step_hz if plan.step_hz > 0 else STEP_SOONEST * steps * period
         alive = self.waiting(wait, soonest)
         st = self.program.step_state()
