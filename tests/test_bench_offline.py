@@ -1,0 +1,25 @@
+"""The offline audit scripts reproduce the figures committed beside the H200 results: a change to
+the estimator or the budget that moves them fails here, until they are run again and committed."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = [str(ROOT / "bench/results/audit-h200-11" / f"run{n}") for n in (22, 23, 24)]
+OUT = ROOT / "bench/results/audit-h200-12"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["bench/audit_tiled_offline.py", *RUNS], "tiled-5s-runs22-24.txt"),
+    (["bench/audit_step_offline.py", "steps", *RUNS], "steps.txt"),
+    (["bench/audit_step_offline.py", "plan", str(ROOT / "bench/results/audit-h200-11/run24/gpt2-attach-5-2.json.xz"),
+      "--step", "cuMemcpyDtoHAsync_v2", "--irregular", "cuKernelSetAttribute"], "plan-run24-gpt2-2.txt"),
+], ids=["tiled", "steps", "plan"])
+def test_the_committed_offline_figures_are_what_the_scripts_print(argv, expected):
+    r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (OUT / expected).read_text()
