@@ -1,55 +1,111 @@
 #!/usr/bin/env python3
-"""The eleventh round's table in bench/results/audit-h200.md, from a bench/audit_gpu.py run's files:
+"""The audit rounds' tables in bench/results/audit-h200.md, from bench/audit_gpu.py runs' files:
 
     .venv/bin/python bench/audit_table.py bench/results/audit-h200-11/run20 [RUN ...]
+    .venv/bin/python bench/audit_table.py --summary bench/results/audit-h200-13/run2{5,6,7,8,9}
+    .venv/bin/python bench/audit_table.py --misses bench/results/audit-h200-13/run2{5,6,7,8,9}
 
 One row per (run, job, attach length): every function above 1k calls/s against the truth (calls per
 step x the job's steps while attached): within +-10% / inside the stated 95% interval / pairs, the
 largest error, the median stated half-width; then each attach's loss window by window / in whole
 steps ('-': not measured by that run) / accounted, in %, with its number of step windows.
+
+--summary: per (job, attach length) over all the runs given, the attaches' loss in whole steps
+(median and range), their accounted cost (median), the largest gap between the two, and the range
+of the time-based paired slowdown. --misses: per attach (5 s), its step windows and every function
+above 1k calls/s outside +-10%, with its error and stated half-width.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import lzma
-import sys
+import statistics
 from pathlib import Path
+import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gputrace.tracer import estimator as est  # noqa: E402
 
 
-def rows(run: Path) -> list[str]:
-    out = []
+def attaches(run: Path):
+    """(job, pair, observations, [(function, rate, half-width, truth) above 1k calls/s])."""
     for job in json.loads((run / "summary.json").read_text()):
         d = json.loads((run / f"{job}.json").read_text())
         per = d["exact"]["calls_per_step"]
-        by: dict[float, dict] = {}
         for p in d["tracer_pairs"]:
             steps = p["session_steps_per_s"] or p["untraced_steps_per_s"]
             obs, _ = est.load_observations(json.loads(lzma.open(run / (p["attach_file"][:-5] + ".obs.json.xz")).read()))
-            b = by.setdefault(p["attach_s"], {"n": 0, "ok": 0, "cov": 0, "worst": 0.0, "cost": [], "half": []})
-            for name, (r, e) in p["rates"].items():
-                true = per.get(name, 0) * steps
-                if true < 1000:
-                    continue
-                b["n"] += 1
-                b["ok"] += abs(r / true - 1) <= 0.1
-                b["cov"] += abs(r - true) <= e
-                b["worst"] = max(b["worst"], abs(r / true - 1))
-                b["half"].append(e / true)
-            b["cost"].append((p["slowdown_local"], p.get("slowdown_steps"), p["accounted"],
-                              sum(1 for o in obs for w in o.windows if w.steps)))
-        for length, b in by.items():
-            half = sorted(b["half"])[len(b["half"]) // 2] if b["half"] else float("nan")
-            costs = ", ".join(f"{100 * a:.2f}/{'-' if w is None else f'{100 * w:.2f}'}/{100 * c:.2f} ({n})"
-                              for a, w, c, n in b["cost"])
-            out.append(f"| {run.name} | {job} | {length:.0f} s | {b['ok']} / {b['cov']} / {b['n']}; "
-                       f"{100 * b['worst']:.1f}%; ±{100 * half:.0f}% | {costs} |")
+            hot = [(name, r, e, per.get(name, 0) * steps) for name, (r, e) in p["rates"].items()]
+            yield job, p, obs, [h for h in hot if h[3] >= 1000]
+
+
+def step_windows(obs) -> int:
+    return sum(1 for o in obs for w in o.windows if w.steps)
+
+
+def rows(run: Path) -> list[str]:
+    out = []
+    by: dict[tuple[str, float], dict] = {}
+    for job, p, obs, hot in attaches(run):
+        b = by.setdefault((job, p["attach_s"]), {"n": 0, "ok": 0, "cov": 0, "worst": 0.0, "cost": [], "half": []})
+        for _, r, e, true in hot:
+            b["n"] += 1
+            b["ok"] += abs(r / true - 1) <= 0.1
+            b["cov"] += abs(r - true) <= e
+            b["worst"] = max(b["worst"], abs(r / true - 1))
+            b["half"].append(e / true)
+        b["cost"].append((p["slowdown_local"], p.get("slowdown_steps"), p["accounted"], step_windows(obs)))
+    for (job, length), b in by.items():
+        half = sorted(b["half"])[len(b["half"]) // 2] if b["half"] else float("nan")
+        costs = ", ".join(f"{100 * a:.2f}/{'-' if w is None else f'{100 * w:.2f}'}/{100 * c:.2f} ({n})"
+                          for a, w, c, n in b["cost"])
+        out.append(f"| {run.name} | {job} | {length:.0f} s | {b['ok']} / {b['cov']} / {b['n']}; "
+                   f"{100 * b['worst']:.1f}%; ±{100 * half:.0f}% | {costs} |")
+    return out
+
+
+def summary(runs: list[Path]) -> list[str]:
+    by: dict[tuple[str, float], list[dict]] = {}
+    for run in runs:
+        for job, p, _, _ in attaches(run):
+            by.setdefault((job, p["attach_s"]), []).append(p)
+    out = []
+    for (job, length), ps in sorted(by.items()):
+        steps = [p["slowdown_steps"] for p in ps if p.get("slowdown_steps") is not None]
+        acc = [p["accounted"] for p in ps]
+        timed = [p["slowdown"] for p in ps]
+        gap = max((abs(p["slowdown_steps"] - p["accounted"]) for p in ps if p.get("slowdown_steps") is not None),
+                  default=None)
+        st = ("-" if not steps else f"median {100 * statistics.median(steps):.2f}% "
+              f"({100 * min(steps):.2f}..{100 * max(steps):.2f}), {sum(s > 0.01 for s in steps)} above 1%")
+        out.append(f"{job} {length:.0f} s, {len(ps)} attaches: in whole steps {st}; accounted median "
+                   f"{100 * statistics.median(acc):.2f}%; largest gap {'-' if gap is None else f'{100 * gap:.2f}'} "
+                   f"point; time-based {100 * min(timed):+.2f}..{100 * max(timed):+.2f}%")
+    return out
+
+
+def misses(run: Path) -> list[str]:
+    out = []
+    for job, p, obs, hot in attaches(run):
+        if p["attach_s"] != 5:
+            continue
+        bad = [f"{name} {100 * (r / t - 1):+.1f}%±{100 * e / t:.0f}" for name, r, e, t in hot if abs(r / t - 1) > 0.1]
+        out.append(f"{run.name} {job} {p['rep']} stepwin={step_windows(obs)} intervals={len(obs)} "
+                   f"{len(hot) - len(bad)}/{len(hot)} " + "; ".join(bad))
     return out
 
 
 if __name__ == "__main__":
-    for arg in sys.argv[1:]:
-        print("\n".join(rows(Path(arg))))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--summary", action="store_true")
+    mode.add_argument("--misses", action="store_true")
+    args = ap.parse_args()
+    if args.summary:
+        print("\n".join(summary(args.runs)))
+    else:
+        for run in args.runs:
+            print("\n".join(misses(run) if args.misses else rows(run)))

@@ -11,6 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = [str(ROOT / "bench/results/audit-h200-11" / f"run{n}") for n in (22, 23, 24)]
 OUT = ROOT / "bench/results/audit-h200-12"
+R13 = ROOT / "bench/results/audit-h200-13"
+RUNS13 = [str(R13 / f"run{n}") for n in (25, 26, 27, 28, 29)]
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -18,7 +20,10 @@ OUT = ROOT / "bench/results/audit-h200-12"
     (["bench/audit_step_offline.py", "steps", *RUNS], "steps.txt"),
     (["bench/audit_step_offline.py", "plan", str(ROOT / "bench/results/audit-h200-11/run24/gpt2-attach-5-2.json.xz"),
       "--step", "cuMemcpyDtoHAsync_v2", "--irregular", "cuKernelSetAttribute"], "plan-run24-gpt2-2.txt"),
-], ids=["tiled", "steps", "plan"])
+    (["bench/audit_table.py", *RUNS13], R13 / "table.txt"),
+    (["bench/audit_table.py", "--summary", *RUNS13], R13 / "summary-cost.txt"),
+    (["bench/audit_table.py", "--misses", *RUNS13], R13 / "misses-5s.txt"),
+], ids=["tiled", "steps", "plan", "table13", "summary13", "misses13"])
 def test_the_committed_offline_figures_are_what_the_scripts_print(argv, expected):
     r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
