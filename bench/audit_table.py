@@ -13,7 +13,9 @@ steps ('-': not measured by that run) / accounted, in %, with its number of step
 --summary: per (job, attach length) over all the runs given, the attaches' loss in whole steps
 (median and range), their accounted cost (median), the largest gap between the two, and the range
 of the time-based paired slowdown. --misses: per attach (5 s), its step windows and every function
-above 1k calls/s outside +-10%, with its error and stated half-width.
+above 1k calls/s outside +-10%, with its error and stated half-width. --reestimate: the rates
+worked out again from the observations each attach saved, by the estimator as it is now (the rows'
+costs are the run's).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gputrace.tracer import estimator as est  # noqa: E402
 
 
+REESTIMATE = False  # --reestimate: the rates worked out again from the saved observations
+
+
 def attaches(run: Path):
     """(job, pair, observations, [(function, rate, half-width, truth) above 1k calls/s])."""
     for job in json.loads((run / "summary.json").read_text()):
@@ -36,7 +41,12 @@ def attaches(run: Path):
         per = d["exact"]["calls_per_step"]
         for p in d["tracer_pairs"]:
             steps = p["session_steps_per_s"] or p["untraced_steps_per_s"]
-            obs, _ = est.load_observations(json.loads(lzma.open(run / (p["attach_file"][:-5] + ".obs.json.xz")).read()))
+            doc = json.loads(lzma.open(run / (p["attach_file"][:-5] + ".obs.json.xz")).read())
+            obs, expo = est.load_observations(doc)
+            if REESTIMATE:
+                names = doc["functions"]
+                now = {names[str(f)]: [e.rate_hz, e.err_hz] for f, e in est.estimate(obs, expo).items()}
+                p = p | {"rates": {k: now[k] for k in sorted(now, key=list(p["rates"]).index)}}
             hot = [(name, r, e, per.get(name, 0) * steps) for name, (r, e) in p["rates"].items()]
             yield job, p, obs, [h for h in hot if h[3] >= 1000]
 
@@ -103,7 +113,9 @@ if __name__ == "__main__":
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--summary", action="store_true")
     mode.add_argument("--misses", action="store_true")
+    ap.add_argument("--reestimate", action="store_true")
     args = ap.parse_args()
+    REESTIMATE = args.reestimate
     if args.summary:
         print("\n".join(summary(args.runs)))
     else:

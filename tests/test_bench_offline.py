@@ -23,7 +23,9 @@ RUNS13 = [str(R13 / f"run{n}") for n in (25, 26, 27, 28, 29)]
     (["bench/audit_table.py", *RUNS13], R13 / "table.txt"),
     (["bench/audit_table.py", "--summary", *RUNS13], R13 / "summary-cost.txt"),
     (["bench/audit_table.py", "--misses", *RUNS13], R13 / "misses-5s.txt"),
-], ids=["tiled", "steps", "plan", "table13", "summary13", "misses13"])
+    (["bench/audit_table.py", "--reestimate", *RUNS13], R13 / "table-reestimated.txt"),
+    (["bench/audit_table.py", "--reestimate", "--misses", *RUNS13], R13 / "misses-5s-reestimated.txt"),
+], ids=["tiled", "steps", "plan", "table13", "summary13", "misses13", "table13-now", "misses13-now"])
 def test_the_committed_offline_figures_are_what_the_scripts_print(argv, expected):
     r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

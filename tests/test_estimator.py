@@ -609,3 +609,38 @@ def test_one_window_left_standing_for_the_span_after_the_loose_ones_are_absorbed
     assert 60_000 < e.rate_hz < 70_000  # the long window's rate
     assert e.err_hz >= e.rate_hz  # not its +-9.5%
     assert abs(e.rate_hz - 75_184) <= e.err_hz  # (the job's own count over the attach)
+
+
+def test_the_time_before_the_step_function_was_kept_weighs_its_own_windows_rate():
+    """The MLP on the H200 (audit-h200-13 run 26, its second 5-s attach): the step function was
+    kept only in the last interval, at 933 steps/s, and that rate alone stood for the 4.4 s before,
+    where the job made 801 (it sped up as the attach went on): every function read +16.4%, outside
+    +-10%. The step function's own windows of time there read 812; weighed against the kept rate by
+    their errors, they bring the estimate near the truth, and its interval still covers it."""
+    rng = random.Random(7)
+    per_step, slow, fast = 40, 800.0, 930.0
+    obs = []
+    for k in range(4):  # the step function (2) off the watch link: windows of time at the job's pace
+        wins = []
+        for _ in range(2):
+            pace = slow * rng.uniform(0.8, 1.2)
+            wins.append(est.Window(0.12, frozenset({1, 2}), {1: round(per_step * pace * 0.12), 2: round(pace * 0.12)}, 0.0))
+        obs.append(est.Observation(1.0, tuple(wins), {}, {1: 1.0, 2: 1.0}))
+    steps = tuple(est.Window(1 / fast, frozenset({1, 2}), {1: per_step, 2: 1}, 0.0, step_func=2, steps=1)
+                  for _ in range(2))
+    obs.append(est.Observation(1.0, steps, {2: round(fast * 0.95)}, {1: 1.0, 2: 0.05}))
+    truth = per_step * (4 * slow + fast) / 5
+    e = est.estimate(obs, MEASURED)[1]
+    assert abs(e.rate_hz / truth - 1) < 0.05, (e, truth)  # the kept rate alone: +9.9%
+    assert abs(e.rate_hz - truth) <= e.err_hz
+
+
+def test_two_estimates_of_one_rate_weigh_by_their_errors_and_widen_where_they_disagree():
+    from gputrace.tracer.estimator import _combined
+
+    assert _combined(100.0, 10.0, 110.0, 10.0) == pytest.approx((105.0, 10 / math.sqrt(2)))
+    r, h = _combined(100.0, 1.0, 200.0, 1.0)  # far apart: the half-width covers both
+    assert r == pytest.approx(150.0) and h == pytest.approx(50.0)
+    assert _combined(100.0, 10.0, 0.0, math.inf) == (100.0, 10.0)  # the other says nothing
+    assert _combined(100.0, 0.0, 50.0, 5.0) == (100.0, 0.0)  # an exact one stands
+    assert _combined(100.0, math.inf, 50.0, 5.0) == (50.0, 5.0)

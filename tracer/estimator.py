@@ -421,6 +421,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 acc[f] = a
         per_obs.append(acc)
     out: dict[int, Estimate] = {}
+    parts: dict[int, _Figures] = {}
     for f in funcs:
         observed = 0
         exact = 0.0          # calls counted on the watch link
@@ -502,8 +503,6 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 var += phi * max(x.n, 1) / (x.e * x.e) * x.u * x.u
                 rel_sys += x.sys / x.e * r * x.u
         measured = max(0.0, span - unmeasured)
-        total = exact + sampled
-        rate = total / measured if measured > 0 else 0.0
         # After the loose units are absorbed, one window may be left standing for the whole span
         # (a rarer function's long window beside short ones whose rates rest on the exposure):
         # as with one window, nothing says how far its rate is from the span's.
@@ -515,13 +514,22 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         else:
             half = max((t975(dof) if dof else 1.96) * math.sqrt(var), half_walk)
         half += rel_sys
-        by_steps = _by_steps(f, observations, stood, sampled, half)
+        parts[f] = _Figures(observed, exact, sampled, half, measured, stood)
+    # The step windows' figures, where they hold, in place of the windows of time's; a step
+    # function's own windowed rate over its time off the watch link stands, with the rate it had
+    # on it, for the steps of the time before it was kept.
+    windowed = {g: _Windowed(p.sampled / t, p.half / t) for g, p in parts.items()
+                if (t := sum(u for _, u in p.stood)) > 0}
+    for f, p in parts.items():
+        sampled, half = p.sampled, p.half
+        by_steps = _by_steps(f, observations, p.stood, sampled, half, windowed)
         if by_steps is not None:
             sampled, half = by_steps
-            total = exact + sampled
-            rate = total / measured if measured > 0 else 0.0
+        total = p.exact + sampled
+        measured = p.measured
+        rate = total / measured if measured > 0 else 0.0
         out[f] = Estimate(
-            calls_observed=observed,
+            calls_observed=p.observed,
             # Measured throughout: the calls themselves (rate x span may miss them by a rounding,
             # and --exact's estimated must equal its observed: seen on the job path).
             calls_estimated=total if measured >= span else rate * span if measured > 0 else 0.0,
@@ -532,8 +540,42 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
     return out
 
 
+@dataclass(frozen=True)
+class _Figures:
+    """One function's figures from its windows and the watch link, before the step windows'."""
+
+    observed: int
+    exact: float                          # calls counted on the watch link
+    sampled: float                        # calls estimated for its time off the watch link
+    half: float                           # their 95% half-width
+    measured: float                       # seconds of the span measured
+    stood: Sequence[tuple[Observation, float]]  # (interval, its time off the watch link measured)
+
+
+@dataclass(frozen=True)
+class _Windowed:
+    """A function's rate over its time off the watch link, from its windows, and its 95% half-width."""
+
+    rate_hz: float
+    half_hz: float
+
+
+def _combined(a: float, ha: float, b: float, hb: float) -> tuple[float, float]:
+    """Two estimates of one rate (95% half-widths ha, hb) weighted by their variances; where they
+    disagree by more than their errors say, the half-width scaled up by how far (the Birge ratio)."""
+    if not (math.isfinite(hb) and hb > 0) or ha <= 0:
+        return a, ha  # (b says nothing; a is exact)
+    if not math.isfinite(ha):
+        return b, hb
+    wa, wb = 1 / (ha * ha), 1 / (hb * hb)
+    r = (a * wa + b * wb) / (wa + wb)
+    h = 1 / math.sqrt(wa + wb)
+    return r, h * max(1.0, abs(a - b) / math.hypot(ha, hb))
+
+
 def _by_steps(f: int, observations: Sequence[Observation], stood: Sequence[tuple[Observation, float]],
-              sampled: float, half: float) -> tuple[float, float] | None:
+              sampled: float, half: float, windowed: Mapping[int, _Windowed] | None = None
+              ) -> tuple[float, float] | None:
     """f's sampled calls as its step windows give them, and their 95% half-width: where it has step
     windows (all of one step function), its calls a step pooled over them (calls over steps) times the step function's
     calls in each interval, for its time off the watch link there (in the intervals before the step
@@ -573,7 +615,15 @@ def _by_steps(f: int, observations: Sequence[Observation], stood: Sequence[tuple
         else:
             seen_known = True
             steps_of += r * min(u, o.span_s)
-    steps_of += mean_hz * guessed
+    # The time before it was kept: the step function's rate on the watch link, as far off as
+    # those intervals' rates spread (half the mean with fewer than two of them), weighed against
+    # its own windows' rate there (`windowed`). The rate it had once kept alone read 933 steps/s for
+    # the 4.4 s before where the job made 801 (the MLP on the H200 sped up as the attach went on;
+    # its windows read 812).
+    pre_hz, pre_h = mean_hz, (t975(len(known) - 1) * statistics.stdev(known) if len(known) >= 2 else 0.5 * mean_hz)
+    if guessed > 0 and windowed and g in windowed:
+        pre_hz, pre_h = _combined(pre_hz, pre_h, windowed[g].rate_hz, windowed[g].half_hz)
+    steps_of += pre_hz * guessed
     n = [w.calls.get(f, 0) for w in wins]
     k = [w.steps for w in wins]
     ratio = sum(n) / sum(k)
@@ -586,10 +636,7 @@ def _by_steps(f: int, observations: Sequence[Observation], stood: Sequence[tuple
     else:
         h = max(1.96 * math.sqrt(var) * steps_of, abs(sampled - est))
     if guessed > 0:
-        # The time whose steps were not counted: as far off as the intervals' rates spread (half
-        # the mean with fewer than two of them).
-        spread = (t975(len(known) - 1) * statistics.stdev(known) if len(known) >= 2 else 0.5 * mean_hz)
-        h += ratio * spread * guessed
+        h += ratio * pre_h * guessed  # (the time whose steps were not counted)
     if abs(sampled - est) > half:
         return None  # not within the interval of the estimate from every window: not one rate a step
     return est, h
