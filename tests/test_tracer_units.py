@@ -113,7 +113,10 @@ def test_planned_windows_keep_their_expected_cost_within_the_budget_and_use_it(e
 
 
 def test_two_windows_an_interval_one_in_each_half_with_room_for_their_references():
-    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 100, 1: 20}, budget=0.05, interval_s=1.0)
+    # (Windows of time: at 4 kHz function 1 is cheap enough to keep as the step, and step windows
+    # have no marker; tested apart.)
+    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 100, 1: 20}, budget=0.05, interval_s=1.0,
+                step_windows=False)
     for _ in range(20):
         plan = p.plan()
         assert plan.marker == 1  # 4 kHz: its reference costs under a quarter of the window's 20 kHz
@@ -1065,3 +1068,21 @@ def test_a_step_once_measured_sets_the_period_not_the_stretch_at_the_exposures_f
     assert p.step_of(0.9) == (1, pytest.approx(0.005))
     p.observe_step(1, 0.001)  # never shorter than the step untraced
     assert p.step_of(0.9)[1] == pytest.approx(max(0.003, 1 / 250.0))
+
+
+def test_the_mlps_once_a_step_copy_is_kept_at_the_dearest_calibration_seen_on_the_h200():
+    """audit-h200-13 run 28, the MLP's first 5-s attach: the copy once a step at 856 calls/s, a
+    calibrated 701 ns a probe, the exposure not measured yet (planned at its most): 1.8 ms of the
+    job a second to count every call, over a quarter of the planned 1% and kept nowhere in the
+    attach, which had no step window and four of eight rates outside +-10%. Within STEP_KEEP_SHARE."""
+    from gputrace.tracer.budget import STEP_KEEP_SHARE
+    from gputrace.tracer.estimator import EXPOSURE_MAX
+
+    classes = {0: QUERY, 1: SUB, 2: STATE, 3: SYNC}
+    costs = {f: ProbeCost(entry_ns=701.0, entry_return_ns=1199.0, bias_ns=472.0) for f in classes}
+    rate = {0: 240e3, 1: 15e3, 2: 856.0, 3: 856.0}
+    assert 0.25 * PLAN_SHARE * 0.01 < EXPOSURE_MAX * 856 * 701e-9 <= STEP_KEEP_SHARE * PLAN_SHARE * 0.01
+    p = scouted(classes, costs, {f: round(r * 0.0032) for f, r in rate.items()}, scout_s=0.0032)
+    assert p.exposure == EXPOSURE_MAX
+    assert p.kept == frozenset({2})  # (3 synchronizes: timed in every window, never kept)
+    assert p.step_of(0.0)[0] == 2
