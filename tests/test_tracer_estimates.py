@@ -322,6 +322,11 @@ def test_step_windows_open_and_close_at_the_step_functions_calls(finishing_job, 
                 assert w.calls.get(ids[name], 0) == per_step * w.steps, (name, w)
     for name, true, rate, err in check(report, Truth(log), min_hz=100.0):
         assert abs(rate - true) <= min(err, 0.1 * true), (name, true, rate, err)
+    # The report's log of step windows says the same: one "whole" try per step window counted.
+    tries = report["attach"]["step_windows"]
+    whole = [t for t in tries if t["outcome"] == "whole"]
+    assert len(whole) == len(stepped), tries
+    assert all(t["wait_s"] >= 0 and t["span_s"] > 0 and t["gaps"] >= 1 for t in whole), whole
 
 
 def test_a_function_called_in_a_burst_each_step_is_not_the_step(finishing_job, tmp_path):
@@ -346,6 +351,10 @@ def test_a_function_called_in_a_burst_each_step_is_not_the_step(finishing_job, t
     assert all(w.step_func != attr for o in obs for w in o.windows if w.steps)
     for name, true, rate, err in check(report, Truth(log), min_hz=100.0):
         assert abs(rate - true) <= err, (name, true, rate, err)
+    # Where a window was planned as its steps, the report says why it was not one.
+    tries = [t for t in report["attach"]["step_windows"] if t["step"] == attr]
+    assert all(t["outcome"] in ("step function irregular", "whole", "cut short", "never opened") for t in tries)
+    assert not tries or tries[-1]["outcome"] == "step function irregular", tries
 
 
 def test_exact_estimates_equal_observed(finishing_job, tmp_path):

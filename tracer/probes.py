@@ -30,6 +30,28 @@ from .bpfprog import CLOSED, COOKIE_KEPT, COOKIE_MARKER, COOKIE_STEPPED, COOKIE_
 from .calibrate import Calibration, probe_kind
 from .symbols import Function
 
+@dataclass
+class StepTry:
+    """One window planned as whole steps of a kept function: when it was armed (or given up), of
+    how many steps at what planned period, probing how many functions, and what came of it: whole
+    (counted from call to call), cut short (opened, not closed by its deadline: a window of time),
+    never opened, or why it was not armed (a window of time instead); the wait from arming to its
+    opening call, its span, and the step function's gaps (count, mean, coefficient of variation)
+    as the program had them then."""
+
+    t: float
+    step: int | None
+    steps: int
+    period_s: float
+    functions: int
+    outcome: str
+    wait_s: float | None = None
+    span_s: float | None = None
+    gaps: int | None = None
+    gap_mean_s: float | None = None
+    gap_cv: float | None = None
+
+
 POLL_S = 0.02  # how often the waits look at the watch link's counter
 # A step window (Probes._step_window) is looked at every STEP_POLL_S from STEP_SOONEST of its steps
 # at the step function's untraced rate on (the job's pace moves by about 0.7-1.4x at this scale on
@@ -119,6 +141,9 @@ class Probes:
         self.log = IntervalLog()
         self.attach_s: list[float] = []
         self.detach_s: list[float] = []
+        # Every window planned as whole steps, as it went (`StepTry`): what attach's report shows,
+        # so that an attach with fewer step windows than planned says why.
+        self.step_log: list[StepTry] = []
         # Called from the waits when a watched function has been called, with the seconds since
         # the poll before (the calls it finds were made in them): the caller moves it into the
         # windows (set_watch without it).
@@ -388,11 +413,14 @@ class Probes:
                 outside = self.outside_end()
             probe = plan.probe | self.joined  # with the functions that moved off the watch link since the plan
             self._current = WindowSpan(0.0, probe, plan.timed, plan.marker, outside, t0)
-            if self._steps_ok(plan) and length >= 0.99 * plan.period_s:
+            why = self._why_not_steps(plan, length) if plan.step is not None else "no step"
+            if why is None:
                 if not self._step_window(plan, length, probe, wait):
                     gone = True
                     break
             else:
+                if plan.step is not None:
+                    self.step_log.append(StepTry(time.monotonic(), plan.step, 0, plan.period_s, len(probe), why))
                 self.attach(plan.timed, probe)
                 self.waiting(wait, length)
             total += self._finish_window()
@@ -402,10 +430,14 @@ class Probes:
             offset, length = rare
             if self.waiting(wait, t_start + offset - time.monotonic()):
                 self._current = WindowSpan(0.0, plan.rare_probe, plan.rare_timed, None, 0.0, time.monotonic())
-                if plan.rare_steps and self._steps_ok(plan):
+                why = self._why_not_steps(plan, 0.0, rare=True) if plan.rare_steps else "no step"
+                if why is None:
                     self._step_window(plan, plan.rare_steps * plan.period_s, plan.rare_probe, wait,
                                       timed=plan.rare_timed, steps=plan.rare_steps)
                 else:
+                    if plan.rare_steps:
+                        self.step_log.append(StepTry(time.monotonic(), plan.step, plan.rare_steps, plan.period_s,
+                                                     len(plan.rare_probe), why))
                     self.attach(plan.rare_timed, plan.rare_probe)
                     self.waiting(wait, length)
                 total += self._finish_window()
@@ -415,12 +447,22 @@ class Probes:
             total += self.log.counted_s - before
         return total
 
-    def _steps_ok(self, plan) -> bool:
-        """Whether the plan's step windows can be had: its step function still kept (on the watch
-        link, where the program sees its calls), on this process's own links, and not found
-        irregular (`step_regular`)."""
-        return (plan.step is not None and bool(self.pid) and plan.step in self.kept and plan.period_s > 0
-                and plan.step not in self.irregular and self.step_regular(plan.step))
+    def _why_not_steps(self, plan, length: float, rare: bool = False) -> str | None:
+        """None where a window of `length` can be one of whole steps of the plan's step function:
+        it still kept (on the watch link, where the program sees its calls), on this process's own
+        links, not found irregular (`step_regular`), and the window a step long at least (a rare
+        window's steps are its own); else why not."""
+        if plan.step is None or plan.period_s <= 0:
+            return "no step"
+        if not self.pid:
+            return "host-wide links"
+        if plan.step not in self.kept:
+            return "step function not kept"
+        if plan.step in self.irregular or not self.step_regular(plan.step):
+            return "step function irregular"
+        if not rare and length < 0.99 * plan.period_s:
+            return "shorter than a step"
+        return None
 
     def step_regular(self, f: int) -> bool:
         """Whether the step function f (the one watch_step named) is called at regular intervals,
@@ -477,8 +519,17 @@ class Probes:
             st = self.program.step_state()  # it may have opened or closed just before
         if st.steps > 0 and st.t0 is not None and st.t1 is not None:
             ws.step_func, ws.steps, ws.counted_s = plan.step, st.steps, st.t1 - st.t0
+            why = "whole"
         elif st.t0 is not None and now is not None:
             ws.counted_s = max(0.0, now - st.t0)  # cut short: a window of time from its opening
+            why = "cut short" if alive else "job gone"
+        else:
+            why = "never opened" if alive else "job gone"
+        n, mean, cv = self.program.step_gaps()
+        self.step_log.append(StepTry(armed, plan.step, steps, period, len(probe), why,
+                                     wait_s=None if st.t0 is None else st.t0 - armed,
+                                     span_s=None if st.t0 is None or st.t1 is None else st.t1 - st.t0,
+                                     gaps=n, gap_mean_s=mean, gap_cv=cv))
         self.opened_at = None
         return alive
 

@@ -139,6 +139,7 @@ class Session:
     kinds = property(lambda self: self.probes.kinds)
     attach_s = property(lambda self: self.probes.attach_s)
     detach_s = property(lambda self: self.probes.detach_s)
+    step_log = property(lambda self: self.probes.step_log)
     policy = property(lambda self: self.tracee.policy)
     comm = property(lambda self: self.tracee.comm)
 

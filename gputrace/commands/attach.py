@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import signal
@@ -262,6 +263,9 @@ def trace(args: argparse.Namespace) -> int:
             "attach_s_median": statistics.median(session.attach_s) if session.attach_s else None,
             "detach_s_median": statistics.median(session.detach_s) if session.detach_s else None,
             "stepped_functions": sum(k == "stepped" for k in session.kinds.values()),
+            # Every window planned as whole steps and what came of it (tracer/probes.py StepTry),
+            # its time from the attach's start.
+            "step_windows": [dataclasses.asdict(t) | {"t": t.t - session.started} for t in session.step_log],
         },
         summary=summary,
         audits=tuple(audit(summary, p) for p in _presets(args)),
