@@ -12,7 +12,7 @@
 
     .venv/bin/python bench/audit_step_offline.py steps bench/results/audit-h200-11/run2{2,3,4}
     .venv/bin/python bench/audit_step_offline.py plan bench/results/audit-h200-11/run24/gpt2-attach-5-2.json.xz \\
-        --step cuMemcpyDtoHAsync_v2 --irregular cuKernelSetAttribute
+        --step cuMemcpyDtoHAsync_v2 --irregular cuKernelSetAttribute --every 5
 """
 from __future__ import annotations
 
@@ -69,8 +69,10 @@ def steps(dirs: list[Path]) -> int:
     return 0
 
 
-def plan(report_path: Path, step: str, irregular: list[str]) -> int:
+def plan(report_path: Path, step: str, irregular: list[str], every: int | None = None) -> int:
     from gputrace.tracer.budget import STEP_ARM_S, WAITS_SHARE, WHOLE_STEP_MAX_EVERY, Policy
+
+    every = every or WHOLE_STEP_MAX_EVERY
     from gputrace.tracer.calibrate import ProbeCost
     from gputrace.tracer.classify import FunctionClass
 
@@ -96,14 +98,14 @@ def plan(report_path: Path, step: str, irregular: list[str]) -> int:
     c = p.hit_s_per_s(probe, timed)
     r = rates[ids[step]]
     new, old = (1.0 + c) / r, 1.0 / (r * (1.0 - min(c, 0.9)))
-    pays = p.affordable_s(probe, timed, None, 1, WHOLE_STEP_MAX_EVERY * p.every,
+    pays = p.affordable_s(probe, timed, None, 1, every * p.every,
                           1.0 - WAITS_SHARE if probe & p.waiting else 1.0)
     print(f"{len(probe)} functions probed at {sum(rates[f] for f in probe):.0f} calls/s; c = {c:.2f}; "
           f"step {1e3 / r:.1f} ms untraced")
     for name, period in (("1 + c", new), ("1 / (1 - c)", old)):
         need = 1.1 * period + STEP_ARM_S
         print(f"  {name:12s} planned {1e3 * period:.1f} ms: a whole-step window needs {1e3 * need:.1f} ms, "
-              f"{WHOLE_STEP_MAX_EVERY} intervals pay for {1e3 * pays:.1f} ms: {'planned' if need <= pays else 'none'}")
+              f"{every} intervals pay for {1e3 * pays:.1f} ms: {'planned' if need <= pays else 'none'}")
     return 0
 
 
@@ -116,8 +118,10 @@ def main() -> int:
     b.add_argument("report", type=Path)
     b.add_argument("--step", required=True, help="the kept step function")
     b.add_argument("--irregular", action="append", default=[], help="kept functions found irregular")
+    b.add_argument("--every", type=int, help="the most intervals a whole-step window is paid by "
+                   "(default: WHOLE_STEP_MAX_EVERY as it is now; the twelfth round's was 5)")
     args = ap.parse_args()
-    return steps(args.dirs) if args.cmd == "steps" else plan(args.report, args.step, args.irregular)
+    return steps(args.dirs) if args.cmd == "steps" else plan(args.report, args.step, args.irregular, args.every)
 
 
 if __name__ == "__main__":

@@ -1086,3 +1086,38 @@ def test_the_mlps_once_a_step_copy_is_kept_at_the_dearest_calibration_seen_on_th
     assert p.exposure == EXPOSURE_MAX
     assert p.kept == frozenset({2})  # (3 synchronizes: timed in every window, never kept)
     assert p.step_of(0.0)[0] == 2
+
+
+def test_a_gpt2_step_priced_at_the_unmeasured_exposure_still_gets_a_whole_step_window():
+    """audit-h200-14 run 32, GPT-2's fourth 5-s attach: 15 functions at its final rates, 718 ns a
+    probe, the once-a-step loss copy kept, the exposure not measured (planned at its most). A
+    whole-step window of every function is priced at about 35 ms of window costing all of it, which
+    five intervals' budget did not pay for: the attach had none, and its rates came from 3-ms windows
+    of time. WHOLE_STEP_MAX_EVERY intervals pay for it, in the first interval after the one that
+    times every function."""
+    from gputrace.tracer.budget import WHOLE_STEP_MAX_EVERY
+    from gputrace.tracer.calibrate import ProbeCost as PC
+    from gputrace.tracer.estimator import EXPOSURE_MAX
+
+    h200 = PC(entry_ns=718.5, entry_return_ns=1249.9, bias_ns=470.2)
+    rates = [370116, 112750, 37032, 8076, 6211, 5944, 3424, 2483, 1682, 1682, 1553, 1307, 359, 65, 63]
+    cls = [QUERY, QUERY, SUB, QUERY, QUERY, SUB, QUERY, QUERY, QUERY, QUERY, SUB, QUERY, STATE, SYNC, SUB]
+    step = 14
+    p = scouted(dict(enumerate(cls)), {f: h200 for f in range(15)}, {f: max(1, int(r * 0.003)) for f, r in enumerate(rates)},
+                scout_s=0.003, budget=0.01, interval_s=1.0)
+    planned = []
+    for _ in range(3):
+        p.observe_kept({step: 63.0})
+        p.observe_exposure(None)
+        assert p.exposure == EXPOSURE_MAX
+        plan = p.plan()
+        planned.append(plan)
+        p.observe(len(plan.windows), {f: r for f, r in enumerate(rates) if f in plan.probe and f not in p.kept},
+                  {f: 10 for f in plan.probe})
+    assert step in p.kept
+    whole = planned[1]
+    assert whole.step == step and len(whole.probe) == 15, [(pl.windows, pl.step, len(pl.probe)) for pl in planned]
+    (_, w), = whole.windows
+    assert w == pytest.approx(whole.period_s) and 1 / 63.0 < w
+    # Paid for by more intervals than five: the ones after it plan only the waits.
+    assert 5 < p.skip + p.every <= WHOLE_STEP_MAX_EVERY
