@@ -11,9 +11,11 @@ largest error, the median stated half-width; then each attach's loss window by w
 steps ('-': not measured by that run) / accounted, in %, with its number of step windows.
 
 --summary: per (job, attach length) over all the runs given, the attaches' loss in whole steps
-(median and range), their accounted cost (median), the largest gap between the two, and the range
+(median, range, and the median's distribution-free 95% interval), their accounted cost (median), the largest gap between the two, and the range
 of the time-based paired slowdown. --misses: per attach (5 s), its step windows and every function
-above 1k calls/s outside +-10%, with its error and stated half-width. --reestimate: the rates
+above 1k calls/s outside +-10%, with its error and stated half-width. --step-log: per 5-s attach
+whose report logs its step windows, those planned over every function it probed and the others
+(the rarer functions' own), each with what came of it. --reestimate: the rates
 worked out again from the observations each attach saved, by the estimator as it is now (the rows'
 costs are the run's).
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
+import math
 import statistics
 from pathlib import Path
 import sys
@@ -76,6 +79,22 @@ def rows(run: Path) -> list[str]:
     return out
 
 
+def median_interval(xs: list[float]) -> tuple[float | None, float | None]:
+    """The median's distribution-free 95% interval: the order statistics j..n+1-j, j the largest
+    with P(Binomial(n, 1/2) < j) <= 2.5% (at least 95% coverage); None where n is too small for
+    any (under 6: the range covers less)."""
+    n, xs = len(xs), sorted(xs)
+    j, below = 0, 0.0
+    while True:
+        below += math.comb(n, j) / 2 ** n
+        if below > 0.025:
+            break
+        j += 1
+    if j == 0:
+        return None, None
+    return xs[j - 1], xs[n - j]
+
+
 def summary(runs: list[Path]) -> list[str]:
     by: dict[tuple[str, float], list[dict]] = {}
     for run in runs:
@@ -88,8 +107,10 @@ def summary(runs: list[Path]) -> list[str]:
         timed = [p["slowdown"] for p in ps]
         gap = max((abs(p["slowdown_steps"] - p["accounted"]) for p in ps if p.get("slowdown_steps") is not None),
                   default=None)
+        lo, hi = median_interval(steps) if steps else (None, None)
         st = ("-" if not steps else f"median {100 * statistics.median(steps):.2f}% "
-              f"({100 * min(steps):.2f}..{100 * max(steps):.2f}), {sum(s > 0.01 for s in steps)} above 1%")
+              f"({100 * min(steps):.2f}..{100 * max(steps):.2f}; the median's 95% interval "
+              f"{'-' if lo is None else f'{100 * lo:.2f}..{100 * hi:.2f}'}), {sum(s > 0.01 for s in steps)} above 1%")
         out.append(f"{job} {length:.0f} s, {len(ps)} attaches: in whole steps {st}; accounted median "
                    f"{100 * statistics.median(acc):.2f}%; largest gap {'-' if gap is None else f'{100 * gap:.2f}'} "
                    f"point; time-based {100 * min(timed):+.2f}..{100 * max(timed):+.2f}%")
@@ -107,12 +128,32 @@ def misses(run: Path) -> list[str]:
     return out
 
 
+def step_log(run: Path) -> list[str]:
+    """Per 5-s attach whose report logs its step windows (attach.step_windows, from ec6222a on): the
+    windows planned as whole steps of every function the attach probed, and what came of them."""
+    out = []
+    for job, p, obs, _ in attaches(run):
+        if p["attach_s"] != 5:
+            continue
+        rep = json.loads(lzma.open(run / (p["attach_file"] + ".xz")).read())
+        tries = rep["attach"].get("step_windows")
+        if tries is None:
+            continue
+        most = max((len(w.probed) for o in obs for w in o.windows if not w.discovery and len(w.probed) < 100), default=0)
+        full = [t["outcome"] for t in tries if t["functions"] >= most]
+        rare = [t["outcome"] for t in tries if t["functions"] < most and t["outcome"] != "shorter than a step"]
+        out.append(f"{run.name} {job} {p['rep']} of every function ({most}): {', '.join(full) or 'none planned'}; "
+                   f"others: {', '.join(rare) or '-'}")
+    return out
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path)
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--summary", action="store_true")
     mode.add_argument("--misses", action="store_true")
+    mode.add_argument("--step-log", action="store_true")
     ap.add_argument("--reestimate", action="store_true")
     args = ap.parse_args()
     REESTIMATE = args.reestimate
@@ -120,4 +161,4 @@ if __name__ == "__main__":
         print("\n".join(summary(args.runs)))
     else:
         for run in args.runs:
-            print("\n".join(misses(run) if args.misses else rows(run)))
+            print("\n".join(misses(run) if args.misses else step_log(run) if args.step_log else rows(run)))

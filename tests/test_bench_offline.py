@@ -13,6 +13,8 @@ RUNS = [str(ROOT / "bench/results/audit-h200-11" / f"run{n}") for n in (22, 23, 
 OUT = ROOT / "bench/results/audit-h200-12"
 R13 = ROOT / "bench/results/audit-h200-13"
 RUNS13 = [str(R13 / f"run{n}") for n in (25, 26, 27, 28, 29)]
+R14 = ROOT / "bench/results/audit-h200-14"
+RUNS14 = [str(R14 / f"run{n}") for n in (30, 31, 32, 33)]
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -25,7 +27,12 @@ RUNS13 = [str(R13 / f"run{n}") for n in (25, 26, 27, 28, 29)]
     (["bench/audit_table.py", "--misses", *RUNS13], R13 / "misses-5s.txt"),
     (["bench/audit_table.py", "--reestimate", *RUNS13], R13 / "table-reestimated.txt"),
     (["bench/audit_table.py", "--reestimate", "--misses", *RUNS13], R13 / "misses-5s-reestimated.txt"),
-], ids=["tiled", "steps", "plan", "table13", "summary13", "misses13", "table13-now", "misses13-now"])
+    (["bench/audit_table.py", *RUNS14], R14 / "table.txt"),
+    (["bench/audit_table.py", "--summary", *RUNS14], R14 / "summary-cost.txt"),
+    (["bench/audit_table.py", "--misses", *RUNS14], R14 / "misses-5s.txt"),
+    (["bench/audit_table.py", "--step-log", *RUNS14[2:]], R14 / "step-log-5s.txt"),
+], ids=["tiled", "steps", "plan", "table13", "summary13", "misses13", "table13-now", "misses13-now",
+        "table14", "summary14", "misses14", "steplog14"])
 def test_the_committed_offline_figures_are_what_the_scripts_print(argv, expected):
     r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
