@@ -352,9 +352,11 @@ def test_a_function_called_in_a_burst_each_step_is_not_the_step(finishing_job, t
     for name, true, rate, err in check(report, Truth(log), min_hz=100.0):
         assert abs(rate - true) <= err, (name, true, rate, err)
     # Where a window was planned as its steps, the report says why it was not one.
+    # (A whole-step window of every function found so is not run at all: ", not run".)
     tries = [t for t in report["attach"]["step_windows"] if t["step"] == attr]
-    assert all(t["outcome"] in ("step function irregular", "whole", "cut short", "never opened") for t in tries)
-    assert not tries or tries[-1]["outcome"] == "step function irregular", tries
+    assert all(t["outcome"].removesuffix(", not run") in ("step function irregular", "whole", "cut short", "never opened")
+               for t in tries)
+    assert not tries or tries[-1]["outcome"].startswith("step function irregular"), tries
 
 
 def test_exact_estimates_equal_observed(finishing_job, tmp_path):

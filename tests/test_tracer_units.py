@@ -1166,3 +1166,37 @@ def test_a_function_leaving_the_watch_link_is_off_it_from_when_the_new_links_are
     assert closed >= 0.05
     assert log.unwatched_s[0] >= closed - 0.005, (log.unwatched_s[0], closed)
     assert all(log.unwatched_s.get(f, 0.0) == 0.0 for f in every - {0})  # the others stayed on it
+
+
+def test_a_whole_step_window_that_cannot_be_had_is_planned_again_not_paid_for():
+    """The whole-step window of every function is planned on the step function as the policy sees
+    it (`Plan.whole`); where the probes find it cannot be one of whole steps when it is due (the
+    step function found irregular, or no longer kept) it is not run, and the intervals that were
+    to pay for it plan again (`Policy.whole_missed`), twice in a session at most."""
+    from gputrace.tracer.calibrate import ProbeCost as PC
+
+    h200 = PC(entry_ns=718.5, entry_return_ns=1249.9, bias_ns=470.2)
+    rates = [370116, 112750, 37032, 8076, 6211, 5944, 3424, 2483, 1682, 1682, 1553, 1307, 359, 65, 63]
+    cls = [QUERY, QUERY, SUB, QUERY, QUERY, SUB, QUERY, QUERY, QUERY, QUERY, SUB, QUERY, STATE, SYNC, SUB]
+    p = scouted(dict(enumerate(cls)), {f: h200 for f in range(15)}, {f: max(1, int(r * 0.003)) for f, r in enumerate(rates)},
+                scout_s=0.003, budget=0.01, interval_s=1.0)
+
+    def next_plan():
+        p.observe_kept({14: 63.0})
+        p.observe_exposure(None)
+        plan = p.plan()
+        p.observe(len(plan.windows), {f: r for f, r in enumerate(rates) if f in plan.probe and f not in p.kept},
+                  {f: 10 for f in plan.probe})
+        return plan
+
+    assert not next_plan().whole  # the interval that times every function
+    plan = next_plan()
+    for miss in range(3):
+        assert plan.whole and plan.step == 14 and len(plan.probe) == 15, (miss, plan)
+        assert len(next_plan().probe) == 1  # paid for: the waits alone
+        p.whole_missed()
+        nxt = [next_plan() for _ in range(2)]
+        if miss < 2:
+            plan = next(x for x in nxt if x.whole)  # planned again
+        else:
+            assert all(len(x.probe) == 1 for x in nxt)  # the third stays paid for

@@ -112,6 +112,7 @@ class IntervalLog:
     # Per process: (function, seconds, calls) the watch link counted of a function just before it
     # moved into the windows: a sample of its rate, until a window has one.
     discovered: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
+    whole_missed: bool = False  # a planned whole-step window could not be one, and was not run
 
 
 class Probes:
@@ -423,6 +424,14 @@ class Probes:
                 if not self._step_window(plan, length, probe, wait):
                     gone = True
                     break
+            elif plan.whole:
+                # A whole step of every function or nothing: as a window of time it would cost what
+                # it was planned to, and tell what the short windows do (Policy.whole_missed).
+                self.step_log.append(StepTry(time.monotonic(), plan.step, 0, plan.period_s, len(probe),
+                                             why + ", not run"))
+                self.log.whole_missed = True
+                self._current = None
+                continue
             else:
                 if plan.step is not None:
                     self.step_log.append(StepTry(time.monotonic(), plan.step, 0, plan.period_s, len(probe), why))

@@ -278,6 +278,8 @@ class Session:
         if self.exited and exact:
             self.probes.detach()
         log = self.probes.take_log()
+        if log.whole_missed:
+            self.policy.whole_missed()
         end = self._read()
         # The interval's counts are these rows less the last interval's: its span is the time
         # between the two reads, the set-up between intervals included (the kept functions'
