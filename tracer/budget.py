@@ -528,8 +528,8 @@ class Policy:
         found irregular, or no longer kept, when it was due) and was not run: the intervals planned
         to pay for it plan again, with what is known now. On the H200 two of ten GPT-2 5-s attaches
         planned one on a faster kept function that turned out irregular, ran it as a window of time
-        and, paying for it with the intervals after, had no whole step at all (their hottest rates
-        -10..-37%). Twice in a session at most: the third such window stays skipped."""
+        and, paying for it with the intervals after, had no whole step at all (four to seven of
+        their rates 10-39% off). Twice in a session at most: the third such window stays skipped."""
         self.whole_misses += 1
         if self.whole_misses <= 2:
             self.skip, self.skip_waits = 0, False
