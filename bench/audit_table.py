@@ -15,7 +15,10 @@ steps ('-': not measured by that run) / accounted, in %, with its number of step
 of the time-based paired slowdown. --misses: per attach (5 s), its step windows and every function
 above 1k calls/s outside +-10%, with its error and stated half-width. --step-log: per 5-s attach
 whose report logs its step windows, those planned over every function it probed and the others
-(the rarer functions' own), each with what came of it. --reestimate: the rates
+(the rarer functions' own), each with what came of it. --whole: per job, its 5-s attaches with a
+whole-step window of every function and those without, side by side (rates, cost), and the wait
+of the step windows from arming to their opening call. --misses also names the functions within
++-10% but outside their stated interval. --reestimate: the rates
 worked out again from the observations each attach saved, by the estimator as it is now (the rows'
 costs are the run's).
 """
@@ -123,8 +126,60 @@ def misses(run: Path) -> list[str]:
         if p["attach_s"] != 5:
             continue
         bad = [f"{name} {100 * (r / t - 1):+.1f}%±{100 * e / t:.0f}" for name, r, e, t in hot if abs(r / t - 1) > 0.1]
+        out_ci = [f"{name} {100 * (r / t - 1):+.1f}%±{100 * e / t:.1f}" for name, r, e, t in hot
+                  if abs(r - t) > e and abs(r / t - 1) <= 0.1]
         out.append(f"{run.name} {job} {p['rep']} stepwin={step_windows(obs)} intervals={len(obs)} "
-                   f"{len(hot) - len(bad)}/{len(hot)} " + "; ".join(bad))
+                   f"{len(hot) - len(bad)}/{len(hot)} " + "; ".join(bad)
+                   + (f" | outside its interval: {'; '.join(out_ci)}" if out_ci else ""))
+    return out
+
+
+def most_probed(obs) -> int:
+    """The most functions one window of the attach probed (the scout's aside): a whole-step window
+    of every function probes that many."""
+    return max((len(w.probed) for o in obs for w in o.windows if not w.discovery and len(w.probed) < 100), default=0)
+
+
+def whole_split(runs: list[Path]) -> list[str]:
+    """Per job, its 5-s attaches with a whole-step window of every function it probed and those
+    without: rates within +-10% / pairs, the loss in whole steps (median, its 95% interval) and the
+    accounted cost (median); then, over the attaches whose report logs its step windows, the wait
+    of its whole step windows from arming to the opening call."""
+    by: dict[tuple[str, bool], list] = {}
+    waits: dict[str, dict[str, list[float]]] = {}
+    for run in runs:
+        for job, p, obs, hot in attaches(run):
+            if p["attach_s"] != 5:
+                continue
+            most = most_probed(obs)
+            full = any(w.steps and len(w.probed) >= most for o in obs for w in o.windows)
+            by.setdefault((job, full), []).append((p, hot))
+            rep = json.loads(lzma.open(run / (p["attach_file"] + ".xz")).read())
+            tries = rep["attach"].get("step_windows")
+            for t in tries or ():
+                if t["outcome"] == "whole" and t["wait_s"] is not None:
+                    w = waits.setdefault(job, {"wait": [], "gap": [], "attach": []})
+                    w["wait"].append(t["wait_s"])
+                    w["gap"].append(t["gap_mean_s"])
+            if tries and rep["attach"].get("attach_s_median") is not None and job in waits:
+                waits[job]["attach"].append(rep["attach"]["attach_s_median"])
+    out = []
+    for (job, full), xs in sorted(by.items()):
+        hot = [h for _, hs in xs for h in hs]
+        ok = sum(abs(r / t - 1) <= 0.1 for _, r, _, t in hot)
+        steps = [p["slowdown_steps"] for p, _ in xs if p.get("slowdown_steps") is not None]
+        lo, hi = median_interval(steps) if steps else (None, None)
+        cost = "-" if not steps else (f"{100 * statistics.median(steps):.2f}% (95% interval "
+                                      f"{'-' if lo is None else f'{100 * lo:.2f}..{100 * hi:.2f}'})")
+        out.append(f"{job} 5 s, {'with' if full else 'without'} a whole-step window of every function: {len(xs)} "
+                   f"attaches; rates {ok}/{len(hot)} within ±10%; in whole steps {cost}; accounted median "
+                   f"{100 * statistics.median(p['accounted'] for p, _ in xs):.2f}%")
+    for job, w in sorted(waits.items()):
+        wt = w["wait"]
+        out.append(f"{job} 5 s: {len(wt)} step windows counted whole waited {1e3 * statistics.median(wt):.1f} ms "
+                   f"(median; {1e3 * min(wt):.1f}..{1e3 * max(wt):.1f}) from arming to their opening call; the "
+                   f"step function's mean gap then {1e3 * statistics.median(w['gap']):.1f} ms (median); the "
+                   f"attaches' median link attach {1e3 * statistics.median(w['attach']):.1f} ms (median)")
     return out
 
 
@@ -139,7 +194,7 @@ def step_log(run: Path) -> list[str]:
         tries = rep["attach"].get("step_windows")
         if tries is None:
             continue
-        most = max((len(w.probed) for o in obs for w in o.windows if not w.discovery and len(w.probed) < 100), default=0)
+        most = most_probed(obs)
         full = [t["outcome"] for t in tries if t["functions"] >= most]
         rare = [t["outcome"] for t in tries if t["functions"] < most and t["outcome"] != "shorter than a step"]
         out.append(f"{run.name} {job} {p['rep']} of every function ({most}): {', '.join(full) or 'none planned'}; "
@@ -154,11 +209,12 @@ if __name__ == "__main__":
     mode.add_argument("--summary", action="store_true")
     mode.add_argument("--misses", action="store_true")
     mode.add_argument("--step-log", action="store_true")
+    mode.add_argument("--whole", action="store_true")
     ap.add_argument("--reestimate", action="store_true")
     args = ap.parse_args()
     REESTIMATE = args.reestimate
-    if args.summary:
-        print("\n".join(summary(args.runs)))
+    if args.summary or args.whole:
+        print("\n".join(summary(args.runs) if args.summary else whole_split(args.runs)))
     else:
         for run in args.runs:
             print("\n".join(misses(run) if args.misses else step_log(run) if args.step_log else rows(run)))

@@ -31,8 +31,9 @@ RUNS14 = [str(R14 / f"run{n}") for n in (30, 31, 32, 33)]
     (["bench/audit_table.py", "--summary", *RUNS14], R14 / "summary-cost.txt"),
     (["bench/audit_table.py", "--misses", *RUNS14], R14 / "misses-5s.txt"),
     (["bench/audit_table.py", "--step-log", *RUNS14[2:]], R14 / "step-log-5s.txt"),
+    (["bench/audit_table.py", "--whole", *RUNS14], R14 / "whole-split-5s.txt"),
 ], ids=["tiled", "steps", "plan", "table13", "summary13", "misses13", "table13-now", "misses13-now",
-        "table14", "summary14", "misses14", "steplog14"])
+        "table14", "summary14", "misses14", "steplog14", "whole14"])
 def test_the_committed_offline_figures_are_what_the_scripts_print(argv, expected):
     r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
