@@ -62,6 +62,12 @@ STEP_SLACK_S = 0.005
 # A step window's links are attached this long (beyond the time attaching takes) before the step
 # function's next call is due.
 STEP_ARM_LEAD_S = 0.001
+# ... and this share of a step early, for the step's own jitter (a training loop's step gaps vary by
+# 0.07-0.18 of their mean, in the H200's step logs); a call is looked for up to STEP_FRESH_WAIT steps.
+# (The attach is taken at the third quartile of the last few: a miss costs a whole step.)
+STEP_JITTER = 0.1
+STEP_FRESH_WAIT = 2.5
+STEP_FRESH_MAX_S = 0.1
 # A step function is regular (Probes.step_regular) where the gaps between its calls vary by at most
 # this share of their mean (a training loop's once-a-step copy on the H200: about 0.1-0.3), judged
 # once this many gaps are in.
@@ -502,16 +508,30 @@ class Probes:
         from its opening, or nothing if it never opened. False once wait says no one is left."""
         period = plan.period_s
         steps = steps or max(1, round(length / period))
-        # Attached just before the step function's next call is due (its last call's time and its
-        # rate untraced), not at a random moment: the links cost the job from the moment they are
-        # on, and until that call they count nothing (on the H200 half a 17-ms GPT-2 step on average).
-        last, now = self.program.step_last(), time.monotonic()
-        if last is not None and plan.step_hz > 0 and now - last < 10.0 / plan.step_hz:
+        # Attached just before the step function's next call is due, not at a random moment: the
+        # links cost the job from the moment they are on, and until that call they count nothing.
+        # Due one step after a call just seen (polled for), not extrapolated from the last one over
+        # several steps at its rate: so extrapolated, GPT-2's windows on the H200 waited a median
+        # 11.4 ms of a 14.3-ms step with the links on (the call aimed at missed, the next one taken),
+        # and 5 of 12 here on a 40-ms step waited 30-39 ms. Where an attach does not fit well
+        # inside a step, at once: the window opens within a step.
+        # (A step longer than STEP_FRESH_MAX_S is extrapolated over no more than a few: the wait
+        # for a call would take much of an interval.)
+        if plan.step_hz > 0:
             p0 = 1.0 / plan.step_hz
-            lead = (sorted(self.attach_s[-8:])[len(self.attach_s[-8:]) // 2] if self.attach_s else 0.0) + STEP_ARM_LEAD_S
-            due = last + math.ceil((now + lead - last) / p0) * p0
-            if not self.waiting(wait, due - lead - time.monotonic()):
-                return False
+            recent = sorted(self.attach_s[-8:])
+            lead = (recent[(3 * len(recent)) // 4] if recent else 0.0) + STEP_ARM_LEAD_S
+            last = self.program.step_last()
+            if p0 > STEP_FRESH_MAX_S and last is not None:
+                due = last + math.ceil((time.monotonic() + lead - last) / p0) * p0
+                if not self.waiting(wait, due - lead - time.monotonic()):
+                    return False
+            elif lead < (1.0 - STEP_JITTER) * p0:
+                fresh = self._next_step_call(wait, STEP_FRESH_WAIT * p0)
+                if fresh is False:
+                    return False
+                if fresh is not None and not self.waiting(wait, fresh + (1.0 - STEP_JITTER) * p0 - lead - time.monotonic()):
+                    return False
         self.attach(plan.timed if timed is None else timed, probe, open_counting=False)
         self.program.arm(plan.step, self.pid, steps)
         armed = time.monotonic()
@@ -546,6 +566,20 @@ class Probes:
                                      gaps=n, gap_mean_s=mean, gap_cv=cv))
         self.opened_at = None
         return alive
+
+    def _next_step_call(self, wait: Callable[[float], bool], most_s: float) -> float | bool | None:
+        """The time of the step function's next call (the one watch_step named), looked for every
+        STEP_POLL_S for at most most_s; None where none came (the window is then armed at once),
+        False once wait says no one is left."""
+        seen = self.program.step_last()
+        deadline = time.monotonic() + most_s
+        while time.monotonic() < deadline:
+            if not self.waiting(wait, STEP_POLL_S):
+                return False
+            t = self.program.step_last()
+            if t is not None and t != seen:
+                return t
+        return None
 
     def _finish_window(self) -> float:
         ws = self._current
