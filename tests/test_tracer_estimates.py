@@ -493,7 +493,7 @@ def test_a_step_window_is_armed_a_step_after_a_call_just_seen_not_one_extrapolat
     report = attach_json(job.pid, 6, tmp_path / "r.json")
     assert job.wait(timeout=60) == 0
     whole = [t for t in report["attach"]["step_windows"] if t["outcome"] == "whole"]
-    assert len(whole) >= 8, report["attach"]["step_windows"]
+    assert len(whole) >= 6, report["attach"]["step_windows"]
     step = statistics.median(t["gap_mean_s"] for t in whole)
     missed = [t["wait_s"] for t in whole if t["wait_s"] > 0.5 * step]
     assert len(missed) <= 2, ([t["wait_s"] for t in whole], step)
