@@ -13,12 +13,13 @@ steps ('-': not measured by that run) / accounted, in %, with its number of step
 --summary: per (job, attach length) over all the runs given, the attaches' loss in whole steps
 (median, range, and the median's distribution-free 95% interval), their accounted cost (median), the largest gap between the two, and the range
 of the time-based paired slowdown. --misses: per attach (5 s), its step windows and every function
-above 1k calls/s outside +-10%, with its error and stated half-width. --step-log: per 5-s attach
+above 1k calls/s outside +-10%, with its error and stated half-width, and those within +-10% but
+outside their stated interval. --step-log: per 5-s attach
 whose report logs its step windows, those planned over every function it probed and the others
-(the rarer functions' own), each with what came of it. --whole: per job, its 5-s attaches with a
-whole-step window of every function and those without, side by side (rates, cost), and the wait
-of the step windows from arming to their opening call. --misses also names the functions within
-+-10% but outside their stated interval. --reestimate: the rates
+(the rarer functions' own), each with what came of it, the step lengths planned and, for those
+counted whole, the time a step took. --whole: per job, its 5-s attaches with a whole-step window of
+every function and those without, side by side (rates, cost), and the wait of the step windows from
+arming to their opening call. --reestimate: the rates
 worked out again from the observations each attach saved, by the estimator as it is now (the rows'
 costs are the run's).
 """
@@ -27,13 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
 import math
 import statistics
 from pathlib import Path
 import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from audit_gpu import read_json  # noqa: E402
 from gputrace.tracer import estimator as est  # noqa: E402
 
 
@@ -47,7 +49,7 @@ def attaches(run: Path):
         per = d["exact"]["calls_per_step"]
         for p in d["tracer_pairs"]:
             steps = p["session_steps_per_s"] or p["untraced_steps_per_s"]
-            doc = json.loads(lzma.open(run / (p["attach_file"][:-5] + ".obs.json.xz")).read())
+            doc = read_json(run / (p["attach_file"][:-5] + ".obs.json"))
             obs, expo = est.load_observations(doc)
             if REESTIMATE:
                 names = doc["functions"]
@@ -98,6 +100,15 @@ def median_interval(xs: list[float]) -> tuple[float | None, float | None]:
     return xs[j - 1], xs[n - j]
 
 
+def fmt_median(xs: list[float]) -> str:
+    """'median% (range; the median's 95% interval)' in percent, '-' for none."""
+    if not xs:
+        return "-"
+    lo, hi = median_interval(xs)
+    return (f"{100 * statistics.median(xs):.2f}% ({100 * min(xs):.2f}..{100 * max(xs):.2f}; the median's 95% "
+            f"interval {'-' if lo is None else f'{100 * lo:.2f}..{100 * hi:.2f}'})")
+
+
 def summary(runs: list[Path]) -> list[str]:
     by: dict[tuple[str, float], list[dict]] = {}
     for run in runs:
@@ -110,10 +121,7 @@ def summary(runs: list[Path]) -> list[str]:
         timed = [p["slowdown"] for p in ps]
         gap = max((abs(p["slowdown_steps"] - p["accounted"]) for p in ps if p.get("slowdown_steps") is not None),
                   default=None)
-        lo, hi = median_interval(steps) if steps else (None, None)
-        st = ("-" if not steps else f"median {100 * statistics.median(steps):.2f}% "
-              f"({100 * min(steps):.2f}..{100 * max(steps):.2f}; the median's 95% interval "
-              f"{'-' if lo is None else f'{100 * lo:.2f}..{100 * hi:.2f}'}), {sum(s > 0.01 for s in steps)} above 1%")
+        st = "-" if not steps else f"median {fmt_median(steps)}, {sum(s > 0.01 for s in steps)} above 1%"
         out.append(f"{job} {length:.0f} s, {len(ps)} attaches: in whole steps {st}; accounted median "
                    f"{100 * statistics.median(acc):.2f}%; largest gap {'-' if gap is None else f'{100 * gap:.2f}'} "
                    f"point; time-based {100 * min(timed):+.2f}..{100 * max(timed):+.2f}%")
@@ -154,28 +162,29 @@ def whole_split(runs: list[Path]) -> list[str]:
             most = most_probed(obs)
             full = any(w.steps and len(w.probed) >= most for o in obs for w in o.windows)
             by.setdefault((job, full), []).append((p, hot))
-            rep = json.loads(lzma.open(run / (p["attach_file"] + ".xz")).read())
+            rep = read_json(run / p["attach_file"])
             tries = rep["attach"].get("step_windows")
-            for t in tries or ():
+            if tries is None:
+                continue  # (no step log in its report)
+            w = waits.setdefault(job, {"wait": [], "gap": [], "attach": []})
+            w["attach"].append(rep["attach"]["attach_s_median"])
+            for t in tries:
                 if t["outcome"] == "whole" and t["wait_s"] is not None:
-                    w = waits.setdefault(job, {"wait": [], "gap": [], "attach": []})
                     w["wait"].append(t["wait_s"])
                     w["gap"].append(t["gap_mean_s"])
-            if tries and rep["attach"].get("attach_s_median") is not None and job in waits:
-                waits[job]["attach"].append(rep["attach"]["attach_s_median"])
     out = []
     for (job, full), xs in sorted(by.items()):
         hot = [h for _, hs in xs for h in hs]
         ok = sum(abs(r / t - 1) <= 0.1 for _, r, _, t in hot)
         steps = [p["slowdown_steps"] for p, _ in xs if p.get("slowdown_steps") is not None]
-        lo, hi = median_interval(steps) if steps else (None, None)
-        cost = "-" if not steps else (f"{100 * statistics.median(steps):.2f}% (95% interval "
-                                      f"{'-' if lo is None else f'{100 * lo:.2f}..{100 * hi:.2f}'})")
+        cost = fmt_median(steps)
         out.append(f"{job} 5 s, {'with' if full else 'without'} a whole-step window of every function: {len(xs)} "
                    f"attaches; rates {ok}/{len(hot)} within ±10%; in whole steps {cost}; accounted median "
                    f"{100 * statistics.median(p['accounted'] for p, _ in xs):.2f}%")
     for job, w in sorted(waits.items()):
         wt = w["wait"]
+        if not wt:
+            continue
         out.append(f"{job} 5 s: {len(wt)} step windows counted whole waited {1e3 * statistics.median(wt):.1f} ms "
                    f"(median; {1e3 * min(wt):.1f}..{1e3 * max(wt):.1f}) from arming to their opening call; the "
                    f"step function's mean gap then {1e3 * statistics.median(w['gap']):.1f} ms (median); the "
@@ -190,15 +199,19 @@ def step_log(run: Path) -> list[str]:
     for job, p, obs, _ in attaches(run):
         if p["attach_s"] != 5:
             continue
-        rep = json.loads(lzma.open(run / (p["attach_file"] + ".xz")).read())
+        rep = read_json(run / p["attach_file"])
         tries = rep["attach"].get("step_windows")
         if tries is None:
             continue
         most = most_probed(obs)
         full = [t["outcome"] for t in tries if t["functions"] >= most]
         rare = [t["outcome"] for t in tries if t["functions"] < most and t["outcome"] != "shorter than a step"]
+        periods = [t["period_s"] for t in tries]
+        per_step = [t["span_s"] / t["steps"] for t in tries if t["outcome"] == "whole"]
         out.append(f"{run.name} {job} {p['rep']} of every function ({most}): {', '.join(full) or 'none planned'}; "
-                   f"others: {', '.join(rare) or '-'}")
+                   f"others: {', '.join(rare) or '-'}; planned step "
+                   f"{1e3 * min(periods):.1f}-{1e3 * max(periods):.1f} ms"
+                   + (f", counted whole {1e3 * min(per_step):.1f}-{1e3 * max(per_step):.1f} ms a step" if per_step else ""))
     return out
 
 

@@ -69,8 +69,9 @@ KEEP_SHARE = 0.2
 # kept at a calibrated 493-578 ns a probe and not at 653-701 ns (priced at the exposure's most
 # before the marker measures it: 1.8 ms a second at 701 ns against 1.5 allowed): two of the H200's
 # six 5-s MLP attaches of the thirteenth round had no step windows, or only in the last interval,
-# and the only MLP rates outside +-10%. Counting it costs the job what it costs (0.1 ms a second at
-# a measured exposure of 1.2-1.5), and the windows give that much up.
+# and the only MLP rates outside +-10%. Counting it costs the job what it costs (850 calls a second
+# at 600-700 ns and a measured exposure of 1.2-1.5: under 1 ms a second), and the windows give that
+# much up.
 STEP_KEEP_SHARE = 0.5
 # The share of the planned budget for a window that probes only the rarer functions, apart from the
 # few hottest that make most of a window's cost (`Policy.rare_set`), when they cost at most
@@ -108,8 +109,8 @@ WHOLE_MAX_EVERY = 3
 # a whole step exactly, which no number of windows of time that the same budget pays for does. Until
 # the exposure is measured it is priced at its most (3x the calibration), and a GPT-2 step on the
 # H200 then at 35 ms of window costing all of it, where its steps took 14-26 ms under such a window
-# and lost about 5 ms each: at five intervals, 11 of 13 5-s attaches of the fourteenth round had none,
-# and all the GPT-2 rates outside +-10% were theirs.
+# and lost about 5 ms each: at five intervals, 17 of 23 GPT-2 5-s attaches of the fourteenth round
+# (runs 30-32) had none, and all the GPT-2 rates outside +-10% there were theirs.
 WHOLE_STEP_MAX_EVERY = 8
 # The time a step window's links are attached before its first call is due (Probes._step_window).
 STEP_ARM_S = 0.002
@@ -528,8 +529,8 @@ class Policy:
         found irregular, or no longer kept, when it was due) and was not run: the intervals planned
         to pay for it plan again, with what is known now. On the H200 two of ten GPT-2 5-s attaches
         planned one on a faster kept function that turned out irregular, ran it as a window of time
-        and, paying for it with the intervals after, had no whole step at all (four to seven of
-        their rates 10-39% off). Twice in a session at most: the third such window stays skipped."""
+        and, paying for it with the intervals after, had no whole step at all (four and seven of
+        their rates 10-53% off). Twice in a session at most: the third such window stays skipped."""
         self.whole_misses += 1
         if self.whole_misses <= 2:
             self.skip, self.skip_waits = 0, False

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -68,6 +69,7 @@ STEP_ARM_LEAD_S = 0.001
 STEP_JITTER = 0.1
 STEP_FRESH_WAIT = 2.5
 STEP_FRESH_MAX_S = 0.1
+STEP_LOG_MAX = 1000  # step windows' tries kept for the report (an attach may run for hours)
 # A step function is regular (Probes.step_regular) where the gaps between its calls vary by at most
 # this share of their mean (a training loop's once-a-step copy on the H200: about 0.1-0.3), judged
 # once this many gaps are in.
@@ -148,9 +150,9 @@ class Probes:
         self.log = IntervalLog()
         self.attach_s: list[float] = []
         self.detach_s: list[float] = []
-        # Every window planned as whole steps, as it went (`StepTry`): what attach's report shows,
-        # so that an attach with fewer step windows than planned says why.
-        self.step_log: list[StepTry] = []
+        # Every window planned as whole steps, as it went (`StepTry`; the last STEP_LOG_MAX): what
+        # attach's report shows, so that an attach with fewer step windows than planned says why.
+        self.step_log: deque[StepTry] = deque(maxlen=STEP_LOG_MAX)
         # Called from the waits when a watched function has been called, with the seconds since
         # the poll before (the calls it finds were made in them): the caller moves it into the
         # windows (set_watch without it).
@@ -439,7 +441,7 @@ class Probes:
                 self._current = None
                 continue
             else:
-                if plan.step is not None:
+                if plan.step is not None and why != "shorter than a step":  # (a window of time, as planned)
                     self.step_log.append(StepTry(time.monotonic(), plan.step, 0, plan.period_s, len(probe), why))
                 self.attach(plan.timed, probe)
                 self.waiting(wait, length)
