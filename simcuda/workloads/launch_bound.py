@@ -6,6 +6,11 @@ gives the returned pointer, so with --ptsz they appear as e.g. cuLaunchKernel_pt
 Prints one JSON line: {"workload", "mode": "dlopen", "ptsz", "cuda_version", "steps", "elapsed_s",
 "calls": {exported name: count}, "check", "per_step"}. Options as launch_bound.c; run with
 LD_LIBRARY_PATH from gputrace.simcuda.env(). Python 3.10+, standard library only.
+
+--serve: the GPU benchmarks' job protocol (bench/gpu_jobs.py), so a benchmark harness can be tried
+on simcuda: after set-up it prints `ready`, then answers each stdin line `run SECONDS [stamps]` with
+{"steps", "seconds", "steps_per_s", "cpu_s", "t0"[, "stamps"]}, `gputime STEPS` with the simulated
+kernels' time a step, and ends at `quit` (then the usual report).
 """
 
 from __future__ import annotations
@@ -160,6 +165,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ptsz", action="store_true", help="ask for per-thread default stream entry points")
     p.add_argument("--dlopen", action="store_true", help="accepted for symmetry with the C workload (always so)")
     p.add_argument("--cuda-version", type=int, default=13000)
+    p.add_argument("--serve", action="store_true", help="answer bench/gpu_jobs.py's protocol on stdin (see above)")
     p.add_argument("--hold", action="store_true",
                    help="hold point 1 after setup, 2 after teardown: print what the process holds as a JSON line "
                         "and wait for a line on stdin (as the C workloads' --hold)")
@@ -191,6 +197,38 @@ def hold(n: int, held: dict) -> None:
 
 def share(total: int, j: int, slots: int) -> int:
     return (j + 1) * total // slots - j * total // slots
+
+
+def serve(one_step: Callable[[], None], kernel_s_per_step: float) -> int:
+    """--serve: timed phases on request (bench/gpu_jobs.py's protocol); returns the steps made."""
+    print("ready", flush=True)
+    done = 0
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "quit":
+            break
+        if words[0] == "gputime":
+            print(json.dumps({"steps": int(words[1]), "gpu_busy_s_per_step": kernel_s_per_step,
+                              "gpu_sum_s_per_step": kernel_s_per_step, "simulated": True}), flush=True)
+            continue
+        seconds, stamps = float(words[1]), []
+        n, c0, t0 = 0, sum(os.times()[:2]), time.monotonic()
+        while True:
+            one_step()
+            n += 1
+            now = time.monotonic()
+            if "stamps" in words[2:]:
+                stamps.append(round(now, 6))
+            if now - t0 >= seconds:
+                break
+        out = {"steps": n, "seconds": now - t0, "steps_per_s": n / (now - t0), "cpu_s": sum(os.times()[:2]) - c0, "t0": t0}
+        if stamps:
+            out["stamps"] = stamps
+        print(json.dumps(out), flush=True)
+        done += n
+    return done
 
 
 def main(argv: list[str]) -> int:
@@ -249,13 +287,18 @@ def main(argv: list[str]) -> int:
     ]
     plan = [[(call, share(per[base], j, slots)) for base, call in order] for j in range(slots)]
 
-    step = 0
-    while (step == 0 or time.monotonic() - t0 < a.seconds) if a.seconds > 0 else step < a.steps:
+    def one_step() -> None:
         for slot in plan:
             for call, k in slot:
                 for _ in range(k):
                     call()
         cu.cuStreamSynchronize(stream)
+
+    step = 0
+    if a.serve:
+        step = serve(one_step, launches * a.kernel_ns * 1e-9)
+    while not a.serve and ((step == 0 or time.monotonic() - t0 < a.seconds) if a.seconds > 0 else step < a.steps):
+        one_step()
         step += 1
 
     host = (c_uint * N_ELEMS)()
