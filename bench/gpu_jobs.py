@@ -8,13 +8,20 @@ Jobs (--job):
   graph    the mlp step captured once as a CUDA graph and replayed (one cuGraphLaunch a step)
   matmul   GPU-bound: 8 bf16 matmuls of 8192^2 a step; the CPU mostly waits
   copies   small host-device copies: 4 KiB pinned H2D, a tiny kernel, 4 KiB D2H, synchronize
+  copiesbig  large host-device copies: 64 MiB pinned H2D, a kernel over it, 64 MiB D2H, synchronize
+  gpt2big  the gpt2 step at a second size: 12 layers, n_embd 1024, 16 heads, batch 8 x 512 tokens
+  kvcache  inference with a KV cache: the gpt2 model (eval, no grad) decoding greedily one token a step
+           for a batch of 4, its cache carried from step to step, a new 32-token prompt every 128 tokens
   switch   mlp steps until the first `run` ends, then graph replays: calls that change mid-run
 
 Protocol (stdout is one line per answer): after set-up and warm-up it prints `ready`; then each line
 on stdin is `run SECONDS [stamps]` (run that long; answer {"steps", "seconds", "steps_per_s",
 "cpu_s", "t0"} and with `stamps` "stamps": the end of every step; times are CLOCK_MONOTONIC
 seconds, as the tracer's report gives them) or `quit`. cpu_s is the process's CPU time over the
-phase, all threads.
+phase, all threads. `gputime STEPS` runs STEPS steps under PyTorch's profiler (CUDA activity only)
+and answers {"steps", "gpu_busy_s_per_step" (the union of the device's kernel, copy and set
+intervals), "gpu_sum_s_per_step" (their sum), "device_events_per_step"}: the GPU time behind the
+driver calls per GPU-millisecond. The profiler leaves CUPTI loaded, so a harness asks for it last.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import os
 import sys
 import time
 
-JOBS = ("mlp", "gpt2", "graph", "matmul", "copies", "switch")
+JOBS = ("mlp", "gpt2", "gpt2big", "graph", "matmul", "copies", "copiesbig", "kvcache", "switch")
 
 
 def make_mlp(torch, dev):
@@ -72,13 +79,14 @@ def make_graph(torch, dev):
     return step, (model, opt, g, loss)
 
 
-def make_gpt2(torch, dev):
+def make_gpt2(torch, dev, layers: int = 6, width: int = 512, heads: int = 8, tokens: int = 128):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=512, n_head=8, vocab_size=8192, n_positions=256)).to(dev)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=8192,
+                                       n_positions=max(256, tokens))).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, 8192, (8, 128), device=dev)
+    ids = torch.randint(0, 8192, (8, tokens), device=dev)
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
@@ -88,6 +96,42 @@ def make_gpt2(torch, dev):
         return loss.item()
 
     return step, (model, opt, ids)
+
+
+def make_gpt2big(torch, dev):
+    return make_gpt2(torch, dev, layers=12, width=1024, heads=16, tokens=512)
+
+
+def make_kvcache(torch, dev):
+    """Greedy decoding with the cache carried between steps, as a serving loop does; `.item()` on
+    each step's tokens is the per-token check a generation loop makes (a stop token)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=512, n_head=8, vocab_size=8192, n_positions=256)).to(dev)
+    model.eval()
+    gen = torch.Generator(device=dev).manual_seed(1)
+    state: dict = {"past": None, "tok": None, "n": 0}
+
+    def prefill() -> None:
+        prompt = torch.randint(0, 8192, (4, 32), device=dev, generator=gen)
+        out = model(input_ids=prompt, use_cache=True)
+        state["past"], state["n"] = out.past_key_values, 0
+        state["tok"] = out.logits[:, -1:].argmax(-1)
+
+    @torch.no_grad()
+    def step() -> float:
+        if state["past"] is None or state["n"] >= 128:
+            prefill()
+        out = model(input_ids=state["tok"], past_key_values=state["past"], use_cache=True)
+        state["past"] = out.past_key_values
+        state["tok"] = out.logits[:, -1:].argmax(-1)
+        state["n"] += 1
+        return float(state["tok"][0, 0].item())
+
+    with torch.no_grad():
+        prefill()
+    return step, (model, state)
 
 
 def make_matmul(torch, dev):
@@ -118,6 +162,50 @@ def make_copies(torch, dev):
     return step, (host_in, host_out, d)
 
 
+def make_copiesbig(torch, dev):
+    n = 16 << 20  # 64 MiB of float32
+    host_in = torch.randn(n).pin_memory()
+    host_out = torch.empty(n).pin_memory()
+    d = torch.empty(n, device=dev)
+
+    def step() -> float:
+        d.copy_(host_in, non_blocking=True)
+        d.mul_(1.0001)
+        host_out.copy_(d, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        return 0.0
+
+    return step, (host_in, host_out, d)
+
+
+def gpu_time(torch, step, steps: int) -> dict:
+    """The GPU's own time a step: `steps` steps under the profiler (two more first, its warm-up),
+    every device event's interval (kernels, copies, sets), their union and their sum."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    with profile(activities=[ProfilerActivity.CUDA], schedule=schedule(wait=1, warmup=1, active=steps)) as prof:
+        for _ in range(steps + 2):
+            step()
+            torch.cuda.synchronize()
+            prof.step()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    busy, total, cur = 0.0, 0.0, None
+    for a, b in spans:
+        total += b - a
+        if cur is None or a > cur[1]:
+            if cur is not None:
+                busy += cur[1] - cur[0]
+            cur = [a, b]
+        else:
+            cur[1] = max(cur[1], b)
+    if cur is not None:
+        busy += cur[1] - cur[0]
+    return {"steps": steps, "gpu_busy_s_per_step": busy * 1e-6 / steps, "gpu_sum_s_per_step": total * 1e-6 / steps,
+            "device_events_per_step": len(spans) / steps}
+
+
 def cpu_s() -> float:
     t = os.times()
     return t.user + t.system
@@ -134,8 +222,8 @@ def main() -> int:
         print("gpu_jobs: no CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
-    makers = {"mlp": make_mlp, "gpt2": make_gpt2, "graph": make_graph, "matmul": make_matmul,
-              "copies": make_copies}
+    makers = {"mlp": make_mlp, "gpt2": make_gpt2, "gpt2big": make_gpt2big, "graph": make_graph,
+              "matmul": make_matmul, "copies": make_copies, "copiesbig": make_copiesbig, "kvcache": make_kvcache}
     if args.job == "switch":
         first, keep1 = make_mlp(torch, dev)
         second, keep2 = make_graph(torch, dev)
@@ -153,6 +241,9 @@ def main() -> int:
             continue
         if words[0] == "quit":
             break
+        if words[0] == "gputime":
+            print(json.dumps(gpu_time(torch, steps[0], int(words[1]))), flush=True)
+            continue
         seconds = float(words[1])
         want_stamps = "stamps" in words[2:]
         step = steps[0]
