@@ -16,7 +16,7 @@ Stages, in order (`--list` prints them with what each is estimated to take):
                  - one under the shim (`gputrace run --checkpointable`): native and shim phases
                    alternated (N S N S ... N, each shim phase against the mean of its neighbours), then
                    the shim's emulated layer at each --costs, submission calls and every class
-                   (audit_gpu.emulation_pairs);
+                   (audit_gpu.emulation_pairs; cost 0 is the layer's floor, its clock reads and counts);
                  - a second native one, alternated with the first the same way: what two processes of
                    one job differ by with no layer at all, the floor under the shim's figure.
   ckpt:SIZE:STORAGE   bench/ckpt_costs_gpu.py: freeze, time back, bytes and write throughput of this
@@ -66,7 +66,7 @@ STORAGES = ("tmpfs", "disk")
 APP_SIZES = ("small", "large")
 # A stage's wall time before one of its kind has run in DIR (then that one's time is used): the
 # three processes' start (PyTorch, transformers) and each part's phases, rounded up.
-ESTIMATE_S = {"steady": 240.0, "ckpt": 240.0, "app": 300.0}
+ESTIMATE_S = {"steady": 270.0, "ckpt": 240.0, "app": 300.0}
 EXIT_MORE = 3
 
 
@@ -87,7 +87,7 @@ class Config:
     cycles: int = 8               # shim (or control) phases, each between two native ones
     attaches: int = 4             # 5-s default-budget attaches, each between untraced phases
     untraced_s: float = 5.0
-    costs: list[float] = field(default_factory=lambda: [500.0, 2000.0, 10000.0])
+    costs: list[float] = field(default_factory=lambda: [0.0, 500.0, 2000.0, 10000.0])
     emulate_s: float = 6.0        # emulated seconds per cost and selection
     emulate_cycles: int = 6
     gputime_steps: int = 20
@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="*", help="stages to run, shell patterns, comma-separated (e.g. 'steady:*')")
     ap.add_argument("--budget-s", type=float, default=520.0,
                     help="stop before a stage that would end past this many seconds from the start (default 520)")
-    ap.add_argument("--costs", default="500,2000,10000", help="the emulated layer's ns a call ('none': no emulated layer)")
+    ap.add_argument("--costs", default="0,500,2000,10000",
+                    help="the emulated layer's ns a call; 0 is its floor, which the report takes off the others ('none': no emulated layer)")
     ap.add_argument("--attaches", type=int, default=4, help="5-s default-budget attaches a workload")
     ap.add_argument("--ckpt-sizes", default=",".join(map(str, CKPT_SIZES_GIB)), help="GiB (with --sim: MiB)")
     ap.add_argument("--sim", action="store_true", help="simcuda instead of a GPU: a dry run of the harness")

@@ -4,7 +4,7 @@ The suite is tried on simcuda: its Python launch-bound workload serves the GPU j
 harness (three processes, the shim, the tracer attached from outside, the emulated layer, resuming,
 the time budget) runs for real here; only the workloads are simulated. The report is made from
 committed results: tests/data/overhead-sim (a simcuda run of the suite, made by
-`bench/overhead_suite.py --sim --out tests/data/overhead-sim --only 'steady:mlp' --attaches 2 --costs 500,2000`,
+`bench/overhead_suite.py --sim --out tests/data/overhead-sim --only 'steady:mlp' --attaches 2 --costs 0,500,2000`,
 the attach reports left out) and, once they are committed, the GPU results behind docs/overhead-report.md.
 """
 
