@@ -74,17 +74,23 @@ def mean_ci(xs: list[float], n: int = 2000) -> list[float | None]:
 class Job:
     """A bench/gpu_jobs.py job, warm, answering timed phases; under the shim unless `shim` is False."""
 
-    def __init__(self, name: str, shim: bool = True) -> None:
+    def __init__(self, name: str, shim: bool = True, wait: bool = True) -> None:
         self.name = name
         job = os.environ.get("GPUTRACE_BENCH_JOB_CMD")  # a stand-in job, to try the script without a GPU
         argv = job.split() if job else [sys.executable, str(HERE / "gpu_jobs.py"), "--job", name]
         if shim:
             argv = ["gputrace", "run", "--checkpointable", "--", *argv]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        if wait:
+            self.ready()
+
+    def ready(self) -> "Job":
+        """Wait for its set-up and warm-up (several jobs started at once wait in turn)."""
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
-            raise SystemExit(f"{name} did not start: {line!r}")
-        self.pid = self.proc.pid
+            raise SystemExit(f"{self.name} did not start: {line!r}")
+        return self
 
     def run(self, seconds: float, stamps: bool = False) -> dict:
         self.proc.stdin.write(f"run {seconds}{' stamps' if stamps else ''}\n")

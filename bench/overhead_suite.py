@@ -152,10 +152,11 @@ def steady(name: str, d: Path, cfg: Config) -> dict:
     t0 = time.monotonic()
     doc: dict = {"schema": SCHEMA, "job": name, "device": device_name(cfg.sim), "commit": commit(),
                  "config": {k: v for k, v in vars(cfg).items()}}
-    native = Job(name, shim=False)
-    shim = Job(name, shim=True)
-    control = Job(name, shim=False)
+    # Started together, set up side by side (PyTorch and transformers load in each).
+    native, shim, control = Job(name, shim=False, wait=False), Job(name, shim=True, wait=False), Job(name, shim=False, wait=False)
     try:
+        for j in (native, shim, control):
+            j.ready()
         doc["pids"] = {"native": native.pid, "shim": shim.pid, "control": control.pid}
         doc["exact"] = audit_gpu.exact_counts(native)
         per_step = doc["exact"]["calls_per_step"]
