@@ -317,7 +317,8 @@ def read_json(path: Path) -> dict | None:
     """The document at path, or at path.xz (the committed attach reports and observations are
     compressed: raw, they made the repository too large to carry to the GPU machine); None if neither."""
     if path.exists():
-        return orjson.loads(path.read_bytes())
+        raw = path.read_bytes()
+        return orjson.loads(lzma.decompress(raw) if path.suffix == ".xz" else raw)
     xz = path.with_name(path.name + ".xz")
     return orjson.loads(lzma.decompress(xz.read_bytes())) if xz.exists() else None
 

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import lzma
 import random
 import statistics
 import sys
@@ -26,14 +25,9 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from audit_gpu import read_json  # noqa: E402  (bench/, beside this file)
 
-
-def _read(path: Path) -> dict | None:
-    if path.exists():
-        raw = path.read_bytes()
-        return orjson.loads(lzma.decompress(raw) if path.suffix == ".xz" else raw)
-    xz = path.with_name(path.name + ".xz")
-    return orjson.loads(lzma.decompress(xz.read_bytes())) if xz.exists() else None
 
 
 def steps(dirs: list[Path]) -> int:
@@ -44,7 +38,7 @@ def steps(dirs: list[Path]) -> int:
                 continue
             doc = orjson.loads(path.read_bytes())
             for p in doc["tracer_pairs"]:
-                obs = _read(d / Path(p["attach_file"]).with_suffix(".obs.json"))
+                obs = read_json(d / Path(p["attach_file"]).with_suffix(".obs.json"))
                 hz = p.get("session_steps_per_s")
                 if obs is None or not hz:
                     continue
@@ -76,7 +70,7 @@ def plan(report_path: Path, step: str, irregular: list[str], every: int | None =
     from gputrace.tracer.calibrate import ProbeCost
     from gputrace.tracer.classify import FunctionClass
 
-    rep = _read(report_path)
+    rep = read_json(report_path)
     fs = [f for f in rep["summary"]["functions"] if f["rate_hz"]]
     ids = {f["name"]: i for i, f in enumerate(fs)}
     cal = rep["calibration"]["emulated"]

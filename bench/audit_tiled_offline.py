@@ -15,7 +15,6 @@ their stated 95% interval, and the median signed error.
 from __future__ import annotations
 
 import argparse
-import lzma
 import statistics
 import sys
 from pathlib import Path
@@ -23,13 +22,9 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from audit_gpu import read_json  # noqa: E402  (bench/, beside this file)
 
-
-def _xz(path: Path) -> dict | None:
-    xz = path.with_name(path.name + ".xz")
-    if xz.exists():
-        return orjson.loads(lzma.decompress(xz.read_bytes()))
-    return orjson.loads(path.read_bytes()) if path.exists() else None
 
 
 def gaps_before(report: dict) -> list[float]:
@@ -72,8 +67,8 @@ def main() -> int:
             for p in doc["tracer_pairs"]:
                 if args.attach_s and p["attach_s"] != args.attach_s:
                     continue
-                report = _xz(d / p["attach_file"])
-                obs_doc = _xz(d / Path(p["attach_file"]).with_suffix(".obs.json"))
+                report = read_json(d / p["attach_file"])
+                obs_doc = read_json(d / Path(p["attach_file"]).with_suffix(".obs.json"))
                 if report is None or obs_doc is None or len(obs_doc["observations"]) != len(report["intervals"]):
                     continue
                 steps_hz = p.get("session_steps_per_s") or p["untraced_steps_per_s"]
