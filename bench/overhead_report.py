@@ -116,6 +116,7 @@ def workload_figures(doc: dict) -> dict:
     return {
         "job": doc["job"], "device": doc.get("device"), "commit": doc.get("commit"),
         "calls_per_step": per_step, "gpu_ms_per_step": None if busy is None else busy * 1e3,
+        "gpu_error": gpu.get("error") if gpu else "the job gave no GPU time",
         "gpu_simulated": bool(gpu.get("simulated")),
         "calls_per_gpu_ms": None if not busy else per_step / (busy * 1e3),
         "native_steps_per_s": native_sps,
@@ -351,6 +352,7 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
               "accounted cost. Medians with their 95% interval.", "",
               "| workload | calls a step | GPU ms a step | calls per GPU-ms | native steps/s | control | shim (audit's bounds) | tracer (accounted) | rates within ±10% after 5 s |",
               "|---|---|---|---|---|---|---|---|---|"]
+        lost = [f"{r['job']}: {r['gpu_error']}" for r in rows if r["gpu_ms_per_step"] is None]
         for r in rows:
             sim_note = " (simulated)" if r["gpu_simulated"] else ""
             L.append(f"| {r['job']} | {r['calls_per_step']:.0f} | {num(r['gpu_ms_per_step'])}{sim_note} | "
@@ -358,6 +360,8 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
                      f"{ci_pct(r['control'], 2)} | {ci_pct(r['shim'], 2)} ({pct(r['shim_lower'], 2)}..{pct(r['shim_upper'], 2)}) | "
                      f"{ci_pct(r['tracer'], 2)} ({ci_pct(r['tracer_accounted'], 2)}) | "
                      f"{NOT if r['rates_pairs'] is None else str(r['rates_within_10pct']) + ' of ' + str(r['rates_pairs'])} |")
+        if lost:
+            L += ["", "GPU time not measured: " + "; ".join(lost) + "."]
         L += ["", "### The emulated layer against the audit's prediction", "",
               "The shim's emulated layer adds a set busy CPU time to every call of the classes chosen; the "
               "audit predicts, from the rates of the workload's first 5-s attach and the wait it timed, a "
