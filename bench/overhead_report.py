@@ -193,15 +193,22 @@ def load(d: Path) -> dict:
 
 def failure_rows(app: dict, mtbf_h: float) -> list[dict]:
     """Each method's expected work lost per failure at a checkpoint interval that keeps its cost at
-    1% (bench/failure_model.py)."""
+    1% (bench/failure_model.py); a method that writes in the background cannot checkpoint more often
+    than its write completes."""
     import failure_model as fm
 
     rows = []
+    model = fm.FailureModel(mtbf_h=mtbf_h)
     for name, m in (app.get("methods") or {}).items():
+        if not isinstance(m, dict):
+            continue
         held, resume = m.get("held_s"), m.get("resume_s")
-        r = fm.plan(fm.Inputs(held_s=held, resume_s=resume, write_s=m.get("write_s"), mtbf_s=mtbf_h * 3600.0))
-        rows.append({"method": name, "held_s": held, "resume_s": resume, "bytes": m.get("bytes"), "plan": r,
-                     "error": m.get("error") or m.get("reason")})
+        costs = fm.CheckpointCosts(held_s=held, resume_s=resume,
+                                   write_s=m.get("write_s") if m.get("background_write") else None,
+                                   step_s=app.get("step_s"))
+        reason = m.get("error") or m.get("skipped") or m.get("held_s_reason") or m.get("resume_s_reason")
+        rows.append({"method": name, "held_s": held, "resume_s": resume, "bytes": m.get("bytes"),
+                     "plan": fm.expected(costs, model), "error": reason})
     return rows
 
 
@@ -321,6 +328,12 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
 # --- the report ----------------------------------------------------------------------------------------------
 
 
+def fm_assumptions(mtbf_h: float) -> str:
+    import failure_model as fm
+
+    return fm.assumptions(fm.FailureModel(mtbf_h=mtbf_h))
+
+
 def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) -> str:
     rows = [workload_figures(doc) for doc in data["steady"]]
     devices = sorted({str(r["device"]) for r in rows} | {str(c.get("device")) for c in data["ckpt"] + data["app"]})
@@ -427,21 +440,20 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
 
     if data["app"]:
         L += ["## Inside the application against below it", "",
-              f"The failure model: failures come at random, a mean {mtbf_h:g} h apart; each loses the work since "
-              "the last checkpoint (on average half an interval) plus the time to resume; the interval is "
-              "the shortest that keeps the checkpoints' cost to the job at 1% (bench/failure_model.py).", ""]
+              "The failure model (bench/failure_model.py): " + fm_assumptions(mtbf_h), ""]
         if any(p.name == "app-vs-system.png" for p in made):
             L += [f"![application-level against system-level]({plot_rel}/app-vs-system.png)", ""]
-        L += ["| size | method | job held s | to resume s | size on storage | interval at 1% | work lost a failure |",
-              "|---|---|---|---|---|---|---|"]
+        L += ["| size | method | job held s | to resume s | size on storage | interval at 1% | work lost a failure | Young/Daly interval |",
+              "|---|---|---|---|---|---|---|---|"]
         for a in data["app"]:
             for f in failure_rows(a, mtbf_h):
                 p = f["plan"]
                 if f["held_s"] is None and f["resume_s"] is None:
-                    L.append(f"| {a.get('size')} | {f['method']} | not measured: {f['error'] or 'no figure'} | | | | |")
+                    L.append(f"| {a.get('size')} | {f['method']} | not measured: {f['error'] or 'no figure'} | | | | | |")
                     continue
                 L.append(f"| {a.get('size')} | {f['method']} | {num(f['held_s'])} | {num(f['resume_s'])} | "
-                         f"{num(f['bytes'], '{:,}')} | {num(p.interval_s, '{:.0f} s')} | {num(p.lost_per_failure_s, '{:.0f} s')} |")
+                         f"{num(f['bytes'], '{:,}')} | {num(p.interval_s, '{:.0f} s')} | "
+                         f"{num(p.lost_per_failure_s, '{:.0f} s')} | {num(p.young_interval_s, '{:.0f} s')} |")
         L.append("")
     L += ["## Reproduce", "",
           "On the GPU machine, repeated until it exits 0 (see `bench/overhead_suite.py --help`):", "",

@@ -122,3 +122,23 @@ def test_the_committed_report_is_what_the_script_makes_of_the_committed_results(
     r = run([str(REPORT), str(GPU_RESULTS), "--md", str(md), "--plots", str(tmp_path / "overhead-report")])
     assert r.returncode == 0, r.stderr
     assert md.read_text() == (ROOT / "docs/overhead-report.md").read_text()
+
+
+def test_the_failure_model_rows_come_from_each_methods_held_and_resume_times(tmp_path):
+    d = tmp_path / "results"
+    d.mkdir()
+    app = {"schema": "gputrace.bench.appckpt/1", "device": "test data", "commit": None, "size": "small", "step_s": 0.05,
+           "methods": {
+               "torch": {"held_s": 2.0, "resume_s": 10.0, "write_s": 2.0, "bytes": 1000, "background_write": False},
+               "dcp-async": {"held_s": 0.5, "resume_s": 12.0, "write_s": 80.0, "bytes": 1000, "background_write": True},
+               "gputrace-full": {"held_s": None, "resume_s": None, "error": "CRIU refused the job"}}}
+    (d / "app-small.json").write_bytes(orjson.dumps(app))
+    text = report_of(d, tmp_path)
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in text.splitlines() if line.startswith("| small | ")}
+    # torch: blocking, C = 2 s: the interval C / 1% = 200 s, the loss half of it plus the 10-s resume.
+    assert rows["torch"][5:7] == ["200 s", "110 s"]
+    # async: held 0.5 s (C / 1% = 50 s), but its write takes 80 s, which floors the interval.
+    assert rows["dcp-async"][5:7] == ["80 s", "52 s"]
+    assert rows["gputrace-full"][2] == "not measured: CRIU refused the job"
+    assert "**Answered** below." in text and "4. *Checkpointing inside" in text
