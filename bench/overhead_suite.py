@@ -188,7 +188,18 @@ def steady(name: str, d: Path, cfg: Config) -> dict:
 # --- the stages run by a script of their own ----------------------------------------------------------------
 
 
-def script_stage(stage: Stage, d: Path, cfg: Config) -> dict | None:
+def done(path: Path) -> bool:
+    """The stage's file is there and complete (bench/appckpt_gpu.py rewrites its file after every
+    method, "complete": false until the last)."""
+    if not path.exists():
+        return False
+    try:
+        return orjson.loads(path.read_bytes()).get("complete", True) is not False
+    except (OSError, orjson.JSONDecodeError):
+        return False
+
+
+def script_stage(stage: Stage, d: Path, cfg: Config, left_s: float) -> dict | None:
     out = d / stage.file
     if stage.kind == "ckpt":
         size, storage = stage.args
@@ -199,7 +210,7 @@ def script_stage(stage: Stage, d: Path, cfg: Config) -> dict | None:
             print(f"{stage.name}: not on simcuda (it needs PyTorch on a GPU)", flush=True)
             return None
         argv = [sys.executable, str(HERE / "appckpt_gpu.py"), "--size", stage.args[0],
-                "--storage", "/var/tmp/gtapp", "--out", str(out)]
+                "--storage", "/var/tmp/gtapp", "--out", str(out), "--budget-s", f"{max(60.0, left_s - 15):.0f}"]
     r = subprocess.run(argv)
     if r.returncode:
         raise SystemExit(f"{stage.name}: {Path(argv[1]).name} failed with status {r.returncode}")
@@ -258,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             if any(fnmatch.fnmatchcase(s.name, p) for p in pats)]
     if a.list:
         for s in todo:
-            state = "done" if (d / s.file).exists() else f"~{estimate(s, d):.0f} s"
+            state = "done" if done(d / s.file) else f"~{estimate(s, d):.0f} s"
             print(f"{s.name:18} {state}")
         return 0
     if a.sim:
@@ -269,12 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     for s in todo:
         path = d / s.file
-        if path.exists():
+        if done(path):
             continue
         left = a.budget_s - (time.monotonic() - start)
         need = estimate(s, d)
         if need > left:
-            rest = sum(not (d / x.file).exists() for x in todo)
+            rest = sum(not done(d / x.file) for x in todo)
             print(f"stopping before {s.name}: it takes about {need:.0f} s and {max(left, 0):.0f} s of the budget "
                   f"are left; {rest} stage(s) to go: run the same command again", flush=True)
             return EXIT_MORE
@@ -283,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         if s.kind == "steady":
             write_atomic(path, steady(s.args[0], d, cfg))
         else:
-            script_stage(s, d, cfg)
+            script_stage(s, d, cfg, left)
         print(f"{s.name}: done in {time.monotonic() - t0:.0f} s", flush=True)
     print(f"all {len(todo)} stage(s) done in {d}; next: bench/overhead_report.py {d}", flush=True)
     return 0
