@@ -187,7 +187,11 @@ def load(d: Path) -> dict:
                 if not p.name.endswith(".obs.json") and "-attach-" not in p.name]
 
     notes_f = d / "notes.json"
-    return {"steady": docs("steady"), "ckpt": docs("ckpt"), "app": docs("app"),
+    every = {k: docs(k) for k in ("steady", "ckpt", "app")}
+    failed = [x for v in every.values() for x in v if x.get("failed")]
+    return {"steady": [x for x in every["steady"] if not x.get("failed")],
+            "ckpt": [x for x in every["ckpt"] if not x.get("failed")],
+            "app": [x for x in every["app"] if not x.get("failed")], "failed": failed,
             "notes": orjson.loads(notes_f.read_bytes()) if notes_f.exists() else {}}
 
 
@@ -420,22 +424,29 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
               "write: the image's bytes over the time to write them to that storage.", ""]
         if any(p.name == "freeze-vs-size.png" for p in made):
             L += [f"![freeze against size]({plot_rel}/freeze-vs-size.png)", ""]
-        L += ["| GiB | storage | path | freeze s | back s | bytes | write GB/s |", "|---|---|---|---|---|---|---|"]
+        L += ["| size | storage | path | freeze s | back s | bytes | write GB/s | data after restore |",
+              "|---|---|---|---|---|---|---|---|"]
         for c in sorted(data["ckpt"], key=lambda c: (c.get("size_gib", 0), str(c.get("storage")))):
+            size = f"{c.get('size', c.get('size_gib'))} {c.get('size_unit', 'GiB')}"
             if c.get("skipped"):
-                L.append(f"| {c.get('size_gib')} | {c.get('storage')} | every path | not measured: {c['skipped']} | | | |")
+                L.append(f"| {size} | {c.get('storage')} | every path | not measured: {c['skipped']} | | | | |")
                 continue
+            plain = ((c.get("limits") or {}).get("storage_write") or {}).get("write_gb_s")
             for name, p in (c.get("paths") or {}).items():
                 if not isinstance(p, dict):
                     continue
                 if p.get("skipped") or p.get("error"):
-                    L.append(f"| {c.get('size_gib')} | {c.get('storage')} | {name} | not measured: "
-                             f"{p.get('skipped') or p.get('error')} | | | |")
+                    L.append(f"| {size} | {c.get('storage')} | {name} | not measured: "
+                             f"{p.get('skipped') or p.get('error')} | | | | |")
                     continue
                 write = p.get("write_gb_s")
-                write_s = NOT + (f" ({p['write_gb_s_reason']})" if p.get("write_gb_s_reason") else "") if write is None else f"{write:.2f}"
-                L.append(f"| {c.get('size_gib')} | {c.get('storage')} | {name} | {num(p.get('freeze_s'))} | "
-                         f"{num(p.get('back_s'))} | {num(p.get('bytes'), '{:,}')} | {write_s} |")
+                reason = str(p.get("write_gb_s_reason") or "").split(":")[0]
+                write_s = (f"{NOT} ({reason})" if reason else NOT) if write is None else f"{write:.2f}"
+                data_ok = {True: "equal", False: "DIFFERS"}.get(p.get("data_ok"), NOT)
+                L.append(f"| {size} | {c.get('storage')} | {name} | {num(p.get('freeze_s'))} | "
+                         f"{num(p.get('back_s'))} | {num(p.get('bytes'), '{:,}')} | {write_s} | {data_ok} |")
+            if plain is not None:
+                L.append(f"| {size} | {c.get('storage')} | (a plain fsynced write there) | | | | {plain:.2f} | |")
         L.append("")
 
     if data["app"]:
@@ -455,6 +466,10 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
                          f"{num(f['bytes'], '{:,}')} | {num(p.interval_s, '{:.0f} s')} | "
                          f"{num(p.lost_per_failure_s, '{:.0f} s')} | {num(p.young_interval_s, '{:.0f} s')} |")
         L.append("")
+    if data.get("failed"):
+        L += ["## Stages that failed (not measured)", ""]
+        L += [f"- {x.get('stage')}: {x['failed']}" for x in data["failed"]]
+        L.append("")
     L += ["## Reproduce", "",
           "On the GPU machine, repeated until it exits 0 (see `bench/overhead_suite.py --help`):", "",
           "    source bench/gpu-env.sh && python3 bench/overhead_suite.py --out bench/results/overhead-h200 --budget-s 520", "",
@@ -473,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     if not d.is_dir():
         raise SystemExit(f"overhead_report: no such directory: {d} (bench/overhead_suite.py --out makes it)")
     data = load(d)
-    if not (data["steady"] or data["ckpt"] or data["app"]):
+    if not (data["steady"] or data["ckpt"] or data["app"] or data["failed"]):
         raise SystemExit(f"overhead_report: no results in {d}: run bench/overhead_suite.py --out {d} first")
     md = Path(a.md)
     plot_dir = Path(a.plots) if a.plots else md.with_suffix("")

@@ -26,7 +26,8 @@ Stages, in order (`--list` prints them with what each is estimated to take):
                gputrace's checkpoint of one training job: time held, time to resume, size
 
 Each stage writes DIR/<stage>.json when it is complete (attach reports beside it, xz-compressed); a
-stage whose file is there is skipped, so running the same command again resumes. Before a stage the
+stage whose file is there is skipped, so running the same command again resumes. A stage that fails is
+recorded as failed, with why, and the suite goes on (--retry-failed runs those again). Before a stage the
 suite checks that it fits in what is left of --budget-s (its estimate, or what the same kind of stage
 took in this DIR); if not, it stops with exit status 3 and says so. `bench/overhead_report.py DIR`
 turns the files into docs/overhead-report.md and its plots.
@@ -188,6 +189,17 @@ def steady(name: str, d: Path, cfg: Config) -> dict:
 # --- the stages run by a script of their own ----------------------------------------------------------------
 
 
+class StageFailed(Exception):
+    pass
+
+
+def failed(path: Path) -> bool:
+    try:
+        return bool(orjson.loads(path.read_bytes()).get("failed"))
+    except (OSError, orjson.JSONDecodeError):
+        return False
+
+
 def done(path: Path) -> bool:
     """The stage's file is there and complete (bench/appckpt_gpu.py rewrites its file after every
     method, "complete": false until the last)."""
@@ -213,7 +225,7 @@ def script_stage(stage: Stage, d: Path, cfg: Config, left_s: float) -> dict | No
                 "--storage", "/var/tmp/gtapp", "--out", str(out), "--budget-s", f"{max(60.0, left_s - 15):.0f}"]
     r = subprocess.run(argv)
     if r.returncode:
-        raise SystemExit(f"{stage.name}: {Path(argv[1]).name} failed with status {r.returncode}")
+        raise StageFailed(f"{Path(argv[1]).name} exited with status {r.returncode}")
     return None  # the script wrote its own file
 
 
@@ -257,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attaches", type=int, default=4, help="5-s default-budget attaches a workload")
     ap.add_argument("--ckpt-sizes", default=",".join(map(str, CKPT_SIZES_GIB)), help="GiB (with --sim: MiB)")
     ap.add_argument("--sim", action="store_true", help="simcuda instead of a GPU: a dry run of the harness")
+    ap.add_argument("--retry-failed", action="store_true", help="run again the stages recorded as failed")
     ap.add_argument("--list", action="store_true", help="print the stages, done or not, and exit")
     a = ap.parse_args(argv)
     d = Path(a.out)
@@ -269,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             if any(fnmatch.fnmatchcase(s.name, p) for p in pats)]
     if a.list:
         for s in todo:
-            state = "done" if done(d / s.file) else f"~{estimate(s, d):.0f} s"
+            state = ("failed" if failed(d / s.file) else "done") if done(d / s.file) else f"~{estimate(s, d):.0f} s"
             print(f"{s.name:18} {state}")
         return 0
     if a.sim:
@@ -280,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     for s in todo:
         path = d / s.file
-        if done(path):
+        if done(path) and not (a.retry_failed and failed(path)):
             continue
         left = a.budget_s - (time.monotonic() - start)
         need = estimate(s, d)
@@ -291,12 +304,23 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_MORE
         print(f"{s.name}: starting ({left:.0f} s of the budget left, about {need:.0f} s needed)", flush=True)
         t0 = time.monotonic()
-        if s.kind == "steady":
-            write_atomic(path, steady(s.args[0], d, cfg))
-        else:
-            script_stage(s, d, cfg, left)
+        try:
+            if s.kind == "steady":
+                write_atomic(path, steady(s.args[0], d, cfg))
+            else:
+                script_stage(s, d, cfg, left)
+        except (StageFailed, SystemExit, OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
+            # Recorded, and the suite goes on: a stage that fails every time (a size that never fits
+            # its time) must not stop the others. --retry-failed runs such stages again.
+            why = f"{type(exc).__name__}: {exc}"[:2000]
+            write_atomic(path, {"stage": s.name, "failed": why, "complete": True, "device": device_name(cfg.sim),
+                                "commit": commit(), "wall_s": time.monotonic() - t0})
+            print(f"{s.name}: FAILED after {time.monotonic() - t0:.0f} s ({why}); recorded, going on", flush=True)
+            continue
         print(f"{s.name}: done in {time.monotonic() - t0:.0f} s", flush=True)
-    print(f"all {len(todo)} stage(s) done in {d}; next: bench/overhead_report.py {d}", flush=True)
+    bad = [s.name for s in todo if failed(d / s.file)]
+    print(f"all {len(todo)} stage(s) run in {d}" + (f", {len(bad)} failed ({', '.join(bad)}: --retry-failed runs "
+          "them again)" if bad else "") + f"; next: bench/overhead_report.py {d}", flush=True)
     return 0
 
 

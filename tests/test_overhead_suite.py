@@ -5,7 +5,7 @@ harness (three processes, the shim, the tracer attached from outside, the emulat
 the time budget) runs for real here; only the workloads are simulated. The report is made from
 committed results: tests/data/overhead-sim (a simcuda run of the suite, made by
 `bench/overhead_suite.py --sim --out tests/data/overhead-sim --only 'steady:mlp' --attaches 2 --costs 0,500,2000`,
-the attach reports left out) and, once they are committed, the GPU results behind docs/overhead-report.md.
+the attach reports left out, and `... --only 'ckpt:*' --ckpt-sizes 4,64`) and, once they are committed, the GPU results behind docs/overhead-report.md.
 """
 
 from __future__ import annotations
@@ -88,8 +88,16 @@ def test_the_report_states_each_workloads_figures_from_the_results(tmp_path):
     for e in doc["emulation"]:
         assert f"| mlp | {e['cost_ns'] / 1000:g} µs, " in text
     assert "**Not answered here**" in text  # the multi-GPU question, said plainly
+    # Every checkpoint path of every size and storage, with its freeze and whether the data came back.
+    for f in sorted(FIXTURE.glob("ckpt-*.json")):
+        c = orjson.loads(f.read_bytes())
+        for name, p in c["paths"].items():
+            assert (f"| {c['size']} {c['size_unit']} | {c['storage']} | {name} | {p['freeze_s']:.3g} | "
+                    f"{p['back_s']:.3g} |") in text
+            assert p["data_ok"]
     plots = sorted((tmp_path / "report").glob("*.png"))
-    assert [p.name for p in plots] == ["prediction-vs-measurement.png", "slowdown-vs-calls-per-gpu-ms.png"]
+    assert [p.name for p in plots] == ["freeze-vs-size.png", "prediction-vs-measurement.png",
+                                       "slowdown-vs-calls-per-gpu-ms.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
 
 
@@ -142,3 +150,25 @@ def test_the_failure_model_rows_come_from_each_methods_held_and_resume_times(tmp
     assert rows["dcp-async"][5:7] == ["80 s", "52 s"]
     assert rows["gputrace-full"][2] == "not measured: CRIU refused the job"
     assert "**Answered** below." in text and "4. *Checkpointing inside" in text
+
+
+def test_a_stage_that_fails_is_recorded_and_the_suite_goes_on(tmp_path):
+    # No CRIU or root needed: a checkpoint stage on simcuda whose path cannot end in the time it is given.
+    out = tmp_path / "suite"
+    r = run([str(SUITE), "--sim", "--out", str(out), "--only", "steady:nothing,app:*"], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr  # app stages are not run on simcuda, and say so
+    assert "not on simcuda" in r.stdout
+    # A stage made to fail: a steady stage whose job cannot start.
+    env_job = {"GPUTRACE_BENCH_JOB_CMD": "/bin/false"}
+    r = subprocess.run([sys.executable, str(SUITE), "--out", str(out), "--only", "steady:mlp,steady:gpt2"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, **env_job, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("mlp", "gpt2"):  # both tried: the first failure did not stop the second
+        doc = orjson.loads((out / f"steady-{name}.json").read_bytes())
+        assert doc["failed"] and "did not start" in doc["failed"]
+    assert "2 failed" in r.stdout
+    r = run([str(SUITE), "--out", str(out), "--only", "steady:mlp", "--list"], timeout=60)
+    assert "steady:mlp         failed" in r.stdout
+    text = report_of(out, tmp_path)
+    assert "## Stages that failed (not measured)" in text and "- steady:mlp: SystemExit: mlp did not start" in text
