@@ -83,6 +83,7 @@ sys.path.insert(0, str(HERE))
 import checkpoint_gpu as cg  # noqa: E402  (cli: a gputrace command's --json)
 import full_checkpoint_gpu as fg  # noqa: E402  (wait_for_text, wait_exit: driving a job whose stdio is a file)
 from failure_model import CheckpointCosts, FailureModel, assumptions, expected  # noqa: E402
+from provenance import commit  # noqa: E402
 
 SCHEMA = "gputrace.bench.appckpt/1"
 GIB = 1 << 30
@@ -226,16 +227,6 @@ def fits(name: str, info: dict, pid: int, storage: Path, a) -> str | None:
                 f"free (state {state / GIB:.2f} GiB, GPU memory reserved {reserved / GIB:.2f} GiB, host RSS "
                 f"{rss / GIB:.2f} GiB; a 20% margin and 1 GiB)")
     return None
-
-
-def commit() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return os.environ.get("GPUTRACE_COMMIT") or None
 
 
 def device() -> str | None:

@@ -484,6 +484,12 @@ def driven(a) -> int:
         except Exception as exc:
             emit(ok=False, cmd=cmd, error=f"{type(exc).__name__}: {exc}"[:2000],
                  traceback=traceback.format_exc()[-3000:], **tag)
+    close_process_group()
+    return 0
+
+
+def close_process_group() -> None:
+    """The gloo group DCP was given, if one was made (quietly: the job is ending)."""
     try:
         import torch.distributed as dist
 
@@ -491,7 +497,6 @@ def driven(a) -> int:
             dist.destroy_process_group()
     except Exception:
         pass
-    return 0
 
 
 def resume(a) -> int:
@@ -518,13 +523,7 @@ def resume(a) -> int:
          first_step_s=first["first_step_s"], losses=[first["loss"], second["loss"]], step=tr.step,
          resume_s=since["first_step"] - eval_s, **{k: v for k, v in tr.info().items() if k in ("params", "state_bytes")},
          **tr.versions)
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        pass
+    close_process_group()
     return 0
 
 

@@ -64,6 +64,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 import checkpoint_gpu as cg  # noqa: E402  (bench/, beside this file: Job, cli, log)
 import full_checkpoint_gpu as fg  # noqa: E402  (TorchJob, SimJob, start, wait_for_text, wait_exit, reference)
+from provenance import commit, device_name, nvsmi  # noqa: E402
 
 SCHEMA = "gputrace.bench.ckpt_costs/1"
 GIB, MIB = 1 << 30, 1 << 20
@@ -124,32 +125,6 @@ def meminfo() -> dict[str, int]:
         if f and f[0].isdigit():
             out[k] = int(f[0]) * (1024 if len(f) > 1 and f[1] == "kB" else 1)
     return out
-
-
-def nvsmi(*query: str) -> list[str]:
-    try:
-        r = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                           timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [ln.strip() for ln in r.stdout.splitlines() if ln.strip()] if r.returncode == 0 else []
-
-
-def device_name(sim: bool) -> str:
-    if sim:
-        return "simcuda"
-    names = nvsmi("--query-gpu=name")
-    return names[0] if names else "unknown"
-
-
-def commit() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return os.environ.get("GPUTRACE_COMMIT") or None
 
 
 def dir_bytes(path: Path) -> int:

@@ -147,10 +147,10 @@ def make_matmul(torch, dev):
     return step, (a, b)
 
 
-def make_copies(torch, dev):
-    host_in = torch.randn(1024).pin_memory()
-    host_out = torch.empty(1024).pin_memory()
-    d = torch.empty(1024, device=dev)
+def make_copies(torch, dev, floats: int = 1024):
+    host_in = torch.randn(floats).pin_memory()
+    host_out = torch.empty(floats).pin_memory()
+    d = torch.empty(floats, device=dev)
 
     def step() -> float:
         d.copy_(host_in, non_blocking=True)
@@ -163,19 +163,7 @@ def make_copies(torch, dev):
 
 
 def make_copiesbig(torch, dev):
-    n = 16 << 20  # 64 MiB of float32
-    host_in = torch.randn(n).pin_memory()
-    host_out = torch.empty(n).pin_memory()
-    d = torch.empty(n, device=dev)
-
-    def step() -> float:
-        d.copy_(host_in, non_blocking=True)
-        d.mul_(1.0001)
-        host_out.copy_(d, non_blocking=True)
-        torch.cuda.current_stream().synchronize()
-        return 0.0
-
-    return step, (host_in, host_out, d)
+    return make_copies(torch, dev, floats=16 << 20)  # 64 MiB of float32
 
 
 def gpu_time(torch, step, steps: int) -> dict:

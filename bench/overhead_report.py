@@ -228,6 +228,12 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
     out.mkdir(parents=True, exist_ok=True)
     made: list[Path] = []
 
+    def save(fig, path: Path) -> None:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+
     # 1. slowdown against driver calls per GPU-ms, the model's line for each cost drawn in.
     pts = [(r, e) for r in rows for e in r["emulation"]
            if e["cost_ns"] > 0 and e["intercepted_per_gpu_ms"] and e["measured"] is not None]
@@ -257,10 +263,7 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
         ax.set_ylabel("measured slowdown (emulated layer)")
         ax.set_title("Slowdown against calls per GPU-ms; dashed: calls x cost per GPU time")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        made.append(out / "slowdown-vs-calls-per-gpu-ms.png")
-        fig.savefig(made[-1], dpi=110)
-        plt.close(fig)
+        save(fig, out / "slowdown-vs-calls-per-gpu-ms.png")
 
     # 2. prediction against measurement: the audit's bounds as a bar at each measured slowdown.
     pe = [(r, e) for r in rows for e in r["emulation"]
@@ -275,10 +278,7 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
         ax.set_xlabel("measured slowdown, %")
         ax.set_ylabel("the audit's bounds, %")
         ax.set_title("Prediction against measurement (red: outside by more than a point)")
-        fig.tight_layout()
-        made.append(out / "prediction-vs-measurement.png")
-        fig.savefig(made[-1], dpi=110)
-        plt.close(fig)
+        save(fig, out / "prediction-vs-measurement.png")
 
     # 3. freeze time against size, the bus limit drawn in.
     fr = [(c, name, p) for c in ckpt if not c.get("skipped") for name, p in (c.get("paths") or {}).items()
@@ -303,10 +303,7 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
         ax.set_ylabel("freeze, s")
         ax.set_title("Checkpoint freeze against size")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        made.append(out / "freeze-vs-size.png")
-        fig.savefig(made[-1], dpi=110)
-        plt.close(fig)
+        save(fig, out / "freeze-vs-size.png")
 
     # 4. application level against system level: time held and time to resume.
     bars = [(a.get("size"), n, m) for a in app for n, m in (a.get("methods") or {}).items()
@@ -322,10 +319,7 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
         ax.set_yscale("log")
         ax.set_title("Application-level against system-level checkpoints (a missing bar: not measured)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        made.append(out / "app-vs-system.png")
-        fig.savefig(made[-1], dpi=110)
-        plt.close(fig)
+        save(fig, out / "app-vs-system.png")
     return made
 
 

@@ -59,6 +59,7 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import audit_gpu  # noqa: E402  (bench/, beside this file)
+from provenance import commit, device_name  # noqa: E402
 
 SCHEMA = "gputrace.bench.overhead_steady/1"
 WORKLOADS = ("mlp", "gpt2", "gpt2big", "matmul", "kvcache", "copies", "copiesbig", "graph")
@@ -100,25 +101,6 @@ def stages(ckpt_sizes=CKPT_SIZES_GIB, app_sizes=APP_SIZES) -> list[Stage]:
     out += [Stage(f"ckpt:{s}:{st}", "ckpt", (s, st)) for s in ckpt_sizes for st in STORAGES]
     out += [Stage(f"app:{s}", "app", (s,)) for s in app_sizes]
     return out
-
-
-def commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True,
-                              check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("GPUTRACE_COMMIT")
-
-
-def device_name(sim: bool) -> str:
-    if sim:
-        return "simcuda"
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                           text=True, timeout=30)
-        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 # --- the steady-state stage ---------------------------------------------------------------------------------
