@@ -68,7 +68,7 @@ STORAGES = ("tmpfs", "disk")
 APP_SIZES = ("small", "large")
 # A stage's wall time before one of its kind has run in DIR (then that one's time is used): the
 # three processes' start (PyTorch, transformers) and each part's phases, rounded up.
-ESTIMATE_S = {"steady": 270.0, "ckpt": 240.0, "app": 300.0}
+ESTIMATE_S = {"steady": 270.0, "app": 300.0}
 EXIT_MORE = 3
 
 
@@ -198,7 +198,7 @@ def script_stage(stage: Stage, d: Path, cfg: Config, left_s: float) -> dict | No
     if stage.kind == "ckpt":
         size, storage = stage.args
         argv = [sys.executable, str(HERE / "ckpt_costs_gpu.py"), "--size", str(size), "--storage", storage,
-                "--out", str(out)] + (["--simcuda"] if cfg.sim else [])
+                "--out", str(out), "--budget-s", f"{max(60.0, min(420.0, left_s - 15)):.0f}"] + (["--simcuda"] if cfg.sim else [])
     else:
         if cfg.sim:
             print(f"{stage.name}: not on simcuda (it needs PyTorch on a GPU)", flush=True)
@@ -211,17 +211,30 @@ def script_stage(stage: Stage, d: Path, cfg: Config, left_s: float) -> dict | No
     return None  # the script wrote its own file
 
 
+def ckpt_scale(size_gib: float) -> float:
+    """A checkpoint stage's time grows with its size: three jobs started (tens of seconds) and, per
+    GiB, the copies, the driver's own checkpoint (about 0.5 s a GiB on the H200) and CRIU's dump."""
+    return 40.0 + 6.0 * size_gib
+
+
 def estimate(stage: Stage, d: Path) -> float:
-    """What the stage should take: the longest of its kind already run in d, else ESTIMATE_S."""
+    """What the stage should take: from the stages of its kind already run in d (checkpoint stages
+    scaled to this one's size), else ESTIMATE_S (checkpoint stages: ckpt_scale)."""
     took = []
     for f in d.glob(f"{stage.kind}-*.json"):
         try:
-            w = orjson.loads(f.read_bytes()).get("wall_s")
+            doc = orjson.loads(f.read_bytes())
         except (OSError, orjson.JSONDecodeError):
             continue
-        if isinstance(w, (int, float)):
-            took.append(float(w))
-    return max(took) if took else ESTIMATE_S[stage.kind]
+        w = doc.get("wall_s")
+        if not isinstance(w, (int, float)) or doc.get("skipped") or doc.get("failed"):
+            continue
+        if stage.kind == "ckpt" and isinstance(doc.get("size_gib"), (int, float)):
+            w *= ckpt_scale(stage.args[0]) / ckpt_scale(doc["size_gib"])
+        took.append(float(w))
+    if took:
+        return max(took)
+    return ckpt_scale(stage.args[0]) if stage.kind == "ckpt" else ESTIMATE_S[stage.kind]
 
 
 def write_atomic(path: Path, doc: dict) -> None:
