@@ -344,7 +344,7 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
           f"device: {', '.join(devices) or NOT}; code at {', '.join(c[:10] for c in commits) or NOT}.", ""]
 
     q3 = any(not c.get("skipped") for c in data["ckpt"])
-    q4 = bool(data["app"])
+    q4 = any(not a.get("skipped") for a in data["app"])
     L += ["## The four questions", "",
           "1. *What does the layer cost on a job that spans several GPUs?* **Not answered here**: every run "
           "below is on one GPU (the multi-GPU part waits on a machine of several GPUs).",
@@ -451,6 +451,8 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
         L += ["| size | method | job held s | to resume s | size on storage | interval at 1% | work lost a failure | Young/Daly interval |",
               "|---|---|---|---|---|---|---|---|"]
         for a in data["app"]:
+            if a.get("skipped"):
+                L.append(f"| {a.get('size')} | every method | not measured: {a['skipped']} | | | | | |")
             for f in failure_rows(a, mtbf_h):
                 p = f["plan"]
                 if f["held_s"] is None and f["resume_s"] is None:

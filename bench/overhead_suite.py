@@ -201,7 +201,10 @@ def script_stage(stage: Stage, d: Path, cfg: Config, left_s: float) -> dict | No
                 "--out", str(out), "--budget-s", f"{max(60.0, min(420.0, left_s - 15)):.0f}"] + (["--simcuda"] if cfg.sim else [])
     else:
         if cfg.sim:
-            print(f"{stage.name}: not on simcuda (it needs PyTorch on a GPU)", flush=True)
+            why = "not run on simcuda: it needs PyTorch on a GPU"
+            print(f"{stage.name}: {why}", flush=True)
+            write_atomic(out, {"schema": "gputrace.bench.appckpt/1", "size": stage.args[0], "skipped": why,
+                               "complete": True, "device": device_name(True), "commit": commit(), "methods": {}})
             return None
         argv = [sys.executable, str(HERE / "appckpt_gpu.py"), "--size", stage.args[0],
                 "--storage", "/var/tmp/gtapp", "--out", str(out), "--budget-s", f"{max(60.0, left_s - 15):.0f}"]

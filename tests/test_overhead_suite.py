@@ -157,7 +157,10 @@ def test_a_stage_that_fails_is_recorded_and_the_suite_goes_on(tmp_path):
     out = tmp_path / "suite"
     r = run([str(SUITE), "--sim", "--out", str(out), "--only", "steady:nothing,app:*"], timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr  # app stages are not run on simcuda, and say so
-    assert "not on simcuda" in r.stdout
+    assert "not run on simcuda" in r.stdout
+    assert orjson.loads((out / "app-small.json").read_bytes())["skipped"].startswith("not run on simcuda")
+    app_rows = [line for line in report_of(out, tmp_path).splitlines() if "| every method | not measured" in line]
+    assert len(app_rows) == 2
     # A stage made to fail: a steady stage whose job cannot start.
     env_job = {"GPUTRACE_BENCH_JOB_CMD": "/bin/false"}
     r = subprocess.run([sys.executable, str(SUITE), "--out", str(out), "--only", "steady:mlp,steady:gpt2"],
