@@ -429,8 +429,9 @@ def copy_limit(rec: dict, limits: dict, nbytes: int | None) -> None:
         put(rec, "copy_limit", None, limits.get("d2h_gb_s_reason"))
 
 
-def path_gputrace(stand, nbytes: int, run_dir: Path, limits: dict, own_limit: bool) -> dict:
-    rec: dict = {}
+def path_gputrace(stand, nbytes: int, run_dir: Path, limits: dict, own_limit: bool, rec: dict | None = None) -> dict:
+    """Fills `rec` (the document's record, in place: what was measured before a failure stays in it)."""
+    rec = {} if rec is None else rec
     log(f"gputrace: starting a job under the shim, holding {fmt(nbytes)}")
     job = stand.interactive(True, nbytes)
     ok = False
@@ -444,39 +445,41 @@ def path_gputrace(stand, nbytes: int, run_dir: Path, limits: dict, own_limit: bo
         ck = run_dir / "gputrace-ck"
         log(f"gputrace: checkpoint -p {job.pid} -o {ck}")
         c = gputrace_cli("checkpoint", "-p", str(job.pid), "-o", str(ck))
-        rec["bytes"] = dir_bytes(ck)
-        rec["bytes_source"] = "the checkpoint directory's files (data.img and manifest.json), summed"
-        job.scribble()
-        rec["scribble_changed_data"] = job.checksum() != want
-        log(f"gputrace: restore -p {job.pid} {ck}")
-        r = gputrace_cli("restore", "-p", str(job.pid), str(ck))
-        rec["data_ok"] = job.checksum() == want
-        rec["data_check"] = ("the held tensors' checksum after the restore equals the one before the checkpoint "
-                             "(every byte was overwritten in between)")
-        shutil.rmtree(ck, ignore_errors=True)
+        rec["raw"] = {"checkpoint": c}
         rec["freeze_s"] = c["freeze_ns"] / 1e9
         rec["freeze_source"] = ("checkpoint JSON freeze_ns: the shim's gate closed to reopened (drain, sync, digest, "
                                 "copy)")
-        rec["back_s"] = r["total_ns"] / 1e9
-        rec["back_source"] = ("restore JSON total_ns: from the restore's start (reading and checking the image, the "
-                              "job running on) through its freeze (gate closed, image copied back) to the gate open")
-        rec["restore_freeze_s"] = r["freeze_ns"] / 1e9
-        rec["verify_s"] = r["verify_ns"] / 1e9
         rec["write_s"] = c["write_ns"] / 1e9
         put(rec, "write_gb_s", c.get("write_gbps"), "the checkpoint reported no write time")
         rec["write_source"] = ("checkpoint JSON write_ns and write_gbps (stored_bytes / write_ns): data.img hashed "
                                "(xxh3) and written, fsynced, after the gate reopened")
         put(rec, "copy_gb_s", c.get("copy_gbps"), "nothing copied")
         copy_limit(rec, limits, c.get("bytes_copied"))
-        rec["raw"] = {"checkpoint": c, "restore": r}
+        rec["bytes"] = dir_bytes(ck)
+        rec["bytes_source"] = "the checkpoint directory's files (data.img and manifest.json), summed"
+        job.scribble()
+        rec["scribble_changed_data"] = job.checksum() != want
+        log(f"gputrace: restore -p {job.pid} {ck}")
+        r = gputrace_cli("restore", "-p", str(job.pid), str(ck))
+        rec["raw"]["restore"] = r
+        rec["back_s"] = r["total_ns"] / 1e9
+        rec["back_source"] = ("restore JSON total_ns: from the restore's start (reading and checking the image, the "
+                              "job running on) through its freeze (gate closed, image copied back) to the gate open")
+        rec["restore_freeze_s"] = r["freeze_ns"] / 1e9
+        rec["verify_s"] = r["verify_ns"] / 1e9
+        rec["data_ok"] = job.checksum() == want
+        rec["data_check"] = ("the held tensors' checksum after the restore equals the one before the checkpoint "
+                             "(every byte was overwritten in between)")
+        shutil.rmtree(ck, ignore_errors=True)
         ok = True
     finally:
         job.close(kill=not ok)
     return rec
 
 
-def path_driver(stand, nbytes: int, run_dir: Path, limits: dict) -> dict:
-    rec: dict = {}
+def path_driver(stand, nbytes: int, run_dir: Path, limits: dict, rec: dict | None = None) -> dict:
+    """Fills `rec` in place (see path_gputrace)."""
+    rec = {} if rec is None else rec
     log(f"driver: starting a job without the shim, holding {fmt(nbytes)}")
     job = stand.interactive(False, nbytes)
     ok = False
@@ -484,16 +487,7 @@ def path_driver(stand, nbytes: int, run_dir: Path, limits: dict) -> dict:
         want = job.hold(nbytes)
         log(f"driver: checkpoint --backend driver -p {job.pid}")
         c = gputrace_cli("checkpoint", "--backend", "driver", "-p", str(job.pid))
-        same = job.checksum() == want
-        before = stand.device_bytes(job.pid)
-        log(f"driver: suspend --backend driver -p {job.pid}, the GPU memory read, resume")
-        s = gputrace_cli("suspend", "--backend", "driver", "-p", str(job.pid))
-        try:
-            during = stand.device_bytes(job.pid)
-        finally:
-            u = gputrace_cli("resume", "--backend", "driver", "-p", str(job.pid))
-        rec["data_ok"] = same and job.checksum() == want
-        rec["data_check"] = "the held tensors' checksum after the checkpoint, and again after suspend and resume"
+        rec["raw"] = {"checkpoint": c}
         steps_ns = c["lock_ns"] + c["checkpoint_ns"] + c["restore_ns"] + c["unlock_ns"]
         rec["freeze_s"] = steps_ns / 1e9
         rec["freeze_source"] = ("checkpoint JSON lock_ns + checkpoint_ns + restore_ns + unlock_ns: the job is stopped "
@@ -504,6 +498,18 @@ def path_driver(stand, nbytes: int, run_dir: Path, limits: dict) -> dict:
         rec["back_source"] = "checkpoint JSON restore_ns + unlock_ns (part of freeze_s)"
         for k in ("lock", "checkpoint", "restore", "unlock"):
             rec[f"{k}_s"] = c[f"{k}_ns"] / 1e9
+        same = job.checksum() == want
+        before = stand.device_bytes(job.pid)
+        log(f"driver: suspend --backend driver -p {job.pid}, the GPU memory read, resume")
+        s = gputrace_cli("suspend", "--backend", "driver", "-p", str(job.pid))
+        rec["raw"]["suspend"] = s
+        try:
+            during = stand.device_bytes(job.pid)
+        finally:
+            u = gputrace_cli("resume", "--backend", "driver", "-p", str(job.pid))
+        rec["raw"]["resume"] = u
+        rec["data_ok"] = same and job.checksum() == want
+        rec["data_check"] = "the held tensors' checksum after the checkpoint, and again after suspend and resume"
         rec["suspend_s"] = (s["lock_ns"] + s["checkpoint_ns"]) / 1e9  # lock + checkpoint: the GPU memory off
         rec["resume_s"] = (u["restore_ns"] + u["unlock_ns"]) / 1e9
         rec["device_bytes"] = {"process_before": before[0], "process_suspended": during[0],
@@ -524,15 +530,16 @@ def path_driver(stand, nbytes: int, run_dir: Path, limits: dict) -> dict:
         put(rec, "write_s", None, reason)
         put(rec, "write_gb_s", None, reason)
         copy_limit(rec, limits, rec["bytes"])
-        rec["raw"] = {"checkpoint": c, "suspend": s, "resume": u}
         ok = True
     finally:
         job.close(kill=not ok)
     return rec
 
 
-def path_full(stand, size: int, nbytes: int, run_dir: Path, limits: dict, deadline: float) -> dict:
-    rec: dict = {}
+def path_full(stand, size: int, nbytes: int, run_dir: Path, limits: dict, deadline: float,
+              rec: dict | None = None) -> dict:
+    """Fills `rec` in place (see path_gputrace): on a failure the job's log tail stays in it too."""
+    rec = {} if rec is None else rec
     job = stand.full
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -547,6 +554,14 @@ def path_full(stand, size: int, nbytes: int, run_dir: Path, limits: dict, deadli
         ck = run_dir / "full-ck"
         log(f"full: checkpoint --full -p {p.pid} -o {ck}")
         c = gputrace_cli("checkpoint", "--full", "-p", str(p.pid), "-o", str(ck))
+        rec["raw"] = {"checkpoint": c}
+        rec["freeze_s"] = c["freeze_ns"] / 1e9
+        rec["freeze_source"] = ("checkpoint --full JSON freeze_ns: from the first stop (the shim's gate closing) to "
+                                "the end of the CRIU dump; the job is then killed, its state safe")
+        for k, v in (("shim_s", "shim_ns"), ("lock_s", "lock_ns"), ("driver_checkpoint_s", "checkpoint_ns"),
+                     ("dump_s", "dump_ns"), ("image_check_s", "image_check_ns")):
+            rec[k] = c[v] / 1e9
+        rec["criu_bytes"] = c["criu_bytes"]
         status = p.wait(timeout=left())
         if status != -signal.SIGKILL:
             raise Failed(f"the job was not ended by the checkpoint (status {status})")
@@ -555,7 +570,16 @@ def path_full(stand, size: int, nbytes: int, run_dir: Path, limits: dict, deadli
         log(f"full: restore --full {ck}")
         restoring = c["pid"]  # CRIU brings the job back at its old pid
         r = gputrace_cli("restore", "--full", str(ck))
+        rec["raw"]["restore"] = r
         restored = r["pid"]
+        rec["back_s"] = (r["verify_ns"] + r["total_ns"]) / 1e9
+        rec["back_source"] = ("restore --full JSON verify_ns (every file's checksum, before anything runs) + total_ns "
+                              "(CRIU restore to the job running: driver Restore + Unlock, shim resume)")
+        rec["back_after_verify_s"] = r["total_ns"] / 1e9
+        for k, v in (("verify_s", "verify_ns"), ("criu_restore_s", "criu_ns"),
+                     ("driver_restore_s", "driver_restore_ns"), ("unlock_s", "unlock_ns"),
+                     ("shim_restore_s", "shim_ns")):
+            rec[k] = r[v] / 1e9
         job.continue_(restored)
         st = fg.wait_exit(restored, left())
         restored = None
@@ -564,21 +588,6 @@ def path_full(stand, size: int, nbytes: int, run_dir: Path, limits: dict, deadli
         if st not in (0, None):
             rec["data_ok"] = False
         shutil.rmtree(ck, ignore_errors=True)
-        rec["freeze_s"] = c["freeze_ns"] / 1e9
-        rec["freeze_source"] = ("checkpoint --full JSON freeze_ns: from the first stop (the shim's gate closing) to "
-                                "the end of the CRIU dump; the job is then killed, its state safe")
-        rec["back_s"] = (r["verify_ns"] + r["total_ns"]) / 1e9
-        rec["back_source"] = ("restore --full JSON verify_ns (every file's checksum, before anything runs) + total_ns "
-                              "(CRIU restore to the job running: driver Restore + Unlock, shim resume)")
-        rec["back_after_verify_s"] = r["total_ns"] / 1e9
-        for k, v in (("shim_s", "shim_ns"), ("lock_s", "lock_ns"), ("driver_checkpoint_s", "checkpoint_ns"),
-                     ("dump_s", "dump_ns"), ("image_check_s", "image_check_ns")):
-            rec[k] = c[v] / 1e9
-        for k, v in (("verify_s", "verify_ns"), ("criu_restore_s", "criu_ns"),
-                     ("driver_restore_s", "driver_restore_ns"), ("unlock_s", "unlock_ns"),
-                     ("shim_restore_s", "shim_ns")):
-            rec[k] = r[v] / 1e9
-        rec["criu_bytes"] = c["criu_bytes"]
         rec["shim_bytes"] = (c.get("shim") or {}).get("bytes")
         rec["write_s"] = c["write_ns"] / 1e9
         put(rec, "write_gb_s", c["image_bytes"] / c["write_ns"] if c["write_ns"] else None,
@@ -592,7 +601,6 @@ def path_full(stand, size: int, nbytes: int, run_dir: Path, limits: dict, deadli
             rec["shim_fast_path"] = False
             rec["shim_fast_path_reason"] = (c.get("shim") or {}).get("skipped", "the shim did not run")
         copy_limit(rec, limits, rec["shim_bytes"])
-        rec["raw"] = {"checkpoint": c, "restore": r}
         ok = True
     finally:
         if not ok:
@@ -771,13 +779,14 @@ def main() -> int:
                     limits.update(stand.separate_limit(nbytes),
                                   measured_in="a process of its own (bench/full_job.py --limit), as "
                                               "bench/full_checkpoint_gpu.py does; best of 3 pinned copies")
+                # Each path fills the document's record as it goes: a path that fails part way keeps
+                # the figures it had (and the full path its job's log tail) beside its error.
                 if p == "gputrace":
-                    got = path_gputrace(stand, nbytes, run_dir, limits, own_limit)
+                    path_gputrace(stand, nbytes, run_dir, limits, own_limit, rec)
                 elif p == "driver":
-                    got = path_driver(stand, nbytes, run_dir, limits)
+                    path_driver(stand, nbytes, run_dir, limits, rec)
                 else:
-                    got = path_full(stand, size, nbytes, run_dir, limits, deadline)
-                rec.update(got)
+                    path_full(stand, size, nbytes, run_dir, limits, deadline, rec)
                 if not rec.get("data_ok"):
                     failures.append(f"{p}: the data did not check out after the restore ({rec.get('data_check')})")
             except PathTimeout:

@@ -177,8 +177,14 @@ def gpu_time(torch, step, steps: int) -> dict:
             step()
             torch.cuda.synchronize()
             prof.step()
+    # Device events are Kineto's GPU_MEMCPY, GPU_MEMSET and CONCURRENT_KERNEL (kernels replayed from a
+    # CUDA graph included: CUPTI reports each node), times in microseconds from the trace's start.
+    # GPU_USER_ANNOTATION is a device event too (a record_function's span over its kernels, e.g.
+    # "ProfilerStep#N"); torch registers no record_function callback without ProfilerActivity.CPU, so
+    # none should come, but one would fill the gaps between kernels: kept out.
     spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+                   if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start
+                   and not getattr(e, "is_user_annotation", False) and not e.name.startswith("ProfilerStep"))
     busy, total, cur = 0.0, 0.0, None
     for a, b in spans:
         total += b - a
