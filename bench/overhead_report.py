@@ -408,6 +408,10 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
                 why = f" Why: {notes[r['job']]}" if r["job"] in notes else " Why: not explained yet."
             shim = (" The shim itself cannot be told from a second native process here (their intervals meet)."
                     if shim_like_control(r) else "")
+            t, acc = r["tracer"] or {}, r["tracer_accounted"] or {}
+            if t.get("median") is not None and acc.get("median") is not None:
+                shim += (f" The tracer at its default budget: {pct(t['median'], 2)} against the {pct(acc['median'], 2)} "
+                         f"it accounted ({100 * (t['median'] - acc['median']):+.2f} points).")
             L.append(f"- **{r['job']}**: {NOT if worst is None else ('inside every bound' if worst == 0 else f'{100 * worst:.1f} points outside at most')}.{why}{shim}")
         L.append("")
         L += tracks(rows)

@@ -8,7 +8,8 @@ Stages, in order (`--list` prints them with what each is estimated to take):
                gpt2big: a transformer training step built from transformers' config classes at two
                sizes; matmul: GPU-bound bf16 matmuls; kvcache: inference with a KV cache; copies and
                copiesbig: small and large host-device copies; graph: CUDA-graph replay), three warm
-               processes of the job at once, each idle while another runs:
+               processes of the job at once, each idle while another runs (the alternations below
+               come first, before any process is traced):
                  - a native one: the exact calls a step (every call counted, in this process's session),
                    the tracer at its default budget (`gputrace attach -p PID -d 5` from another
                    process, between untraced phases: its slowdown, its own accounted cost, its rates),
@@ -141,15 +142,17 @@ def steady(name: str, d: Path, cfg: Config) -> dict:
         for j in (native, shim, control):
             j.ready()
         doc["pids"] = {"native": native.pid, "shim": shim.pid, "control": control.pid}
-        doc["exact"] = audit_gpu.exact_counts(native)
-        per_step = doc["exact"]["calls_per_step"]
-        print(f"  {name}: {sum(per_step.values()):.0f} driver calls a step", flush=True)
+        # The processes compared before any is traced: a uprobe leaves its page of libcuda copied in
+        # the process, and the [uprobes] page mapped, after it is gone.
         doc["control"] = alternate(native, control, cfg.phase_s, cfg.cycles)
         doc["shim"] = alternate(native, shim, cfg.phase_s, cfg.cycles)
         for k in ("control", "shim"):
             m = doc[k]["slowdown"]
             print(f"  {name}: {k} {100 * m['median']:+.2f}% (95% CI {audit_gpu.fmt_pct(m['lo'])}.."
                   f"{audit_gpu.fmt_pct(m['hi'])})", flush=True)
+        doc["exact"] = audit_gpu.exact_counts(native)
+        per_step = doc["exact"]["calls_per_step"]
+        print(f"  {name}: {sum(per_step.values()):.0f} driver calls a step", flush=True)
         doc["tracer_pairs"] = audit_gpu.tracer_pairs(native, 5.0, cfg.attaches, d, "5", cfg.untraced_s)
         doc["emulation"] = audit_gpu.emulation_pairs(shim, cfg.costs, cfg.emulate_s, cfg.emulate_cycles) if cfg.costs else []
         # Last: the profiler leaves CUPTI loaded in the process.
