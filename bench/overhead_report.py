@@ -472,7 +472,8 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
         L.append("")
     L += ["## Reproduce", "",
           "On the GPU machine, repeated until it exits 0 (see `bench/overhead_suite.py --help`):", "",
-          "    source bench/gpu-env.sh && python3 bench/overhead_suite.py --out bench/results/overhead-h200 --budget-s 520", "",
+          "    source bench/gpu-env.sh && python3 bench/overhead_suite.py --out bench/results/overhead-h200 --budget-s 500 \\",
+          "        --pack $OUT/overhead-h200.tar.xz", "",
           "then here, without a GPU:", "", f"    .venv/bin/python bench/overhead_report.py {d}", ""]
     return "\n".join(L)
 

@@ -34,9 +34,9 @@ took in this DIR); if not, it stops with exit status 3 and says so. `bench/overh
 turns the files into docs/overhead-report.md and its plots.
 
 On the GPU machine, one device call (repeat it until it exits 0; the results travel back as one file,
-and go into the repository so that the next call sends them and resumes):
-    source bench/gpu-env.sh && python3 bench/overhead_suite.py --out bench/results/overhead-h200 --budget-s 520;
-    tar -C bench/results -cJf $OUT/overhead-h200.tar.xz overhead-h200
+rewritten after every stage, and go into the repository so that the next call sends them and resumes):
+    source bench/gpu-env.sh && python3 bench/overhead_suite.py --out bench/results/overhead-h200 --budget-s 500 \
+        --pack $OUT/overhead-h200.tar.xz
 and here, after each call: tar -C bench/results -xJf <files_at>/overhead-h200.tar.xz
 Here, without a GPU (simcuda's launch_bound_py speaks the jobs' protocol; root for the tracer):
     .venv/bin/python bench/overhead_suite.py --sim --out /tmp/overhead-sim --only 'steady:*'
@@ -249,6 +249,17 @@ def write_atomic(path: Path, doc: dict) -> None:
     tmp.rename(path)
 
 
+def pack(d: Path, to: Path) -> None:
+    """DIR as a .tar.xz at `to` (written aside, then renamed): after every stage, so that a device call
+    cut off at its time limit still brings back every stage it finished."""
+    import tarfile
+
+    tmp = to.with_name(to.name + ".tmp")
+    with tarfile.open(tmp, "w:xz") as tar:
+        tar.add(d, arcname=d.name)
+    tmp.rename(to)
+
+
 def setup_sim() -> None:
     """simcuda in place of the GPU: its Python launch-bound workload serves the jobs' protocol."""
     from gputrace import simcuda
@@ -271,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckpt-sizes", default=",".join(map(str, CKPT_SIZES_GIB)), help="GiB (with --sim: MiB)")
     ap.add_argument("--sim", action="store_true", help="simcuda instead of a GPU: a dry run of the harness")
     ap.add_argument("--retry-failed", action="store_true", help="run again the stages recorded as failed")
+    ap.add_argument("--pack", metavar="FILE.tar.xz", help="after every stage, the results directory packed there "
+                    "(on the GPU machine: $OUT/overhead-h200.tar.xz, so a call cut off still brings back what it finished)")
     ap.add_argument("--list", action="store_true", help="print the stages, done or not, and exit")
     a = ap.parse_args(argv)
     d = Path(a.out)
@@ -317,8 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             write_atomic(path, {"stage": s.name, "failed": why, "complete": True, "device": device_name(cfg.sim),
                                 "commit": commit(), "wall_s": time.monotonic() - t0})
             print(f"{s.name}: FAILED after {time.monotonic() - t0:.0f} s ({why}); recorded, going on", flush=True)
-            continue
-        print(f"{s.name}: done in {time.monotonic() - t0:.0f} s", flush=True)
+        else:
+            print(f"{s.name}: done in {time.monotonic() - t0:.0f} s", flush=True)
+        if a.pack:
+            pack(d, Path(a.pack))
     bad = [s.name for s in todo if failed(d / s.file)]
     print(f"all {len(todo)} stage(s) run in {d}" + (f", {len(bad)} failed ({', '.join(bad)}: --retry-failed runs "
           "them again)" if bad else "") + f"; next: bench/overhead_report.py {d}", flush=True)

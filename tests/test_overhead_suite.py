@@ -39,8 +39,14 @@ def test_the_suite_measures_a_workload_on_simcuda_and_resumes_where_it_stopped(t
     assert r.returncode == 3, r.stdout + r.stderr
     assert "stopping before steady:mlp" in r.stdout and not (out / "steady-mlp.json").exists()
 
-    r = run([str(SUITE), "--sim", "--out", str(out), "--only", "steady:mlp", "--attaches", "1", "--costs", "2000"])
+    packed = tmp_path / "out" / "suite.tar.xz"
+    packed.parent.mkdir()
+    r = run([str(SUITE), "--sim", "--out", str(out), "--only", "steady:mlp", "--attaches", "1", "--costs", "2000",
+             "--pack", str(packed)])
     assert r.returncode == 0, r.stdout + r.stderr
+    import tarfile
+    with tarfile.open(packed) as tar:  # what a device call brings back: the stage and its attach report
+        assert {"suite/steady-mlp.json", "suite/mlp-attach-5-0.json.xz"} <= set(tar.getnames())
     doc = orjson.loads((out / "steady-mlp.json").read_bytes())
     assert doc["device"] == "simcuda" and doc["job"] == "mlp"
     # Three distinct processes: the native one, the shim's, the control.
