@@ -1200,3 +1200,47 @@ def test_a_whole_step_window_that_cannot_be_had_is_planned_again_not_paid_for():
             plan = next(x for x in nxt if x.whole)  # planned again
         else:
             assert all(len(x.probe) == 1 for x in nxt)  # the third stays paid for
+
+
+def test_a_long_step_window_is_armed_at_the_step_the_program_measured_not_at_its_counted_rate():
+    """A step longer than STEP_FRESH_MAX_S is armed by extrapolating from the step function's last
+    call. Its rate (`Plan.step_hz`) is its calls counted over an interval, 6 or 7 a second of a
+    150-ms step: at 6.15/s the call aimed at was taken 162.5 ms after the last, 12 ms late, and the
+    window waited a whole step more with its links on (simcuda, a 150-ms step: 2 of 10 whole
+    windows waited 137 ms). The program has the step exactly: the mean gap between its calls. And
+    it is armed STEP_JITTER of a step early, as a step under STEP_FRESH_MAX_S is."""
+    import time
+
+    from gputrace import simcuda
+    from gputrace.tracer import probes as pr
+    from gputrace.tracer.budget import Plan
+    from gputrace.tracer.symbols import read_functions
+
+    last = time.monotonic() - 0.007  # the step function's last call, 7 ms ago
+
+    class Prog:
+        def set_hit_costs(self, *a) -> None:
+            pass
+
+        def step_last(self) -> float:
+            return last
+
+        def step_gaps(self) -> tuple[int, float, float]:
+            return 20, 0.15015, 0.0003
+
+    lib = str(simcuda.library_path())
+    functions = tuple(read_functions(lib))[:8]
+    p = pr.Probes(lib, functions, Prog(), CALIBRATION, pid=1)
+    p.attach_s = [0.006]
+    starts = []
+
+    def wait(seconds: float) -> bool:
+        starts.append(time.monotonic() + seconds)  # when the links would start attaching
+        return False  # the job is gone: nothing is attached
+
+    probe = frozenset(range(8))
+    plan = Plan(True, ((0.0, 0.1626),), frozenset(), probe, step=3, period_s=0.1626, step_hz=6.15)
+    assert p._step_window(plan, 0.1626, probe, wait) is False
+    # Attached, and armed, just before the call aimed at, by STEP_JITTER of a step (its own jitter).
+    due = starts[0] + 0.006 + pr.STEP_ARM_LEAD_S + pr.STEP_JITTER * 0.15015
+    assert due == pytest.approx(last + 0.15015, abs=0.002), (due - last)
