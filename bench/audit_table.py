@@ -167,7 +167,8 @@ def whole_split(runs: list[Path]) -> list[str]:
             if tries is None:
                 continue  # (no step log in its report)
             w = waits.setdefault(job, {"wait": [], "gap": [], "attach": []})
-            w["attach"].append(rep["attach"]["attach_s_median"])
+            if rep["attach"].get("attach_s_median") is not None:  # (an attach that attached no window)
+                w["attach"].append(rep["attach"]["attach_s_median"])
             for t in tries:
                 if t["outcome"] == "whole" and t["wait_s"] is not None:
                     w["wait"].append(t["wait_s"])
@@ -188,7 +189,8 @@ def whole_split(runs: list[Path]) -> list[str]:
         out.append(f"{job} 5 s: {len(wt)} step windows counted whole waited {1e3 * statistics.median(wt):.1f} ms "
                    f"(median; {1e3 * min(wt):.1f}..{1e3 * max(wt):.1f}) from arming to their opening call; the "
                    f"step function's mean gap then {1e3 * statistics.median(w['gap']):.1f} ms (median); the "
-                   f"attaches' median link attach {1e3 * statistics.median(w['attach']):.1f} ms (median)")
+                   f"attaches' median link attach "
+                   + (f"{1e3 * statistics.median(w['attach']):.1f} ms (median)" if w["attach"] else "not measured"))
     return out
 
 
@@ -208,9 +210,9 @@ def step_log(run: Path) -> list[str]:
         rare = [t["outcome"] for t in tries if t["functions"] < most and t["outcome"] != "shorter than a step"]
         periods = [t["period_s"] for t in tries]
         per_step = [t["span_s"] / t["steps"] for t in tries if t["outcome"] == "whole"]
+        planned = f"{1e3 * min(periods):.1f}-{1e3 * max(periods):.1f} ms" if periods else "none"
         out.append(f"{run.name} {job} {p['rep']} of every function ({most}): {', '.join(full) or 'none planned'}; "
-                   f"others: {', '.join(rare) or '-'}; planned step "
-                   f"{1e3 * min(periods):.1f}-{1e3 * max(periods):.1f} ms"
+                   f"others: {', '.join(rare) or '-'}; planned step {planned}"
                    + (f", counted whole {1e3 * min(per_step):.1f}-{1e3 * max(per_step):.1f} ms a step" if per_step else ""))
     return out
 

@@ -38,3 +38,24 @@ def test_the_committed_offline_figures_are_what_the_scripts_print(argv, expected
     r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout == (OUT / expected).read_text()
+
+
+def test_the_step_log_reads_an_attach_whose_report_logged_no_step_window(tmp_path):
+    """An attach that planned no window as whole steps (the copies and graph jobs; since e6679ab also
+    one whose every step window was shorter than a step, which the log leaves out) has
+    `step_windows: []` in its report: --step-log says so rather than failing on the whole run."""
+    import json
+    import lzma
+    import shutil
+
+    run = tmp_path / "run33"
+    shutil.copytree(R14 / "run33", run)
+    src = run / "mlp-attach-5-0.json.xz"
+    doc = json.loads(lzma.open(src).read())
+    doc["attach"]["step_windows"] = []
+    src.unlink()
+    (run / "mlp-attach-5-0.json").write_text(json.dumps(doc))
+    r = subprocess.run([sys.executable, "bench/audit_table.py", "--step-log", str(run)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-400:]
+    assert "run33 mlp 0 of every function" in r.stdout and "planned step none" in r.stdout
