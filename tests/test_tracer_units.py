@@ -1244,3 +1244,40 @@ def test_a_long_step_window_is_armed_at_the_step_the_program_measured_not_at_its
     # Attached, and armed, just before the call aimed at, by STEP_JITTER of a step (its own jitter).
     due = starts[0] + 0.006 + pr.STEP_ARM_LEAD_S + pr.STEP_JITTER * 0.15015
     assert due == pytest.approx(last + 0.15015, abs=0.002), (due - last)
+
+
+def test_a_wait_ends_at_its_deadline_not_at_the_next_whole_millisecond(monkeypatch):
+    """poll() takes whole milliseconds and rounds a fraction up (a 2.3-ms wait took 3.1 ms here): every
+    window of time ran past its plan. A wait polls the whole milliseconds and sleeps the rest."""
+    import types
+
+    from gputrace.tracer import session as sess
+
+    clock = [100.0]
+    polls: list[int] = []
+    sleeps: list[float] = []
+
+    class Poll:
+        def register(self, fd, events) -> None:
+            pass
+
+        def poll(self, ms):
+            assert isinstance(ms, int)
+            polls.append(ms)
+            clock[0] += ms / 1000
+            return []
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        clock[0] += s
+
+    monkeypatch.setattr(sess.select, "poll", Poll)
+    monkeypatch.setattr(sess.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(sess.time, "sleep", sleep)
+    me = types.SimpleNamespace(exited=False, _pidfd=0, pid=1)
+    assert sess.Session._wait(me, 0.0023) is True
+    assert polls == [2] and sleeps == [pytest.approx(0.0003)]
+    assert clock[0] == pytest.approx(100.0023)
+    polls.clear(), sleeps.clear()
+    assert sess.Session._wait(me, 0.0004) is True
+    assert polls == [] and sleeps == [pytest.approx(0.0004)]

@@ -165,7 +165,10 @@ class HostSession:
             left = deadline - time.monotonic()
             if left <= 0:
                 return True
-            for fd, _ in self._epoll.poll(left):  # stop() and hold() write to _wake_w: no need to wake up to look
+            if left < 0.001:  # epoll rounds a fraction of a millisecond up, past the deadline (Session._wait)
+                time.sleep(left)
+                return True
+            for fd, _ in self._epoll.poll(int(left * 1000) / 1000):  # stop() and hold() write to _wake_w: no need to wake up to look
                 if fd == self._wake_r:
                     # Emptied, or every later wait would return at once and spin to its deadline
                     # (after a hold ends). The flags are read again at the top of the loop.
