@@ -1281,3 +1281,37 @@ def test_a_wait_ends_at_its_deadline_not_at_the_next_whole_millisecond(monkeypat
     polls.clear(), sleeps.clear()
     assert sess.Session._wait(me, 0.0004) is True
     assert polls == [] and sleeps == [pytest.approx(0.0004)]
+
+
+def test_a_step_window_whose_step_function_has_gone_quiet_is_not_armed():
+    """Polled for STEP_FRESH_WAIT steps and no call of the step function came (the job evaluates,
+    checkpoints, or has ended its training): arming anyway held every link on for 2 (steps + 1)
+    periods for a window that never opened. Not run, logged, and a whole one planned again."""
+    from gputrace import simcuda
+    from gputrace.tracer import probes as pr
+    from gputrace.tracer.budget import Plan
+    from gputrace.tracer.symbols import read_functions
+
+    class Prog:
+        def set_hit_costs(self, *a) -> None:
+            pass
+
+        def step_last(self) -> float:
+            return 1.0  # its last call, long ago; no new one comes
+
+        def step_gaps(self) -> tuple[int, float, float]:
+            return 20, 0.01, 0.05
+
+        def arm(self, *a) -> None:
+            raise AssertionError("armed with no call of the step function in sight")
+
+    lib = str(simcuda.library_path())
+    functions = tuple(read_functions(lib))[:8]
+    p = pr.Probes(lib, functions, Prog(), CALIBRATION, pid=1)
+    p.attach_s = [0.001]
+    p.attach = lambda *a, **k: (_ for _ in ()).throw(AssertionError("links attached"))
+    probe = frozenset(range(8))
+    plan = Plan(True, ((0.0, 0.01),), frozenset(), probe, step=3, period_s=0.01, step_hz=100.0, whole=True)
+    assert p._step_window(plan, 0.01, probe, lambda s: True) is True
+    assert p.step_log[-1].outcome == "step function not called, not run"
+    assert p.log.whole_missed

@@ -542,7 +542,19 @@ class Probes:
                 fresh = self._next_step_call(wait, STEP_FRESH_WAIT * p0)
                 if fresh is False:
                     return False
-                if fresh is not None and not self.waiting(wait, fresh + (1.0 - STEP_JITTER) * p0 - lead - time.monotonic()):
+                if fresh is None:
+                    # No call in STEP_FRESH_WAIT steps: the step function has gone quiet (an
+                    # evaluation, a checkpoint, the end of training). Armed anyway, the window would
+                    # hold every link on for 2 (steps + 1) periods and likely never open: not run, and
+                    # a whole one is planned again (Policy.whole_missed), as one not kept is.
+                    n, mean, cv = self.program.step_gaps()
+                    self.step_log.append(StepTry(time.monotonic(), plan.step, steps, period, len(probe),
+                                                 "step function not called, not run", gaps=n, gap_mean_s=mean,
+                                                 gap_cv=cv))
+                    if plan.whole and timed is None:
+                        self.log.whole_missed = True
+                    return True
+                if not self.waiting(wait, fresh + (1.0 - STEP_JITTER) * p0 - lead - time.monotonic()):
                     return False
         self.attach(plan.timed if timed is None else timed, probe, open_counting=False)
         self.program.arm(plan.step, self.pid, steps)
@@ -581,8 +593,8 @@ class Probes:
 
     def _next_step_call(self, wait: Callable[[float], bool], most_s: float) -> float | bool | None:
         """The time of the step function's next call (the one watch_step named), looked for every
-        STEP_POLL_S for at most most_s; None where none came (the window is then armed at once),
-        False once wait says no one is left."""
+        STEP_POLL_S for at most most_s; None where none came (the window is then not run), False
+        once wait says no one is left."""
         seen = self.program.step_last()
         deadline = time.monotonic() + most_s
         while time.monotonic() < deadline:
