@@ -235,8 +235,12 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
         made.append(path)
 
     # 1. slowdown against driver calls per GPU-ms, the model's line for each cost drawn in.
+    # On log axes a slowdown at or below 0 has no place: left out and counted in the title, not
+    # drawn as a small positive one (the tables give every row).
     pts = [(r, e) for r in rows for e in r["emulation"]
-           if e["cost_ns"] > 0 and e["intercepted_per_gpu_ms"] and e["measured"] is not None]
+           if e["cost_ns"] > 0 and e["intercepted_per_gpu_ms"] and e["measured"] is not None and e["measured"] > 0]
+    not_drawn = sum(1 for r in rows for e in r["emulation"]
+                    if e["cost_ns"] > 0 and e["intercepted_per_gpu_ms"] and e["measured"] is not None and e["measured"] <= 0)
     if pts:
         fig, ax = plt.subplots(figsize=(7.5, 5))
         costs = sorted({e["cost_ns"] for _, e in pts})
@@ -245,7 +249,7 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
         for i, c in enumerate(costs):
             color = f"C{i}"
             for sel, marker in (("submission", "o"), ("all", "s")):
-                mine = [(e["intercepted_per_gpu_ms"], max(e["measured"], 1e-4)) for _, e in pts
+                mine = [(e["intercepted_per_gpu_ms"], e["measured"]) for _, e in pts
                         if e["cost_ns"] == c and e["selection"] == sel]
                 if mine:
                     ax.scatter(*zip(*mine), color=color, marker=marker,
@@ -255,13 +259,14 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
             ax.plot([lo, hi], [lo * c * 1e-6, hi * c * 1e-6], color=color, lw=1, ls="--")
         for r, e in pts:
             if e["cost_ns"] == costs[-1] and e["selection"] == "submission":
-                ax.annotate(r["job"], (e["intercepted_per_gpu_ms"], max(e["measured"], 1e-4)), fontsize=7,
+                ax.annotate(r["job"], (e["intercepted_per_gpu_ms"], e["measured"]), fontsize=7,
                             xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("intercepted driver calls per GPU-millisecond")
         ax.set_ylabel("measured slowdown (emulated layer)")
-        ax.set_title("Slowdown against calls per GPU-ms; dashed: calls x cost per GPU time")
+        ax.set_title("Slowdown against calls per GPU-ms; dashed: calls x cost per GPU time"
+                     + (f"\n({not_drawn} at or below 0 not drawn)" if not_drawn else ""), fontsize=10)
         ax.legend(fontsize=7)
         save(fig, out / "slowdown-vs-calls-per-gpu-ms.png")
 
@@ -312,8 +317,10 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
         fig, ax = plt.subplots(figsize=(8, 4.5))
         labels = [f"{n}\n({s})" for s, n, _ in bars]
         x = range(len(bars))
-        ax.bar([i - 0.2 for i in x], [m.get("held_s") or 0 for _, _, m in bars], width=0.4, label="job held, s")
-        ax.bar([i + 0.2 for i in x], [m.get("resume_s") or 0 for _, _, m in bars], width=0.4, label="to resume, s")
+        # A figure not measured gets no bar (not one of height 0).
+        for off, key, label in ((-0.2, "held_s", "job held, s"), (0.2, "resume_s", "to resume, s")):
+            have = [(i, m[key]) for i, (_, _, m) in enumerate(bars) if m.get(key) is not None]
+            ax.bar([i + off for i, _ in have], [v for _, v in have], width=0.4, label=label)
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, fontsize=7)
         ax.set_yscale("log")
