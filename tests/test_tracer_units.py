@@ -115,19 +115,30 @@ def test_planned_windows_keep_their_expected_cost_within_the_budget_and_use_it(e
 def test_two_windows_an_interval_one_in_each_half_with_room_for_their_references():
     # (Windows of time: at 4 kHz function 1 is cheap enough to keep as the step, and step windows
     # have no marker; tested apart.)
-    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 100, 1: 20}, budget=0.05, interval_s=1.0,
+    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 150, 1: 20}, budget=0.05, interval_s=1.0,
                 step_windows=False)
     for _ in range(20):
         plan = p.plan()
-        assert plan.marker == 1  # 4 kHz: its reference costs under a quarter of the window's 20 kHz
+        assert plan.marker == 1  # 4 kHz at 1 us: its probes take 0.4% of its reference span; 20 kHz's 2% is the most
         (o1, w1), (o2, w2) = plan.windows
         assert w1 == w2 and 0.0 <= o1 - w1 and o1 + w1 <= 0.5 and 0.5 <= o2 - w2 and o2 + w2 <= 1.0
 
 
-def test_the_marker_is_the_most_called_function_whose_reference_costs_a_quarter_of_the_window():
-    p = scouted({0: SUB, 1: QUERY, 2: STATE}, {f: CHEAP for f in range(3)}, {0: 100, 1: 20, 2: 2}, budget=0.05,
+def test_the_marker_is_the_most_called_function_cheap_enough_to_be_a_reference():
+    """The estimator reads windows against the marker's rate in its reference spans where its probes
+    take at most REF_PROBE_MAX of them (estimator.reference_rates): the most-called such function."""
+    from gputrace.tracer.estimator import REF_PROBE_MAX
+
+    p = scouted({0: SUB, 1: QUERY, 2: STATE}, {f: CHEAP for f in range(3)}, {0: 200, 1: 20, 2: 2}, budget=0.05,
                 interval_s=1.0)
     probe, timed = frozenset({0, 1, 2}), frozenset()
+    assert p.choose_marker(probe, timed) == 1 and p.ref_share(1) <= REF_PROBE_MAX
+    assert p.ref_share(0) > REF_PROBE_MAX  # the busiest: its own probes would slow its reference
+    # Where none is that cheap, the most-called whose reference costs a quarter of the window at most
+    # (the exposure's marker).
+    p = scouted({0: SUB, 1: QUERY, 2: STATE}, {f: CHEAP for f in range(3)}, {0: 1000, 1: 200, 2: 150}, budget=0.05,
+                interval_s=1.0)
+    assert all(p.ref_share(f) > REF_PROBE_MAX for f in range(3))
     m = p.choose_marker(probe, timed)
     assert m == 1 and p.marker_cost_per_s(1) <= p.window_cost_per_s(probe, timed) / 4
     assert p.marker_cost_per_s(0) > p.window_cost_per_s(probe, timed) / 4  # the busiest would cost too much
@@ -472,10 +483,13 @@ def test_a_member_that_joins_holds_the_windows_to_its_scout_until_measured():
 
 
 def test_the_shared_marker_fits_every_members_budget():
-    host = aligned({1: 20_000.0, 2: 500.0})
+    host = aligned({1: 40_000.0, 2: 500.0})
     probe = frozenset({0})
-    # Function 0 is all member 2 calls: its reference would cost it as much as its window.
+    # Too busy in member 1 to be a reference there (4% of its span at 1 us a hit), and all member 2
+    # calls: as the exposure's marker its reference would cost member 2 as much as its window.
     assert host.choose_marker(probe, frozenset()) is None
+    # Cheap enough for every member: a reference, whatever the window costs.
+    assert aligned({1: 10_000.0, 2: 500.0}).choose_marker(probe, frozenset()) == 0
 
 
 # --- audit ---------------------------------------------------------------------------------------------------------
@@ -1193,13 +1207,14 @@ def test_a_whole_step_window_that_cannot_be_had_is_planned_again_not_paid_for():
     plan = next_plan()
     for miss in range(3):
         assert plan.whole and plan.step == 14 and len(plan.probe) == 15, (miss, plan)
-        assert len(next_plan().probe) == 1  # paid for: the waits alone
+        waits = next_plan()  # paid for: the waits alone, and their reference
+        assert waits.timed == frozenset({13}) and waits.probe - {waits.marker} == {13}
         p.whole_missed()
         nxt = [next_plan() for _ in range(2)]
         if miss < 2:
             plan = next(x for x in nxt if x.whole)  # planned again
         else:
-            assert all(len(x.probe) == 1 for x in nxt)  # the third stays paid for
+            assert all(x.probe - {x.marker} == {13} for x in nxt)  # the third stays paid for: the waits alone
 
 
 def test_a_long_step_window_is_armed_at_the_step_the_program_measured_not_at_its_counted_rate():

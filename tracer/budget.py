@@ -38,13 +38,14 @@ then counted in whole bursts.
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass
 from typing import Mapping
 
 from .calibrate import ProbeCost
 from .classify import FunctionClass
-from .estimator import EXPOSURE_MAX
+from .estimator import EXPOSURE_MAX, REF_PROBE_MAX
 
 # Job time one breakpoint write costs (attach or detach): a page table update and a TLB flush on
 # the CPUs the job runs on. Assumed: too small for paired phases to resolve on the H200
@@ -190,7 +191,9 @@ class Policy:
         self.idle_windows = idle_windows
         self.max_growth = max_growth
         self.max_skip = max_skip
-        self.rng = rng or random.Random()
+        # Seeded (GPUTRACE_SEED, else 0): the windows' offsets are what a rerun of an attach or a test
+        # can repeat; they need only be independent of the job's own phase, which a fixed seed is.
+        self.rng = rng or random.Random(int(os.environ.get("GPUTRACE_SEED", "0")))
         self.exact = budget >= 1.0
         self.seen: set[int] = set()             # called: probed in windows, or kept; the rest are watched
         self.kept: frozenset[int] = frozenset()  # seen, but counted every call on the watch link instead
@@ -344,6 +347,11 @@ class Policy:
             return 0.0
         return min(1.0, self.hit_s_per_s(frozenset((f,)), frozenset()))
 
+    def ref_share(self, f: int) -> float:
+        """The share of a reference span that f's calibrated probes take at its known rate: what the
+        estimator holds against REF_PROBE_MAX (estimator.reference_rates)."""
+        return self.rates.get(f, 0.0) * self.costs[f].cost_ns(False) * 1e-9
+
     def marker_fits(self, f: int, probe: frozenset[int], timed: frozenset[int], strict: bool = True) -> bool:
         """Whether f's reference span costs at most a quarter of what a window of `probe` does: as
         the job loses time (both capped at all of it), or, not `strict`, as their rates compare
@@ -362,6 +370,11 @@ class Policy:
         measured, so the rates stayed that high: on the H200 a copy loop's counted windows went
         without a marker for a whole attach (its rates +-555%)."""
         called = [f for f, r in self.rates.items() if f in probe and r >= 100.0]
+        # First the most-called whose probes take at most REF_PROBE_MAX of its reference span: the
+        # estimator reads windows against it (estimator.reference_rates), whatever their probes cost.
+        ref = [(self.rates[f], f) for f in called if self.ref_share(f) <= REF_PROBE_MAX]
+        if ref:
+            return max(ref)[1]
         ok = [(self.rates[f], f) for f in called if self.marker_fits(f, probe, timed)]
         if ok:
             return max(ok)[1]
@@ -543,12 +556,19 @@ class Policy:
         waits = probe & self.waiting
         if not waits:
             return NO_WINDOW
+        # With a reference probed beside them where one is cheap enough: their rates then rest on it,
+        # not on how much of the window their probes took (a wait's probe is often single-stepped).
+        marker = self.choose_marker(probe, frozenset())
+        if marker is not None and self.ref_share(marker) > REF_PROBE_MAX:
+            marker = None
+        probed = waits | ({marker} if marker is not None else set())
         w = min(WAITS_MAX_S * self.interval_s,
-                self.affordable_s(waits, waits, None, 1, self.every, WAITS_SHARE))
+                self.affordable_s(probed, waits, marker, 1, self.every, WAITS_SHARE))
         if w < self.min_window_s:
             return NO_WINDOW
-        at = self.rng.uniform(0.0, self.interval_s - w)
-        return Plan(True, ((at, w),), waits, waits)
+        lead = w if marker is not None else 0.0
+        at = lead + self.rng.uniform(0.0, max(0.0, self.interval_s - lead - w))
+        return Plan(True, ((at, w),), waits, frozenset(probed), marker)
 
     def _step_fields(self, step: tuple[int, float] | None) -> dict:
         """A Plan's step fields for `step` (function, period), none for None."""
@@ -751,6 +771,10 @@ class AlignedPolicy(Policy):
         if not members:
             return None
         called = {f for p in members for f, r in p.rates.items() if f in probe and r >= 100.0}
+        ref = [(sum(p.rates.get(f, 0.0) for p in members), f) for f in called
+               if all(p.ref_share(f) <= REF_PROBE_MAX for p in members)]
+        if ref:
+            return max(ref)[1]
         ok = [(sum(p.rates.get(f, 0.0) for p in members), f) for f in called
               if all(p.marker_fits(f, probe, timed) for p in members)]
         if ok:

@@ -44,6 +44,15 @@ SMALL_UNIT = 0.5  # an interval whose windows counted less than this share of th
 FIRM_REL = 0.2
 LOOSE_REL = 0.5
 FIRM_FACTOR = 5.0
+# A marker's reference spans stand for the job's untraced pace (`reference_rates`) where they
+# counted at least REF_MIN_CALLS of its calls (the reference's Poisson error then under 1.96/sqrt(20),
+# 44%, which the stated interval carries) and its probes took at most REF_PROBE_MAX of their time (so
+# that not knowing how much of it the job lost moves the rate by at most that much again); a window
+# is read against its marker where the marker made at least REF_MIN_IN calls in it (fewer: the
+# window's own count of the marker is the noise, and its counting time serves as well).
+REF_MIN_CALLS = 20
+REF_PROBE_MAX = 0.02
+REF_MIN_IN = 10
 # An interval whose step function (a step window's) was on the watch link for at least this share of
 # it gives that function's rate there (`_by_steps`).
 STEP_WATCHED_MIN = 0.5
@@ -59,6 +68,7 @@ class MarkerCount:
     calls_out: int
     out_s: float
     out_probe_s: float = 0.0
+    func: int | None = None           # the marker function (None: one per interval, as in old dumps)
 
 
 @dataclass(frozen=True)
@@ -170,14 +180,64 @@ def step_rates(observations: Sequence["Observation"]) -> dict[int, float]:
     return out
 
 
-def window_time(w: "Window", expo: Exposures, steps_hz: Mapping[int, float]) -> tuple[float, float]:
+@dataclass(frozen=True)
+class Reference:
+    """A marker function's untraced rate in one interval, from its reference spans (where it was
+    probed alone), and the 95% relative half-width of that rate."""
+
+    rate_hz: float
+    rel: float
+
+
+def reference_rates(o: "Observation") -> dict[int | None, Reference]:
+    """Per marker function, its rate over interval o's reference spans: their calls over their
+    time, less the share of it that its own probes took, which is known to lie between none and
+    `EXPOSURE_MAX` times their calibrated time. Its probes alone take a small share of a reference
+    span (`REF_PROBE_MAX` at most, else it is no reference), so that range moves the rate little,
+    where the probes of every function in a window can take most of it."""
+    sums: dict[int | None, list[float]] = {}
+    for w in o.windows:
+        m = w.marker
+        if m is None or m.out_s <= 0:
+            continue
+        acc = sums.setdefault(m.func, [0.0, 0.0, 0.0])
+        acc[0] += m.calls_out
+        acc[1] += m.out_s
+        acc[2] += m.out_probe_s
+    out: dict[int | None, Reference] = {}
+    for f, (n, t, probe) in sums.items():
+        if n < REF_MIN_CALLS or probe > REF_PROBE_MAX * t:
+            continue
+        lo, hi = n / t, n / (t - EXPOSURE_MAX * probe)
+        mid = (lo + hi) / 2
+        out[f] = Reference(mid, (hi - lo) / 2 / mid + 1.96 / math.sqrt(n))
+    return out
+
+
+def referenced(w: "Window", refs: Mapping[int | None, Reference]) -> bool:
+    """Whether `window_time` reads window w against a reference (its steps or its marker's) rather
+    than through the exposure."""
+    if w.step_func is not None and w.steps > 0:
+        return True
+    m = w.marker
+    return m is not None and m.calls_in >= REF_MIN_IN and m.func in refs
+
+
+def window_time(w: "Window", expo: Exposures, steps_hz: Mapping[int, float],
+                refs: Mapping[int | None, Reference] | None = None) -> tuple[float, float]:
     """The untraced seconds window w stands for, and the relative error of a rate from it that the
     exposure makes: a step window's steps at its step function's rate (`step_rates`), no error from
-    the exposure; any other, its counting time less the probes' share (`Exposure.effective_s`)."""
+    the exposure; a window with a marker, the marker's calls in it at the marker's rate in its
+    interval's reference spans (`reference_rates`): the job's slowdown inside the window cancels,
+    however much of it the probes took, and the error is the reference's; any other, its counting
+    time less the probes' share (`Exposure.effective_s`)."""
     if w.step_func is not None and w.steps > 0:
         r = steps_hz.get(w.step_func)
         if r:
             return w.steps / r, 0.0
+    m = w.marker
+    if refs and m is not None and m.calls_in >= REF_MIN_IN and (ref := refs.get(m.func)) is not None:
+        return m.calls_in / ref.rate_hz, ref.rel
     return expo.effective_s(w), expo.rel_err(w)
 
 
@@ -400,14 +460,26 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
     # Per observation and function, its windows pooled, worked out once per window and function.
     per_obs: list[dict[int, _Unit]] = []
     steps_hz = step_rates(observations)
+    timings = []
     for o in observations:
+        refs = reference_rates(o)
+        timings.append([(w, referenced(w, refs), *window_time(w, expo, steps_hz, refs)) for w in o.windows])
+    set_aside: dict[int, int] = {}  # calls in the windows left out below: observed all the same
+    for o, timing in zip(observations, timings):
+        # Functions that a window of this interval read against a reference (its steps, its marker)
+        # probed: their windows of time here, read through the exposure, are left out (where probes
+        # fill most of a window, an exposure off by a little moves its rate several-fold).
+        anchored = {f for w, ref, *_ in timing if ref for f in w.probed}
         acc: dict[int, _Unit] = {}
         last_resort: dict[int, _Unit] = {}
-        for w in o.windows:
-            eff, rel = window_time(w, expo, steps_hz)
-            # (A step window's rate has no range from the exposure: its counting time is its own.)
-            counted = eff if rel == 0.0 and w.steps else w.counted_s
+        for w, ref, eff, rel in timing:
+            # (A referenced window's rate has no range from the probes' share: its time is its own.)
+            counted = eff if ref else w.counted_s
             probed = w.probed if len(w.probed) <= 2 * len(funcs) else funcs.intersection(w.probed)
+            if not ref and not w.discovery and anchored & probed:
+                for f in anchored & probed:
+                    set_aside[f] = set_aside.get(f, 0) + w.calls.get(f, 0)
+                probed = probed - anchored
             calls = w.calls
             into = last_resort if w.discovery else acc
             for f in probed:
@@ -423,7 +495,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
     out: dict[int, Estimate] = {}
     parts: dict[int, _Figures] = {}
     for f in funcs:
-        observed = 0
+        observed = set_aside.get(f, 0)
         exact = 0.0          # calls counted on the watch link
         unmeasured = 0.0
         carried_u = 0.0      # time stood for by `carry`, before the first window of f
@@ -648,11 +720,11 @@ def last_rates(observations: Sequence[Observation], expo: Exposures) -> dict[int
     out: dict[int, Carried] = {}
     for o in observations:
         by_f: dict[int, _Unit] = {}
-        steps_hz = step_rates([o])
+        steps_hz, refs = step_rates([o]), reference_rates(o)
         for w in sorted(o.windows, key=lambda w: w.discovery):
             if w.discovery and any(f in by_f for f in w.probed):
                 continue
-            eff = window_time(w, expo, steps_hz)[0]
+            eff = window_time(w, expo, steps_hz, refs)[0]
             for f in w.probed:
                 by_f.setdefault(f, _Unit()).add(w.calls.get(f, 0), eff, 0.0, w.counted_s)
         for f, a in by_f.items():
@@ -794,7 +866,8 @@ def dump_observations(observations: Sequence[Observation], expo: Exposures) -> d
         d = {"counted_s": w.counted_s, "probed": sorted(w.probed), "calls": {str(f): n for f, n in w.calls.items()},
              "probe_s": w.probe_s, "timed": w.timed, "stepped_s": w.stepped_s, "discovery": w.discovery}
         if w.marker is not None:
-            d["marker"] = [w.marker.calls_in, w.marker.in_s, w.marker.calls_out, w.marker.out_s, w.marker.out_probe_s]
+            d["marker"] = [w.marker.calls_in, w.marker.in_s, w.marker.calls_out, w.marker.out_s, w.marker.out_probe_s,
+                           w.marker.func]
         if w.step_func is not None and w.steps:
             d["step"] = [w.step_func, w.steps]
         return d

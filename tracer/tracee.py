@@ -242,7 +242,7 @@ class Tracee:
             if ws.marker is not None:
                 m = d.get(ws.marker, ZERO)
                 marker = est.MarkerCount(m.calls, ws.counted_s, m.outside, ws.outside_s,
-                                         m.outside * self.costs[ws.marker].entry_ns * 1e-9)
+                                         m.outside * self.costs[ws.marker].entry_ns * 1e-9, ws.marker)
             w = est.Window(ws.counted_s, ws.probed, {f: x.calls for f, x in d.items() if x.calls},
                            self._probe_s(d, window_only=True), marker, timed=ws.timed >= ws.probed,
                            stepped_s=self._probe_s(d, window_only=True, stepped=True),
@@ -294,9 +294,9 @@ class Tracee:
         if not self.exact:
             # The windows' own rates (untraced), for the next plan: not the estimate's whole work.
             rates: dict[int, list[float]] = {}
-            steps_hz = est.step_rates([obs])
+            steps_hz, refs = est.step_rates([obs]), est.reference_rates(obs)
             for w in windows:
-                eff = est.window_time(w, expo, steps_hz)[0]
+                eff = est.window_time(w, expo, steps_hz, refs)[0]
                 for f in w.probed:
                     rates.setdefault(f, []).append(w.calls.get(f, 0) / eff)
             if self.policy.kept and span > 0:
