@@ -355,7 +355,7 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
     L += ["## The four questions", "",
           "1. *What does the layer cost on a job that spans several GPUs?* **Not answered here**: every run "
           "below is on one GPU (the multi-GPU part waits on a machine of several GPUs).",
-          f"2. *What does it cost on a current GPU?* {'**Answered** below on ' + ', '.join(devices) if rows and not sim else '**Not yet**: no GPU run is committed.'}",
+          f"2. *What does it cost on a current GPU?* {'**Answered** below on ' + ', '.join(devices) if rows and not sim else '**Not yet**: no steady-state (steady:*) stage has run on a GPU.'}",
           f"3. *What does taking a checkpoint cost?* {'**Answered** below (freeze, time back, bytes, write throughput).' if q3 else '**Not yet**: no checkpoint-cost run is committed.'}",
           f"4. *Checkpointing inside the application against below it?* {'**Answered** below.' if q4 else '**Not yet**: no application-level run is committed.'}",
           ""]
