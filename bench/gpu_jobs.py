@@ -13,6 +13,11 @@ Jobs (--job):
   kvcache  inference with a KV cache: the gpt2 model (eval, no grad) decoding greedily one token a step
            for a batch of 4, its cache carried from step to step, a new 32-token prompt every 128 tokens
   switch   mlp steps until the first `run` ends, then graph replays: calls that change mid-run
+  jax      a jitted JAX training step: the mlp's shape (4 x 256 tanh layers, batch 64) as one jitted
+           function (grad and SGD update), its loss read to the host each step; PyTorch is not imported,
+           and XLA_PYTHON_CLIENT_PREALLOCATE=false unless set (it shares the GPU with other jobs)
+  conv     a small cuDNN conv net: 3 conv layers (32, 64, 64 channels, batch norm, ReLU) on batch 32 of
+           3 x 32 x 32, a linear head, SGD with momentum, loss.item() each step
 
 Protocol (stdout is one line per answer): after set-up and warm-up it prints `ready`; then each line
 on stdin is `run SECONDS [stamps]` (run that long; answer {"steps", "seconds", "steps_per_s",
@@ -32,7 +37,7 @@ import os
 import sys
 import time
 
-JOBS = ("mlp", "gpt2", "gpt2big", "graph", "matmul", "copies", "copiesbig", "kvcache", "switch")
+JOBS = ("mlp", "gpt2", "gpt2big", "graph", "matmul", "copies", "copiesbig", "kvcache", "switch", "jax", "conv")
 
 
 def make_mlp(torch, dev):
@@ -166,6 +171,59 @@ def make_copiesbig(torch, dev):
     return make_copies(torch, dev, floats=16 << 20)  # 64 MiB of float32
 
 
+def make_conv(torch, dev):
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    x = torch.randn(32, 3, 32, 32, device=dev)
+    y = torch.randint(0, 10, (32,), device=dev)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step, (model, opt, x, y)
+
+
+def make_jax():
+    """The mlp's training step in JAX, jitted whole (forward, grad, SGD update); the loss read to
+    the host each step, as the mlp's loss.item()."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 6)
+    ws = [jax.random.normal(keys[i], (256, 256)) * 0.05 for i in range(4)]
+    x = jax.random.normal(keys[4], (64, 256))
+    y = jax.random.normal(keys[5], (64, 256))
+
+    def loss_fn(ws, x, y):
+        h = x
+        for w in ws:
+            h = jnp.tanh(h @ w)
+        return jnp.mean((h - y) ** 2)
+
+    @jax.jit
+    def update(ws, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(ws, x, y)
+        return [w - 1e-3 * gw for w, gw in zip(ws, g)], loss
+
+    state = {"ws": ws}
+
+    def step() -> float:
+        state["ws"], loss = update(state["ws"], x, y)
+        return float(loss)
+
+    return step, state
+
+
 def gpu_time(torch, step, steps: int) -> dict:
     """The GPU's own time a step: `steps` steps under the profiler (two more first, its warm-up),
     every device event's interval (kernels, copies, sets), their union and their sum."""
@@ -210,24 +268,32 @@ def main() -> int:
     ap.add_argument("--job", choices=JOBS, required=True)
     ap.add_argument("--warmup", type=int, default=30)
     args = ap.parse_args()
-    import torch
-
-    if not torch.cuda.is_available():
-        print("gpu_jobs: no CUDA device", file=sys.stderr)
-        return 2
-    dev = torch.device("cuda")
-    makers = {"mlp": make_mlp, "gpt2": make_gpt2, "gpt2big": make_gpt2big, "graph": make_graph,
-              "matmul": make_matmul, "copies": make_copies, "copiesbig": make_copiesbig, "kvcache": make_kvcache}
-    if args.job == "switch":
-        first, keep1 = make_mlp(torch, dev)
-        second, keep2 = make_graph(torch, dev)
-        steps = [first]
-    else:
-        step, keep = makers[args.job](torch, dev)
+    if args.job == "jax":  # no PyTorch in this process: JAX's own driver calls only
+        torch = None
+        step, keep = make_jax()
         steps = [step]
+        sync = lambda: None  # noqa: E731 - each step reads its loss to the host
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("gpu_jobs: no CUDA device", file=sys.stderr)
+            return 2
+        dev = torch.device("cuda")
+        sync = torch.cuda.synchronize
+        makers = {"mlp": make_mlp, "gpt2": make_gpt2, "gpt2big": make_gpt2big, "graph": make_graph,
+                  "matmul": make_matmul, "copies": make_copies, "copiesbig": make_copiesbig, "kvcache": make_kvcache,
+                  "conv": make_conv}
+        if args.job == "switch":
+            first, keep1 = make_mlp(torch, dev)
+            second, keep2 = make_graph(torch, dev)
+            steps = [first]
+        else:
+            step, keep = makers[args.job](torch, dev)
+            steps = [step]
     for _ in range(args.warmup):
         steps[0]()
-    torch.cuda.synchronize()
+    sync()
     print("ready", flush=True)
     for line in sys.stdin:
         words = line.split()
@@ -237,6 +303,8 @@ def main() -> int:
             break
         if words[0] == "gputime":
             try:
+                if torch is None:
+                    raise RuntimeError("gputime uses PyTorch's profiler: not for this job")
                 answer = gpu_time(torch, steps[0], int(words[1]))
             except Exception as exc:  # the profiler's API moves between releases: say so, keep the job
                 answer = {"error": f"{type(exc).__name__}: {exc}"}
