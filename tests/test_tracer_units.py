@@ -472,6 +472,20 @@ def test_aligned_windows_are_the_least_any_member_affords():
     assert window_cost(host.members[3], plan) == pytest.approx(PLAN_SHARE * 0.01, rel=1e-6)  # the busiest decides
 
 
+def test_a_function_the_scout_caught_once_or_twice_is_no_reference():
+    """A set-up call the scout caught twice in its 5 ms reads 400 calls/s, cheap enough to be a
+    reference; but no more of it come, and a window read against a marker that made no call in it
+    stands on nothing (simcuda here: a 1-s job's only window after the scout had cuModuleGetFunction
+    as its marker, 0 calls in and out)."""
+    p = scouted({0: SUB, 1: QUERY, 2: QUERY}, {f: CHEAP for f in range(3)}, {0: 100, 1: 2, 2: 1}, budget=0.05,
+                interval_s=1.0, scout_s=0.0002)
+    # The next interval's windows saw function 2 again, not 1 (whose rate stands as the scout read it).
+    p.observe(2, {0: 500_000.0, 2: 5_000.0}, {0: 400, 2: 12})
+    assert p.rates[1] > p.rates[2] and p.ref_share(1) <= 0.02 and not p.repeats(1)
+    assert p.ref_share(2) <= 0.02 and p.repeats(2)
+    assert p.choose_marker(frozenset({0, 1, 2}), frozenset()) == 2  # fewer calls a second, but they repeat
+
+
 def test_a_member_that_joins_holds_the_windows_to_its_scout_until_measured():
     host = aligned({1: 1_000.0})
     from gputrace.tracer.budget import WRITE_S, Policy as P

@@ -45,7 +45,7 @@ from typing import Mapping
 
 from .calibrate import ProbeCost
 from .classify import FunctionClass
-from .estimator import EXPOSURE_MAX, REF_PROBE_MAX
+from .estimator import EXPOSURE_MAX, REF_MIN_IN, REF_PROBE_MAX
 
 # Job time one breakpoint write costs (attach or detach): a page table update and a TLB flush on
 # the CPUs the job runs on. Assumed: too small for paired phases to resolve on the H200
@@ -200,6 +200,7 @@ class Policy:
         self.keep_share = keep_share
         self.rare_share = rare_share
         self.idle: dict[int, int] = {}          # seen function -> windows in a row without a call
+        self.counted: dict[int, int] = {}       # function -> calls the windows counted so far (`repeats`)
         self.rates: dict[int, float] = {}       # calls/s, untraced, as last estimated
         self.exposure = EXPOSURE_MAX            # what planning multiplies calibrated costs by (counted windows)
         self.exposure_timed = EXPOSURE_MAX      # ... in windows that time every function they probe
@@ -347,6 +348,12 @@ class Policy:
             return 0.0
         return min(1.0, self.hit_s_per_s(frozenset((f,)), frozenset()))
 
+    def repeats(self, f: int) -> bool:
+        """Whether the windows so far counted f often enough for it to be a reference: REF_MIN_IN
+        calls, what a window needs of its marker to be read against it. A set-up call or two that
+        the scout caught (cuModuleGetFunction twice in 3 ms: 633 calls/s) says no more is coming."""
+        return self.counted.get(f, 0) >= REF_MIN_IN
+
     def ref_share(self, f: int) -> float:
         """The share of a reference span that f's calibrated probes take at its known rate: what the
         estimator holds against REF_PROBE_MAX (estimator.reference_rates)."""
@@ -372,7 +379,7 @@ class Policy:
         called = [f for f, r in self.rates.items() if f in probe and r >= 100.0]
         # First the most-called whose probes take at most REF_PROBE_MAX of its reference span: the
         # estimator reads windows against it (estimator.reference_rates), whatever their probes cost.
-        ref = [(self.rates[f], f) for f in called if self.ref_share(f) <= REF_PROBE_MAX]
+        ref = [(self.rates[f], f) for f in called if self.ref_share(f) <= REF_PROBE_MAX and self.repeats(f)]
         if ref:
             return max(ref)[1]
         ok = [(self.rates[f], f) for f in called if self.marker_fits(f, probe, timed)]
@@ -687,6 +694,7 @@ class Policy:
             else:
                 self.idle[f] = self.idle.get(f, 0) + windows
         for f, n in called.items():
+            self.counted[f] = self.counted.get(f, 0) + n
             if n and f not in self.seen:
                 self.see(f, rates.get(f, 0.0))
         if self.retiming and not first:
@@ -772,7 +780,7 @@ class AlignedPolicy(Policy):
             return None
         called = {f for p in members for f, r in p.rates.items() if f in probe and r >= 100.0}
         ref = [(sum(p.rates.get(f, 0.0) for p in members), f) for f in called
-               if all(p.ref_share(f) <= REF_PROBE_MAX for p in members)]
+               if all(p.ref_share(f) <= REF_PROBE_MAX for p in members) and any(p.repeats(f) for p in members)]
         if ref:
             return max(ref)[1]
         ok = [(sum(p.rates.get(f, 0.0) for p in members), f) for f in called
