@@ -429,17 +429,20 @@ def run(args: argparse.Namespace, out: Path, raw: Path) -> dict:
             jobs.pop("switch").close()
         save(doc, out, raw)
         reserve = (FROM_START_S + args.switch_eager + args.switch_graph) if switch else 0.0
+        took: list[float] = []  # each attach's wall time, and a second: the next one's expected cost
         for r in range(args.attaches):
             for n, j in jobs.items():
                 jd = doc["jobs"][n]
                 if "exact" not in jd or jd.get("error"):
                     continue
-                if left() - reserve < ATTACH_COST_S:
+                if left() - reserve < max([ATTACH_COST_S, *took]):
                     log(f"{n}: attach {r} left out ({left():.0f} s left, {reserve:.0f} s kept for the switch job)")
                     doc.setdefault("left_out", []).append(f"{n}-{r}")
                     continue
+                t_at = time.monotonic()
                 try:
                     at = one_attach(j, n, r, raw)
+                    took.append(time.monotonic() - t_at + 1.0)
                 except (SystemExit, Exception) as exc:  # noqa: BLE001
                     log(f"{n}: attach {r} failed: {exc}")
                     jd.setdefault("attach_errors", []).append(str(exc)[-1500:])
