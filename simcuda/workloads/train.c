@@ -2,7 +2,7 @@
  * whole-process checkpoint tests (checkpoint at some step, kill, restore: do the remaining steps print
  * what an uninterrupted run prints?).
  *
- *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2|3]
+ *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2|3] [--churn N]
  *
  * Holds a cuMemAlloc_v2 buffer of --size bytes (default 4 MiB) and a VMM mapping of one allocation
  * granule (unless --vmm 0; --vmm 2: its handle released as soon as it is mapped; --vmm 3: that granule
@@ -11,6 +11,10 @@
  * 10 ms, so a checkpoint catches the job mid-run), then both copied back and checksummed (FNV-1a), the
  * chain advanced, and one line printed and flushed:
  *   step K DEVSUM CHAIN
+ * --churn N: each step also allocates N temporary buffers with cuMemAlloc_v2 (sizes varying with the
+ * step), copies a slice of the first buffer into each, folds them into the step's checksum and frees
+ * them again, as a training loop's activations come and go: the allocator hands the same addresses
+ * to other data step after step, which a rollback of device memory alone cannot follow.
  * After the last step: "done HISTSUM" (a checksum of the whole host-side history), exit 0.  The output
  * depends only on the step numbers, never on timing: an uninterrupted run is the reference. */
 #define _GNU_SOURCE
@@ -44,6 +48,7 @@ int main(int argc, char **argv)
     long steps = 100;
     long long kernel_ns = 10000000;
     int vmm = 1;
+    long churn = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--size"))
             size = strtoull(argv[i + 1], NULL, 0);
@@ -53,13 +58,15 @@ int main(int argc, char **argv)
             kernel_ns = strtoll(argv[i + 1], NULL, 0);
         else if (!strcmp(argv[i], "--vmm"))
             vmm = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--churn"))
+            churn = strtol(argv[i + 1], NULL, 0);
         else {
-            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2|3]\n");
+            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2|3] [--churn N]\n");
             return 2;
         }
     }
-    if (!size || size % 8 || steps <= 0) {
-        fprintf(stderr, "train: --size must be a positive multiple of 8 and --steps positive\n");
+    if (!size || size % 8 || steps <= 0 || churn < 0 || churn > 64) {
+        fprintf(stderr, "train: --size must be a positive multiple of 8, --steps positive, --churn 0-64\n");
         return 2;
     }
     CUdevice dev;
@@ -132,6 +139,17 @@ int main(int argc, char **argv)
         uint64_t sum = fnv(host, size, 0xcbf29ce484222325ull);
         CK(cuMemcpyDtoH_v2(host, v, gran));
         sum = fnv(host, gran, sum);
+        for (long j = 0; j < churn; j++) { /* this step's temporaries: allocated, filled, read, freed */
+            size_t n = (size_t)(1 + (k + j) % 4) << 14;
+            if (n > size)
+                n = size;
+            CUdeviceptr t;
+            CK(cuMemAlloc_v2(&t, n));
+            CK(cuMemcpyDtoD_v2(t, a + ((size_t)(k * 8 + j * 4096) % (size - n + 8) & ~(size_t)7), n));
+            CK(cuMemcpyDtoH_v2(host, t, n));
+            sum = fnv(host, n, sum ^ (uint64_t)j);
+            CK(cuMemFree_v2(t));
+        }
         hist[k] = sum;
         chain = (chain ^ sum ^ hist[k / 2]) * 0x100000001b3ull;
         printf("step %ld %016llx %016llx\n", k, (unsigned long long)sum, (unsigned long long)chain);
