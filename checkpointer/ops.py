@@ -261,6 +261,36 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
                             str(parent) if hdr.partial else None, _digest_why(r, since))
 
 
+def _checked_pause(s: ShimSession, pid: int, path: Path, manifest: dict, timeout_ms: int, quiet_s: float) -> bool:
+    """The gate closed through `s` once the process's status shows nothing that makes a device-only
+    rollback unsafe (checkpointer/rollback.py); the gate is open again and UnsafeRollback raised
+    otherwise. True: the gate is held, for the restore to use and then reopen."""
+    from . import rollback
+
+    before = s.request("status")
+    time.sleep(quiet_s)  # a window in which a job that is running work shows it
+    r = s.request(f"pause {timeout_ms}")
+    if not r.get("ok"):
+        raise shim_failure(r, pid, "stop for the rollback")
+    try:
+        now = s.request("status")
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            maps = ""
+        found = rollback.hazards(manifest, before, now, maps)
+        diffs = compare(manifest, now)
+        if diffs:
+            raise _mismatch(pid, path, diffs)
+    except BaseException:
+        s.request("resume")
+        raise
+    if found:
+        s.request("resume")
+        raise rollback.refusal(pid, path, found)
+    return True
+
+
 def latest(pid: int, where: Path) -> Path | None:
     """The newest complete checkpoint of process `pid` (this very process: its start time too) directly
     in directory `where`; None when there is none."""
@@ -314,6 +344,10 @@ def manifest_of(pid: int, status: dict, r: dict, memfd: int, nbytes: int) -> tup
         "driver": {"path": status.get("driver", ""), "version": r.get("driver_version", 0)},
         "devices": r.get("devices", []),
         "registry": status.get("totals", {}),
+        # The shim's call counts as the dump began: what a device-only rollback compares its allocations
+        # and frees since with (checkpointer/rollback.py). Read before the gate closed, so a call made
+        # in between shows as one made since: the check errs towards refusing.
+        "calls": status.get("calls", {}),
         "allocations": [{"base": e.base, "size": e.size, "device": e.device, "kind": e.kind, "offset": e.offset}
                         for e in hdr.entries],
         "bytes": r["bytes"],
@@ -388,8 +422,14 @@ def verified_image(path: Path, manifest: dict, fd: int, progress: store.Progress
 
 def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
             timeout_ms: int = 5000, direct: bool = True, progress: store.Progress | None = None,
-            other_process: bool = False, diff: bool = True) -> RestoreReport:
+            other_process: bool = False, diff: bool = True, checked: bool = False,
+            quiet_s: float = 0.2) -> RestoreReport:
     """Rolls the device memory of shimmed process `pid` back to the checkpoint in `path`.
+    `checked`: refuse (rollback.UnsafeRollback) wherever the process shows that a rollback of its
+    device memory alone is unsafe (checkpointer/rollback.py): its status is read, then again `quiet_s`
+    later under the gate this restore holds, and the restore happens under that same gate or not at
+    all. Unchecked (the default of this function; the CLI and top check unless forced), the rollback
+    is the caller's risk.
     `progress(phase, done, total)`: "verify" per chunk checked, "freeze" once before the gate closes.
     A checkpoint of another process (pid and start time) is refused unless `other_process`: the
     allocations may match by chance, and the data are that process's.  `diff`: where the checkpoint
@@ -413,16 +453,21 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
         if diffs:
             raise _mismatch(pid, path, diffs)
         memfd = os.memfd_create(f"gputrace-restore-{pid}", os.MFD_CLOEXEC)
+        paused = False
         try:
             tv = time.monotonic_ns()
             nbytes = verified_image(path, manifest, memfd, progress, links)
             verify_ns = time.monotonic_ns() - tv
+            if checked:
+                paused = _checked_pause(s, pid, path, manifest, timeout_ms, quiet_s)
             if progress:
                 progress("freeze", 0, manifest["bytes"])
             r = s.request(f"restore lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)} "
                           f"diff={int(diff)}", fd=memfd, timeout_s=copy_timeout(nbytes))
         finally:
             os.close(memfd)
+            if paused:
+                s.request("resume")  # the restore found the gate held and left it so
         if not r.get("ok"):
             if r.get("error") == "mismatch":
                 d = [f"{x['what']} allocation at {x['base']:#x} (checkpoint {x['checkpoint_size']} bytes, "
