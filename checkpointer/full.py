@@ -24,7 +24,8 @@ state), driver Restore + Unlock with every thread but the driver's own held stil
 a thread that touched device memory before Restore would fault), shim resume: the job continues.
 
 Manifest (schema 1, DIR/manifest.json): schema, format ("gputrace-full-checkpoint"), complete, created_unix,
-host, target {pid, comm, cmdline}, gpu {libcuda, shim (the shim's suspend report or null), driver_state},
+host, target {pid, comm, cmdline, start_time, boot_id, job ($GPUTRACE_JOB or null), open_files (the regular
+files it had open, as checkpointer/replace.py reads them: fd, path, flags, bytes)}, gpu {libcuda, shim (the shim's suspend report or null), driver_state},
 criu {path, version, allow_uprobes, image_check ("clean", or why the images were not checked)},
 hash ("xxh3_64"), files [{path, bytes, xxh3}] (every file under DIR/criu),
 timings {shim_ns (the shim's part of the freeze: gate closed to memory released), lock_ns, checkpoint_ns, dump_ns,
@@ -49,7 +50,8 @@ import orjson
 import xxhash
 
 from gputrace.base.errors import CheckpointError, CorruptCheckpoint, NoLibcuda, NoSuchProcess, NotSuspendable
-from gputrace.base.procs import comm as procs_comm, environ, require_process, require_running, stat_fields, stop_point
+from gputrace.base.procs import (boot_id, comm as procs_comm, environ, require_process, require_running, start_time,
+                                 stat_fields, stop_point)
 
 from . import criu as criu_mod
 from . import driver, driverapi, hold, store, uprobes
@@ -212,6 +214,9 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             raise criu_mod.kept_log(exc, images) from None
         freeze_ns = time.monotonic_ns() - t0
         stop_point("full:dumped")
+        from .replace import open_files
+
+        opened = open_files(pid)  # still stopped: as CRIU saw them (what replacing the job checks first)
         # And in what CRIU wrote: a tracer that attached while it copied the job (a window of a few
         # ms is enough) left its breakpoints in the images, and the restored job would trap.
         ti = time.monotonic_ns()
@@ -221,7 +226,9 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         files = checksums(tmp, images, progress)
         manifest = {
             "schema": store.FULL.schema, "format": store.FULL.format, "complete": True, "created_unix": time.time(),
-            "host": socket.gethostname(), "target": {"pid": pid, "comm": comm, "cmdline": _cmdline(pid)},
+            "host": socket.gethostname(),
+            "target": {"pid": pid, "comm": comm, "cmdline": _cmdline(pid), "start_time": start_time(pid),
+                       "boot_id": boot_id(), "job": environ(pid).get("GPUTRACE_JOB"), "open_files": opened},
             "gpu": {"libcuda": d.path, "shim": shim_report, "driver_state": "checkpointed"},
             "criu": {"path": c.path, "version": c.version_str, "allow_uprobes": traced, "image_check": image_check},
             "hash": HASH, "files": files,

@@ -1,0 +1,252 @@
+"""A running job brought back to a whole-process checkpoint of it: the process that runs now is
+ended and the checkpoint's (GPU and CPU state, by CRIU and the driver) runs in its place, at the same
+pid, from the checkpoint's moment on. What `gputrace restore -p PID DIR` and top's `r` do.
+
+Unlike a rollback of device memory alone (ops.restore), nothing of the process's later state is
+left to disagree with its device memory: host tensors, the allocator's bookkeeping, the step
+counter all come back with it. The price is the time back (CRIU's restore and the driver's, seconds
+for GiBs, the GPU side measured in bench/results/) and that the running process is ended first,
+since CRIU brings a process back only at its own pid.
+
+So everything that can be checked is checked while the job still runs, and any doubt refuses with
+the job untouched (`replace_full`):
+  1. the checkpoint is of this process (pid, command line, $GPUTRACE_JOB and boot), complete, every
+     file matching its checksum, and a CRIU that can restore it is here;
+  2. no other process holds one of its thread ids;
+  3. the files it had open are as CRIU will demand: CRIU restores a process only with each open file
+     of the size it had (a file open for appending excepted). A file the job writes (opened
+     write-only) that grew since is the job's own later output, a log: it is cut back to its size
+     then once the job has ended, and kept whole beside it as FILE.after-TIME first. Any other
+     change (a file it reads, or one open for reading and writing, changed or gone) refuses;
+  4. only then is the running process ended (SIGKILL through a pidfd, so no other process that
+     takes the pid meanwhile is hit) and, once its parent has reaped it and the pid is free, the
+     checkpoint restored (full.restore_full). A restore that fails after that point says so and
+     that the checkpoint is intact, to be restored with `gputrace restore --full DIR`.
+
+A job whose parent does not reap it keeps its pid taken (a zombie): step 4 then waits up to
+`free_timeout_s` and fails with the parent named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import stat
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gputrace.base.errors import CheckpointError, CheckpointMismatch, GputraceError, NoSuchProcess
+from gputrace.base.procs import boot_id, comm, environ, require_process, stat_fields
+
+from . import full, hold, store
+from .store import Progress
+
+O_ACCMODE, O_WRONLY, O_APPEND = 0o3, 0o1, 0o2000
+
+
+def open_files(pid: int) -> list[dict]:
+    """The regular files process `pid` has open: [{fd, path, flags, bytes}] (deleted files, memfds and
+    anything not a plain file on a path left out: CRIU carries those itself)."""
+    out = []
+    try:
+        fds = sorted(int(n) for n in os.listdir(f"/proc/{pid}/fd") if n.isdigit())
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                flags = next(int(ln.split()[1], 8) for ln in f if ln.startswith("flags:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+        if stat.S_ISREG(st.st_mode) and target.startswith("/") and not target.endswith(" (deleted)"):
+            out.append({"fd": fd, "path": target, "flags": flags, "bytes": st.st_size})
+    return out
+
+
+@dataclass(frozen=True)
+class ReplaceReport:
+    pid: int
+    path: str
+    verify_ns: int          # the checkpoint's files checked, the job still running
+    end_ns: int             # the running process ended and its pid free
+    criu_ns: int
+    driver_restore_ns: int
+    unlock_ns: int
+    shim_ns: int
+    back_ns: int            # the time back: from ending the running process to the checkpoint's running
+    cut: tuple[dict, ...]   # files cut back to their size at the checkpoint: {path, bytes_then, bytes_now, kept}
+
+    def to_dict(self) -> dict:
+        return {"kind": "replace", **asdict(self), "cut": list(self.cut)}
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def identity_differences(m: dict, pid: int) -> list[str]:
+    """How the process at `pid` differs from the one the whole-process checkpoint was taken of. Its
+    start time is not compared: a process restored by CRIU starts anew, and is still the job."""
+    t = m["target"]
+    out = []
+    if t["pid"] != pid:
+        out.append(f"it was taken of process {t['pid']}, not {pid}")
+        return out
+    if t.get("boot_id") and t["boot_id"] != boot_id():
+        out.append("it was taken before this host last booted")
+    if isinstance(t.get("cmdline"), list) and t["cmdline"] and t["cmdline"] != _cmdline(pid):
+        out.append(f"it was taken of `{' '.join(map(str, t['cmdline']))[:80]}`, process {pid} runs "
+                   f"`{' '.join(_cmdline(pid))[:80]}`")
+    job = t.get("job")
+    if isinstance(job, str) and job and environ(pid).get("GPUTRACE_JOB") not in (None, job):
+        out.append("it was taken of another job ($GPUTRACE_JOB differs)")
+    return out
+
+
+def files_to_cut(m: dict, skip: set[str]) -> list[dict]:
+    """The open files of the checkpoint that a restore must cut back (grown logs); CheckpointError for
+    any change CRIU would refuse that is not that."""
+    cut, bad, seen = [], [], set(skip)
+    for f in m["target"].get("open_files") or []:
+        if not isinstance(f, dict) or not isinstance(f.get("path"), str) or type(f.get("bytes")) is not int \
+                or type(f.get("flags")) is not int or f["path"] in seen:
+            continue
+        seen.add(f["path"])  # one file open twice (stdout and stderr on one log) is checked and cut once
+        if f["flags"] & O_ACCMODE == O_WRONLY and f["flags"] & O_APPEND:
+            continue  # CRIU does not hold a file open for appending to its size
+        try:
+            st = os.stat(f["path"])
+        except OSError:
+            bad.append(f"{f['path']} is gone")
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            bad.append(f"{f['path']} is no longer a plain file")
+        elif st.st_size != f["bytes"]:
+            if f["flags"] & O_ACCMODE == O_WRONLY and st.st_size > f["bytes"]:
+                cut.append({"path": f["path"], "bytes_then": f["bytes"], "bytes_now": st.st_size})
+            else:
+                bad.append(f"{f['path']} {'grew' if st.st_size > f['bytes'] else 'shrank'} from {f['bytes']} to "
+                           f"{st.st_size} bytes")
+    if bad:
+        raise CheckpointError("the job's open files changed since the checkpoint, and CRIU restores a process only with "
+                              "its files as they were: " + "; ".join(bad[:4]),
+                              "put them back as they were then; the running job was not touched")
+    return cut
+
+
+def _cut_back(cut: list[dict]) -> tuple[dict, ...]:
+    """Each grown file kept whole as FILE.after-TIME, then cut back to its size at the checkpoint."""
+    out = []
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for f in cut:
+        kept = f"{f['path']}.after-{stamp}"
+        n = 1
+        while os.path.exists(kept):
+            kept, n = f"{f['path']}.after-{stamp}-{n}", n + 1
+        shutil.copyfile(f["path"], kept)
+        os.truncate(f["path"], f["bytes_then"])
+        out.append({**f, "kept": kept})
+    return tuple(out)
+
+
+def _parent(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    return int(fields[1]) if fields and len(fields) > 1 else None
+
+
+def _end(pidfd: int, pid: int, free_timeout_s: float) -> None:
+    """The process behind `pidfd` killed, and its pid free (reaped by its parent: by this process, where
+    it is ours, as a job top restored is)."""
+    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    ready, _, _ = select.select([pidfd], [], [], free_timeout_s)
+    if not ready:
+        raise CheckpointError(f"process {pid} did not end within {free_timeout_s:.0f} s of SIGKILL (stuck in the "
+                              "kernel?)", "nothing was restored; try again once it has ended")
+    parent = _parent(pid)
+    if parent == os.getpid():
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    deadline = time.monotonic() + free_timeout_s
+    while os.path.exists(f"/proc/{pid}"):
+        if time.monotonic() > deadline:
+            who = f"{comm(parent)} (pid {parent})" if parent else "its parent"
+            raise CheckpointError(f"process {pid} was ended, but {who} has not reaped it: its pid stays taken and "
+                                  "CRIU can bring the checkpoint back only at that pid",
+                                  "once the parent has reaped it (or has ended), `gputrace restore --full DIR` "
+                                  "brings the job back; the checkpoint is intact")
+        time.sleep(0.01)
+
+
+def _reap_when_it_ends(pid: int) -> None:
+    """A restored job is this process's child (its subreaper's, see full.restore_full): reaped when it
+    ends, so that no zombie keeps its pid while this process (top) runs on."""
+    if _parent(pid) != os.getpid():
+        return
+
+    def wait() -> None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+    threading.Thread(target=wait, name=f"reap-{pid}", daemon=True).start()
+
+
+def replace_full(pid: int, path: str | os.PathLike, *, progress: Progress | None = None,
+                 free_timeout_s: float = 10.0) -> ReplaceReport:
+    """Replaces running process `pid` by its whole-process checkpoint in `path` (see the module's
+    docstring); refuses, with the job untouched, wherever the restore could not succeed."""
+    path = Path(path).absolute()
+    m = store.read_manifest(path, store.FULL)
+    require_process(pid)
+    try:
+        pidfd = os.pidfd_open(pid)  # the process checked below is the one ended
+    except ProcessLookupError:
+        raise NoSuchProcess(f"no process with pid {pid}", "restore the checkpoint with `gputrace restore --full DIR`")
+    try:
+        who = identity_differences(m, pid)
+        if who:
+            raise CheckpointMismatch(f"{path} is not a checkpoint of the job running as process {pid}: {'; '.join(who)}",
+                                     "give a whole-process checkpoint of this job (`gputrace checkpoint --full "
+                                     f"--leave-running -p {pid}`); the running job was not touched")
+        verify_ns, _ = full.verified_for_restore(path, m, progress)
+        mine = set(hold.threads(pid))
+        taken = [(tid, by) for tid, by in full._taken_tids(path / full.IMAGES) if tid not in mine]
+        if taken:
+            listed = ", ".join(f"{tid} (held by {by})" for tid, by in taken[:4])
+            raise CheckpointError(f"thread ids of the checkpointed job are in use by other processes: {listed}",
+                                  "CRIU brings every thread back at its old id: end those processes first; the running "
+                                  "job was not touched")
+        image_at = (m["gpu"].get("shim") or {}).get("image_path")
+        if image_at and os.path.exists(image_at):
+            raise CheckpointError(f"{image_at} exists: another restore of this checkpoint may be running",
+                                  "wait for it, or remove that path if it is left over from a crash; the running job "
+                                  "was not touched")
+        cut = files_to_cut(m, {image_at} if image_at else set())
+        t0 = time.monotonic_ns()
+        _end(pidfd, pid, free_timeout_s)
+    finally:
+        os.close(pidfd)
+    end_ns = time.monotonic_ns() - t0
+    cut_done = _cut_back(cut)
+    try:
+        r = full.restore_full(path, progress=progress)
+    except GputraceError as exc:
+        cut_note = "".join(f"; {c['path']} was cut back to {c['bytes_then']} bytes, kept whole as {c['kept']}"
+                           for c in cut_done)
+        raise CheckpointError(f"the running process {pid} was ended, and bringing the checkpoint back failed: "
+                              f"{exc.msg}{cut_note}",
+                              f"{exc.hint}; the checkpoint is intact: `gputrace restore --full {path}` once the cause "
+                              "is fixed") from None
+    back_ns = time.monotonic_ns() - t0
+    _reap_when_it_ends(pid)
+    return ReplaceReport(pid, str(path), verify_ns, end_ns, r.criu_ns, r.driver_restore_ns, r.unlock_ns, r.shim_ns,
+                         back_ns, cut_done)
