@@ -33,13 +33,17 @@ def test_checkpoint_and_restore_from_the_cli(procs, shim_dir, tmp_path):
     assert rep["schema"] == 1 and rep["bytes"] == ready["bytes"] and rep["path"] == str(tmp_path / "ck")
     assert rep["freeze_ns"] > 0 and rep["copy_gbps"] > 0 and rep["write_ns"] > 0
     assert cmd(p, "fill 4")["sum"] != ready["sum"]
-    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"))
+    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"))  # device memory alone is asked for, or refused
+    assert r.returncode == 2 and "--device-only" in r.stderr and "checkpoint --full --leave-running" in r.stderr
+    # A program that allocates once and is idle between commands: the checks see nothing unsafe.
+    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"), "--device-only")
     assert r.returncode == 0, r.stderr
-    assert f"restored pid {p.pid}" in r.stdout and "freeze" in r.stdout and "verify" in r.stdout
+    assert f"restored pid {p.pid}'s device memory" in r.stdout and "freeze" in r.stdout and "verify" in r.stdout
     # Where the user acts: only device memory went back.
-    assert "device memory only: the process's host state" in r.stderr and "restore --full" in r.stderr
-    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"), "--json")
-    assert r.returncode == 0 and orjson.loads(r.stdout)["host_state_restored"] is False, r.stderr
+    assert "device memory only: the process's host state" in r.stderr and "skipped" not in r.stderr
+    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"), "--device-only", "--json")
+    doc = orjson.loads(r.stdout)
+    assert r.returncode == 0 and doc["host_state_restored"] is False and doc["checked"] is True, r.stderr
     assert cmd(p, "sum")["sum"] == ready["sum"]
     text = gputrace("checkpoint", "-p", str(p.pid), "-o", str(tmp_path / "ck2"))
     assert text.returncode == 0 and "freeze" in text.stdout and "GB/s" in text.stdout
@@ -67,7 +71,7 @@ def test_cli_refuses_a_damaged_checkpoint(procs, shim_dir, tmp_path):
     with open(tmp_path / "ck" / "data.img", "r+b") as f:
         f.seek(5000)
         f.write(b"\0\1\2\3")
-    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"))
+    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"), "--device-only")
     assert r.returncode == 10 and "fails its xxh3_64 checksum" in r.stderr
     assert "hint: the checkpoint is damaged; the process was not touched" in r.stderr
 
@@ -88,16 +92,21 @@ def test_a_checkpoint_without_o_goes_where_top_finds_it(procs, shim_dir, tmp_pat
     assert [c.id for c in listed] == [path], listed
 
 
-def test_every_place_that_offers_restore_says_it_rolls_back_device_memory_only():
-    """`restore -p` puts device memory back and nothing else: the README's usage line, the command's
-    help and the TUI's palette entry say so (the report and the TUI's confirmation are tested with them)."""
+def test_every_place_that_offers_a_device_only_rollback_says_what_it_risks():
+    """`restore -p PID DIR` brings the whole process back; device memory alone goes back only on
+    request, and the README's usage line, the command's help and the TUI's palette entry say what
+    that risks (the report and the TUI's confirmation are tested with them)."""
     from pathlib import Path
 
     from gputrace.tui.app import PALETTE_ACTIONS
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    line = next(x for x in readme.splitlines() if x.strip().startswith("gputrace restore -p"))
-    assert "device memory" in line and "host memory goes on" in line
+    lines = (Path(__file__).resolve().parent.parent / "README.md").read_text().splitlines()
+    i = next(i for i, x in enumerate(lines) if "--device-only" in x and x.strip().startswith("gputrace restore"))
+    entry = " ".join(lines[i:i + 3])  # the usage line and what it does, below it
+    assert "host memory goes on" in entry and "unsafe" in entry
+    readme = "\n".join(lines)
+    line = next(x for x in readme.splitlines() if x.strip().startswith("gputrace restore -p 1234 /ckpt/full"))
+    assert "whole" in line
     help_text = gputrace("restore", "--help").stdout
-    assert "Only device memory goes back" in help_text and "restore --full" in help_text
-    assert "device memory" in dict(PALETTE_ACTIONS)["restore"]
+    assert "--device-only" in help_text and "UNSAFE" in help_text and "stale data" in help_text
+    assert "UNSAFE" in dict(PALETTE_ACTIONS)["rollback"] and "whole-process" in dict(PALETTE_ACTIONS)["restore_full"]

@@ -198,7 +198,7 @@ def test_gang_checkpoint_then_restore_gives_an_uninterrupted_runs_results(job, t
     # Every rank was stopped just after launching allreduce c: each printed step c after the checkpoint.
     j.wait_all_past(c + 3, "the job runs on past the checkpoint")
 
-    r = gputrace("restore", str(out), "--json")
+    r = gputrace("restore", str(out), "--device-only", "--force", "--json")
     assert r.returncode == 0, r.stderr
     doc = orjson.loads(r.stdout)
     assert doc["job"] and doc["action"] == "restore" and doc["aligned"] and doc["collectives"] >= c + 3

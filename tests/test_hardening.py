@@ -111,8 +111,8 @@ def test_a_users_symlink_to_roots_socket_does_not_reach_roots_job(target, tmp_pa
         refused(gputrace("checkpoint", "-p", str(sleeper.pid), "-o", str(tmp_path / "stolen")), 5,
                 "refusing the control socket")
         assert not (tmp_path / "stolen").exists()
-        refused(gputrace("restore", "-p", str(sleeper.pid), str(ck)), 10, f"not a checkpoint of process {sleeper.pid}")
-        refused(gputrace("restore", "-p", str(sleeper.pid), str(ck), "--into-other-process"), 5,
+        refused(gputrace("restore", "-p", str(sleeper.pid), str(ck), "--device-only"), 10, f"not a checkpoint of process {sleeper.pid}")
+        refused(gputrace("restore", "-p", str(sleeper.pid), str(ck), "--device-only", "--into-other-process"), 5,
                 "refusing the control socket")
     finally:
         sleeper.kill()
@@ -307,7 +307,7 @@ def test_a_malformed_manifest_is_a_clear_error_and_changes_nothing(target, tmp_p
     _edit(ck, fn)
     with pytest.raises(CorruptCheckpoint, match=text.replace("[", r"\[").replace("]", r"\]")):
         restore(job.pid, ck)
-    refused(gputrace("restore", "-p", str(job.pid), str(ck)), 10, text)
+    refused(gputrace("restore", "-p", str(job.pid), str(ck), "--device-only"), 10, text)
     assert job.sum() == now and job.gate_open()
 
 
@@ -331,7 +331,7 @@ def test_a_checkpoint_file_that_is_not_a_plain_file_is_refused_before_it_is_read
     make(ck / name)
     with pytest.raises(CorruptCheckpoint, match=text):
         restore(job.pid, ck)
-    refused(gputrace("restore", "-p", str(job.pid), str(ck), timeout=60), 10, text)
+    refused(gputrace("restore", "-p", str(job.pid), str(ck), "--device-only", timeout=60), 10, text)
     assert job.gate_open()
 
 
@@ -379,7 +379,7 @@ def test_restore_into_another_process_needs_a_flag_and_says_what_differs(target,
     m = orjson.loads((ck / "manifest.json").read_bytes())
     assert m["target"]["pid"] == a.pid and m["target"]["start_time"] > 0 and m["target"]["boot_id"]
     now = b.sum()
-    refused(gputrace("restore", "-p", str(b.pid), str(ck)), 10, f"it was taken of process {a.pid}")
+    refused(gputrace("restore", "-p", str(b.pid), str(ck), "--device-only"), 10, f"it was taken of process {a.pid}")
     assert b.sum() == now
     # The same pid, but an earlier process (its start time differs): refused too.
     _edit(ck, lambda m: m["target"].__setitem__("start_time", m["target"]["start_time"] - 1))
@@ -387,7 +387,7 @@ def test_restore_into_another_process_needs_a_flag_and_says_what_differs(target,
         restore(a.pid, ck)
     # Asked for explicitly, the data go where the layout matches (simcuda gives both the same layout),
     # and nothing else is checked away.
-    r = gputrace("restore", "-p", str(b.pid), str(ck), "--into-other-process")
+    r = gputrace("restore", "-p", str(b.pid), str(ck), "--device-only", "--into-other-process")
     if client.status(b.pid)["allocations"] and image.saved_allocations(client.status(b.pid)) == \
             [(x["base"], x["size"], x["device"]) for x in m["allocations"]]:
         assert r.returncode == 0, r.stderr

@@ -206,7 +206,7 @@ def test_kills_at_random_moments_never_leave_the_job_frozen(procs, shim_dir, tra
     checkpoint(p.pid, ck)
     ops = {
         "checkpoint": lambda i: ["checkpoint", "-p", str(p.pid), "-o", str(tmp_path / f"c{i}")],
-        "restore": lambda i: ["restore", "-p", str(p.pid), str(ck)],
+        "restore": lambda i: ["restore", "-p", str(p.pid), str(ck), "--device-only", "--force"],
         "suspend": lambda i: ["suspend", "-p", str(p.pid)],
     }
     spans = {name: _duration(fn(-1 - k)) for k, (name, fn) in enumerate(ops.items())}

@@ -207,16 +207,16 @@ def test_incremental_checkpoints_from_the_cli(target, tmp_path):
     assert rep["parent"] == str(tmp_path / "a") and rep["chunks_copied"] == 1 and rep["bytes_copied"] == DC
     assert rep["stored_bytes"] == os.path.getsize(tmp_path / "b" / "data.img")
     t.cmd("fill 2")
-    r = gputrace("restore", "-p", pid, str(tmp_path / "b"))
+    r = gputrace("restore", "-p", pid, str(tmp_path / "b"), "--device-only")
     assert r.returncode == 0, r.stderr
     assert "(2 links of an incremental chain)" in r.stdout and f"of {rep['chunks']} chunks differed" in r.stdout
     assert t.sum() == want
-    r = gputrace("restore", "-p", pid, str(tmp_path / "b"), "--json")  # nothing differs now
+    r = gputrace("restore", "-p", pid, str(tmp_path / "b"), "--device-only", "--json")  # nothing differs now
     assert r.returncode == 0 and orjson.loads(r.stdout)["bytes_copied"] == 0
     assert orjson.loads(r.stdout)["copy_gbps"] is None  # no rate measured: not 0
-    r = gputrace("restore", "-p", pid, str(tmp_path / "b"))
+    r = gputrace("restore", "-p", pid, str(tmp_path / "b"), "--device-only")
     assert r.returncode == 0 and "nothing to copy" in r.stdout and "0.00 GB/s" not in r.stdout
-    r = gputrace("restore", "-p", pid, str(tmp_path / "b"), "--copy-all", "--json")
+    r = gputrace("restore", "-p", pid, str(tmp_path / "b"), "--device-only", "--copy-all", "--json")
     assert r.returncode == 0 and orjson.loads(r.stdout)["bytes_copied"] == rep["bytes"]
     r = gputrace("checkpoint", "-p", pid, "-o", str(tmp_path / "c"), "--digest-chunk", "4096")
     assert r.returncode == 2 and "below 65536" in r.stderr and not (tmp_path / "c").exists()

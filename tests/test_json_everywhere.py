@@ -72,7 +72,7 @@ def test_each_command_prints_one_document(procs, shim_dir, tmp_path):  # noqa: F
         ("shim", ["shim", "status", "-p", pid], lambda d: d["pid"] == job.pid),
         ("ps", ["ps"], lambda d: job.pid in {p["pid"] for p in d["processes"]}),
         ("checkpoint", ["checkpoint", "-p", pid, "-o", str(ck)], lambda d: d["path"] == str(ck)),
-        ("restore", ["restore", "-p", pid, str(ck)], lambda d: d["host_state_restored"] is False),
+        ("restore", ["restore", "-p", pid, str(ck), "--device-only"], lambda d: d["host_state_restored"] is False),
         ("suspend", ["suspend", "-p", pid], lambda d: d["reserved_bytes"] > 0),
         ("resume", ["resume", "-p", pid], lambda d: d["allocations"] > 0),
     ]

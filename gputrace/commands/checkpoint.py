@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..base.errors import UsageError
+from ..base.errors import GputraceError, UsageError
 from ..base.units import fmt_bytes
 from ..progress import Progress
 from ..registry import add_json, add_job, command, dump_json, gbps, ms, number
@@ -39,20 +39,31 @@ still resolves).
 """
 
 RESTORE_EPILOG = """examples:
-  gputrace restore -p 1234 /ckpt/step100
-  gputrace restore -p 1234 /ckpt/step100 --json
-  gputrace restore /ckpt/j1                     a job's checkpoint, into the processes it was taken of
-  gputrace restore --tree 1200 /ckpt/j1 --timeout 10
+  gputrace checkpoint --full --leave-running -p 1234 -o /ckpt/s100   (earlier: the whole process, left running)
+  gputrace restore -p 1234 /ckpt/s100           the job as it was then: process 1234 is ended and the
+                                                checkpoint's runs in its place (same pid), GPU and CPU state
+  gputrace restore -p 1234 /ckpt/s100 --json
+  gputrace restore -p 1234 /ckpt/dev100 --device-only   roll device memory alone back (see below)
+  gputrace restore /ckpt/j1 --device-only --force       a job's GPU-memory checkpoint, every rank's
 
-Rolls the job's device memory back to the checkpoint.  The checkpoint's checksums, and that the job
-holds the same allocations (addresses and sizes), are checked before the job is touched; on any
-mismatch nothing changes.  Under the freeze the job's memory is hashed on the GPU and only the chunks
-that differ from the checkpoint are copied back (the report counts them; --copy-all copies every
-byte).  An incremental checkpoint is put together from its chain first, each link checked.  Only device memory goes back: the process's host memory (a step counter,
-the optimizer's host-side state, open files) goes on from where it is.  For both, checkpoint and
-restore the whole process: `checkpoint --full` and `restore --full`.  A job's checkpoint (-p A,B)
-is restored whole: every rank's is verified before any process is touched, then all ranks are
-stopped at the same collective and restored together.
+A whole-process checkpoint (`checkpoint --full`) brings the job back whole: everything is checked
+while it still runs (the checkpoint's files and checksums, that it is this job, that no other
+process holds its thread ids, that the files it had open are as CRIU needs them: a log it wrote
+on since is cut back to its size then and kept whole as LOG.after-TIME); only then is the running
+process ended and the checkpoint's restored at its pid.  The report gives the time back.
+
+--device-only: a GPU-memory checkpoint (`checkpoint -p PID`) is written back into the running
+process, whose host state goes on.  That is safe only for programs that do not allocate, free or
+reuse device memory between the checkpoint and the restore and are idle when it comes: with a
+caching allocator (PyTorch, CuPy, JAX) or in the middle of a training loop, the checkpoint's bytes
+land under tensors made since, and the job may crash or compute with stale data.  So it is refused
+where the shim shows allocations made or freed since the checkpoint, a framework's caching
+allocator, the program's own VMM mappings or stream-ordered pools, or work submitted in the moments
+before it would stop; --force skips these checks (unsafe: nothing then stands between the job and
+the consequence).  The checkpoint's checksums and the job's allocations (addresses and sizes) are
+checked in any case; under the freeze only the chunks that differ are copied back (--copy-all:
+every byte).  A job's checkpoint (-p A,B at checkpoint time) is rolled back on every rank together;
+its checks are not made, so it needs --force.
 """
 
 
@@ -163,7 +174,14 @@ def _by_driver(args: argparse.Namespace, action: str) -> int:
 
 def configure_restore(p: argparse.ArgumentParser) -> None:
     add_job(p)
-    p.add_argument("dir", help="checkpoint directory written by `gputrace checkpoint`")
+    p.add_argument("dir", help="checkpoint directory: a whole-process one (`checkpoint --full`) replaces the "
+                               "running process; a GPU-memory one needs --device-only")
+    p.add_argument("--device-only", action="store_true",
+                   help="roll back device memory alone, host state going on: only for programs that do not "
+                        "reallocate (refused where the shim shows they do; see below)")
+    p.add_argument("--force", action="store_true",
+                   help="with --device-only: skip the checks that refuse an unsafe rollback (UNSAFE: the job may "
+                        "crash or compute with stale data)")
     p.add_argument("--into-other-process", action="store_true",
                    help="restore a checkpoint of another process (or of an earlier one with this pid) into this "
                         "one; its allocations must still match")
@@ -234,16 +252,55 @@ def _print_freeze(r) -> None:
           f"{copy}{', direct' if r.direct else ''})")
 
 
-@command("restore", "roll a shimmed process's GPU memory back to a checkpoint", RESTORE_EPILOG)(configure_restore)
+def _manifest_format(path: str) -> str | None:
+    """The format a checkpoint directory's manifest names (a job's: gang's job.json), None where it
+    has none this can read (the restore that follows says why)."""
+    from ..checkpointer import gang, store
+
+    if gang.is_job(path):
+        return "job"
+    try:
+        m = store.load_manifest(Path(path), "")
+    except GputraceError:
+        return None
+    return m.get("format") if isinstance(m, dict) else None
+
+
+@command("restore", "bring a job back to a checkpoint: whole from `checkpoint --full`, or its device memory alone",
+         RESTORE_EPILOG)(configure_restore)
 def restore_cmd(args: argparse.Namespace) -> int:
-    from ..checkpointer import restore
+    from ..checkpointer import gang, restore, store
 
-    from ..checkpointer import gang
-
+    fmt = _manifest_format(args.dir)
+    if args.force and not args.device_only:
+        raise UsageError("--force goes with --device-only", "gputrace restore -p PID DIR --device-only --force")
+    if fmt == store.FULL_JOB.format:
+        raise UsageError(f"{args.dir} is a whole-job checkpoint: it comes back with `gputrace restore --full DIR`",
+                         "end the running job first (CRIU brings its processes back at their pids)")
+    if fmt == store.FULL.format:
+        if args.device_only:
+            raise UsageError(f"{args.dir} is a whole-process checkpoint: --device-only takes a GPU-memory one",
+                             f"gputrace restore -p PID {args.dir} brings the whole process back")
+        if args.pid is None or len(args.pids or []) > 1 or args.tree is not None or args.timeout is not None:
+            raise UsageError("restoring a whole-process checkpoint over a running job takes one -p PID",
+                             f"gputrace restore -p PID {args.dir}; for a job that has ended: gputrace restore --full "
+                             f"{args.dir}")
+        return _replace(args)
+    if not args.device_only and fmt is not None:
+        raise UsageError(f"{args.dir} is a GPU-memory checkpoint: restoring it rolls back device memory alone while "
+                         "the process's host state goes on, which breaks any job that allocated, freed or reused "
+                         "device memory since (a training loop does, every step)",
+                         "bring the job back whole: `gputrace checkpoint --full --leave-running -p PID`, then "
+                         "`gputrace restore -p PID DIR`; for a program that does not reallocate, add --device-only")
     if gang.is_job(args.dir) or len(args.pids or []) > 1 or args.tree is not None or args.timeout is not None:
         if not gang.is_job(args.dir):
             raise UsageError(f"{args.dir} is a checkpoint of one process, not of a job",
                              "restore it with one -p PID; a job's checkpoint is written by checkpoint -p PID,PID...")
+        if not args.force:
+            raise UsageError("a device-only rollback of a job of several processes is not checked for safety here",
+                             "checkpoint the job whole (`gputrace checkpoint --full --tree LAUNCHER`) and restore "
+                             "that; or add --force to roll every rank's device memory back anyway (unsafe: the job "
+                             "may crash or compute with stale data)")
         pids = gang.resolve(args.pids or [], args.tree) if (args.pids or args.tree is not None) else None
         r = gang.restore(args.dir, pids, timeout_s=_job_timeout(args), lanes=args.lanes, chunk=args.chunk,
                          direct=args.direct, other_process=args.into_other_process)
@@ -253,18 +310,19 @@ def restore_cmd(args: argparse.Namespace) -> int:
             _print_job(r, "restore")
         return 0
     if args.pid is None:
-        raise UsageError("restore needs -p PID (or --full for a whole-process checkpoint)",
+        raise UsageError("restore needs -p PID (or --full for a whole-process checkpoint of a job that has ended)",
                          "gputrace restore -p PID DIR, or gputrace restore --full DIR")
     prog = Progress(not args.json and sys.stderr.isatty())
     try:
         r = restore(args.pid, args.dir, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
-                    direct=args.direct, progress=prog, other_process=args.into_other_process, diff=args.diff)
+                    direct=args.direct, progress=prog, other_process=args.into_other_process, diff=args.diff,
+                    checked=not args.force)
     finally:
         prog.end()
     if args.json:
-        dump_json({"schema": 1, **r.to_dict(), "host_state_restored": False})
+        dump_json({"schema": 1, **r.to_dict(), "host_state_restored": False, "checked": not args.force})
         return 0
-    print(f"restored pid {r.pid} from {r.path}")
+    print(f"restored pid {r.pid}'s device memory from {r.path}")
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
     chain = f" ({r.links} links of an incremental chain)" if r.links > 1 else ""
     print(f"  verify   {ms(r.verify_ns)} at {gbps(r.bytes, r.verify_ns)}{chain} (job running)")
@@ -275,7 +333,28 @@ def restore_cmd(args: argparse.Namespace) -> int:
     _print_freeze(r)
     print(f"  total    {ms(r.total_ns)}")
     print("  note     device memory only: the process's host state (step counters, host tensors) was not "
-          "rolled back; `checkpoint --full` / `restore --full` take both", file=sys.stderr)
+          "rolled back" + ("; the safety checks were skipped (--force)" if args.force else ""), file=sys.stderr)
+    return 0
+
+
+def _replace(args: argparse.Namespace) -> int:
+    """restore -p PID FULL_DIR: the running process replaced by its whole-process checkpoint."""
+    from ..checkpointer.replace import replace_full
+
+    prog = Progress(not args.json and sys.stderr.isatty())
+    try:
+        r = replace_full(args.pid, args.dir, progress=prog)
+    finally:
+        prog.end()
+    if args.json:
+        dump_json({"schema": 1, **r.to_dict(), "host_state_restored": True})
+        return 0
+    print(f"restored pid {r.pid} whole from {r.path}; it is running")
+    print(f"  verify   {ms(r.verify_ns)} (job running)")
+    print(f"  back in  {ms(r.back_ns)}: end the running process {ms(r.end_ns)}, criu restore {ms(r.criu_ns)}, driver "
+          f"restore {ms(r.driver_restore_ns)}, unlock {ms(r.unlock_ns)}" + (f", shim {ms(r.shim_ns)}" if r.shim_ns else ""))
+    for c in r.cut:
+        print(f"  {c['path']} cut back to {c['bytes_then']} bytes, as it was then (kept whole as {c['kept']})")
     return 0
 
 
