@@ -30,7 +30,7 @@ on a job started under `gputrace run --checkpointable --suspendable`, with setsi
               gap less its usual one (the tool's own freeze is held_reported_s); write_s the tool's total
               (the directory is complete then: the data are written after the job is released).  Then
               (--during-training) a second checkpoint while the job trains: its rate during the checkpoint
-              and its longest step.  resume_s: `gputrace restore -p PID DIR` (a rollback of the live
+              and its longest step.  resume_s: `gputrace restore -p PID DIR --device-only --force` (a rollback of the live
               process's device memory) to the end of the first training step after it.
   gputrace-full `checkpoint_full(PID, DIR, leave_running=True)` (the Python API behind `gputrace checkpoint
               --full --leave-running`) under the same heartbeat: held_s as above (the job is stopped until
@@ -620,12 +620,12 @@ def gputrace_method(a, job: DirJob, storage: Path, rec: dict) -> None:
         rec["page_cache"] = page_cache(a.page_cache, ck)
         log("gputrace: restore (rollback of the live job)")
         t = time.monotonic()
-        r = gt_cli("restore", "-p", str(job.pid), str(ck))
+        r = gt_cli("restore", "-p", str(job.pid), str(ck), "--device-only", "--force")
         restored = time.monotonic() - t
         ev = job.cmd("loss")
         tr = job.cmd("train 2")
         put(rec, "resume_s", restored + tr["first_step_s"])
-        rec["resume_how"] = ("`gputrace restore -p PID DIR` (the live process's device memory rolled back, its wall "
+        rec["resume_how"] = ("`gputrace restore -p PID DIR --device-only --force` (the live process's device memory rolled back, its wall "
                              "time here) + the first training step after it (the job's own time for it)")
         rec["resume"] = {"restore_wall_s": restored, "first_step_s": tr["first_step_s"],
                          "restore": {k: r.get(k) for k in ("verify_ns", "freeze_ns", "copy_ns", "total_ns",

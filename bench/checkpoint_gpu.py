@@ -155,7 +155,7 @@ def shim_size(size_gib: float, modes: list[str], work: Path, skip: set[str] = fr
             job.cmd("scribble")
             scribbled = job.cmd("checksum")["checksum"] != want
             log(f"{size_gib} GiB: restore ({mode})")
-            r = cli("restore", "-p", str(job.pid), str(ck), *extra) if "error" not in c else {"error": "no checkpoint"}
+            r = cli("restore", "-p", str(job.pid), str(ck), "--device-only", "--force", *extra) if "error" not in c else {"error": "no checkpoint"}
             got = job.cmd("checksum")["checksum"]
             res["modes"][mode] = {"checkpoint": c, "restore": r, "scribble_changed_data": scribbled,
                                   "restored_equal": got == want}
@@ -214,7 +214,7 @@ def training(work: Path, hold_gib: float) -> dict:
         c1 = cli("checkpoint", "-p", str(job.pid), "-o", str(ck))
         b = job.cmd("train 20")["losses"]
         job.cmd("scribble")
-        r1 = cli("restore", "-p", str(job.pid), str(ck))
+        r1 = cli("restore", "-p", str(job.pid), str(ck), "--device-only", "--force")
         job.cmd("seek 20")
         c = job.cmd("train 20")["losses"]
         before = nvml_used(job.pid)

@@ -460,7 +460,7 @@ def path_gputrace(stand, nbytes: int, run_dir: Path, limits: dict, own_limit: bo
         job.scribble()
         rec["scribble_changed_data"] = job.checksum() != want
         log(f"gputrace: restore -p {job.pid} {ck}")
-        r = gputrace_cli("restore", "-p", str(job.pid), str(ck))
+        r = gputrace_cli("restore", "-p", str(job.pid), str(ck), "--device-only", "--force")
         rec["raw"]["restore"] = r
         rec["back_s"] = r["total_ns"] / 1e9
         rec["back_source"] = ("restore JSON total_ns: from the restore's start (reading and checking the image, the "

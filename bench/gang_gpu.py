@@ -74,7 +74,7 @@ def run(ranks: int, work: Path) -> dict:
         job.cmd("scribble")
         res["scribble_changed"] = job.cmd("checksum") != before
         log("restore --tree")
-        res["restore"] = cli("restore", "--tree", tree, str(work / "ck"))
+        res["restore"] = cli("restore", "--tree", tree, str(work / "ck"), "--device-only", "--force")
         job.cmd("seek 20")
         c = job.losses(20)
         res["steps_21_40_again_equal"] = c == r[1]

@@ -60,18 +60,18 @@ def run(gib: int, images: Path) -> dict:
         log("incremental checkpoint (10% changed)")
         res["second"] = cli("checkpoint", "-p", str(job.pid), "-o", str(images / "b"), "--since", str(images / "a"))
         log("rollback restore of the first (10% differ)")
-        res["rollback"] = cli("restore", "-p", str(job.pid), str(images / "a"))
+        res["rollback"] = cli("restore", "-p", str(job.pid), str(images / "a"), "--device-only", "--force")
         res["rollback"]["data_equal"] = job.cmd("checksum")["checksum"] == c0
         job.cmd(f"stripe {GIB} {GIB // 10}")
-        res["rollback_copy_all"] = cli("restore", "-p", str(job.pid), str(images / "a"), "--copy-all")
+        res["rollback_copy_all"] = cli("restore", "-p", str(job.pid), str(images / "a"), "--device-only", "--force", "--copy-all")
         res["rollback_copy_all"]["data_equal"] = job.cmd("checksum")["checksum"] == c0
         log("restore of the incremental link")
-        res["restore_link"] = cli("restore", "-p", str(job.pid), str(images / "b"))
+        res["restore_link"] = cli("restore", "-p", str(job.pid), str(images / "b"), "--device-only", "--force")
         res["restore_link"]["data_equal"] = job.cmd("checksum")["checksum"] == c1
         log("worst case: 64 KiB of every 640 KiB changed")
         w = job.cmd(f"stripe {640 << 10} {64 << 10}")
         res["scattered_changed"] = w["changed_bytes"]
-        res["rollback_scattered"] = cli("restore", "-p", str(job.pid), str(images / "a"))
+        res["rollback_scattered"] = cli("restore", "-p", str(job.pid), str(images / "a"), "--device-only", "--force")
         res["rollback_scattered"]["data_equal"] = job.cmd("checksum")["checksum"] == c0
         shutil.rmtree(images / "b", ignore_errors=True)
         # Inference-style: weights static, a cache written 256 MiB a step.
@@ -89,7 +89,7 @@ def run(gib: int, images: Path) -> dict:
         want = job.cmd("checksum")["checksum"]
         job.cmd(f"stripe {GIB} {GIB // 10}")
         log("restore of the inference chain's last link")
-        res["restore_chain"] = cli("restore", "-p", str(job.pid), str(prev))
+        res["restore_chain"] = cli("restore", "-p", str(job.pid), str(prev), "--device-only", "--force")
         res["restore_chain"]["data_equal"] = job.cmd("checksum")["checksum"] == want
     finally:
         job.close()

@@ -83,7 +83,7 @@ def main() -> int:
     print("first checkpoint taken", flush=True)
     ops = {
         "checkpoint": lambda i: ["checkpoint", "-p", str(pid), "-o", str(work / f"c{i}")],
-        "restore": lambda i: ["restore", "-p", str(pid), str(ck)],
+        "restore": lambda i: ["restore", "-p", str(pid), str(ck), "--device-only", "--force"],
         "suspend": lambda i: ["suspend", "-p", str(pid)],
         "driver": lambda i: ["checkpoint", "--backend", "driver", "-p", str(pid)],
     }

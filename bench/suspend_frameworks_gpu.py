@@ -124,7 +124,7 @@ def run_case(name: str, mib: int, work: Path) -> dict:
             sc = job.ask("scribble")
             res["scribbled_in_place"] = sc.get("in_place")
             res["scribble_changed"] = job.ask("checksum").get("checksum") != want
-            res["restore"] = gputrace("restore", "-p", str(job.pid), str(ck), "--json")
+            res["restore"] = gputrace("restore", "-p", str(job.pid), str(ck), "--device-only", "--force", "--json")
             if res["restore"]["rc"] == 0:
                 res["restore_checksum_equal"] = job.ask("checksum").get("checksum") == want
                 res["work_after_restore"] = job.ask("work").get("ok", False)
