@@ -31,8 +31,9 @@ class ActionResult:
     action: str
     pid: int
     message: str
-    freeze_s: float | None = None
+    freeze_s: float | None = None   # how long the job was held (None: it was not, or not measured)
     checkpoint: Checkpoint | None = None
+    back_s: float | None = None     # a restore's time back: from the running process ended to the job running
 
 
 class ActionUnavailable(NotYetAvailable):
@@ -40,18 +41,32 @@ class ActionUnavailable(NotYetAvailable):
 
 
 class Checkpointer(Protocol):
+    """The actions `top` offers. A restore brings the whole process back (`restore_full`); rolling
+    back device memory alone (`rollback`) is a separate action, refused where it is unsafe."""
+
     def available(self, action: str) -> bool: ...
-    def checkpoint(self, pid: int, progress: Progress) -> ActionResult: ...
-    def restore(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult: ...
+    def checkpoint_full(self, pid: int, progress: Progress) -> ActionResult:
+        """The whole process (GPU and CPU state, CRIU), left running: `gputrace checkpoint --full --leave-running`."""
+        ...
+    def restore_full(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
+        """The running process replaced by a whole-process checkpoint of it: `gputrace restore -p PID DIR`."""
+        ...
+    def list_full_checkpoints(self, pid: int) -> list[Checkpoint]: ...
+    def checkpoint(self, pid: int, progress: Progress) -> ActionResult:
+        """Device memory only (the shim's fast path): what `rollback` takes."""
+        ...
+    def rollback(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
+        """Device memory alone rolled back, checked first: `gputrace restore --device-only` (never --force)."""
+        ...
     def suspend(self, pid: int, progress: Progress) -> ActionResult: ...
     def resume(self, pid: int, progress: Progress) -> ActionResult: ...
     def list_checkpoints(self, pid: int) -> list[Checkpoint]: ...
-    def checkpoint_full(self, pid: int, progress: Progress) -> ActionResult:
-        """The whole job (GPU and CPU state, CRIU), left running: `gputrace checkpoint --full --leave-running`."""
-        ...
 
 
-ACTIONS = ("checkpoint", "restore", "suspend", "resume", "list_checkpoints", "checkpoint_full")
+ACTIONS = ("checkpoint_full", "restore_full", "list_full_checkpoints", "checkpoint", "rollback", "suspend", "resume",
+           "list_checkpoints")
+# The actions that pick one of the process's checkpoints, and the lister of the ones each takes.
+PICKS = {"restore_full": "list_full_checkpoints", "rollback": "list_checkpoints"}
 
 
 class FakeCheckpointer:
@@ -67,6 +82,7 @@ class FakeCheckpointer:
         self.suspended: set[int] = set()
         self.full: list[int] = []  # pids whole-job checkpointed, in order
         self._ckpts: dict[int, list[Checkpoint]] = {}
+        self._full: dict[int, list[Checkpoint]] = {}
         self._lock = threading.Lock()
 
     def available(self, action: str) -> bool:
@@ -90,9 +106,13 @@ class FakeCheckpointer:
             self._ckpts[pid].append(ck)
         return ActionResult("checkpoint", pid, f"checkpoint {ck.id} written", ck.freeze_s, ck)
 
-    def restore(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
-        self._do("restore", pid, progress, checkpoint_id)
-        return ActionResult("restore", pid, f"restored {checkpoint_id}", 0.02)
+    def rollback(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
+        self._do("rollback", pid, progress, checkpoint_id)
+        return ActionResult("rollback", pid, f"device memory rolled back to {checkpoint_id}", 0.02)
+
+    def restore_full(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
+        self._do("restore_full", pid, progress, checkpoint_id)
+        return ActionResult("restore_full", pid, f"back from {checkpoint_id}; it is running", None, back_s=1.5)
 
     def suspend(self, pid: int, progress: Progress) -> ActionResult:
         self._do("suspend", pid, progress)
@@ -109,13 +129,16 @@ class FakeCheckpointer:
             return list(self._ckpts.get(pid, []))
 
     def checkpoint_full(self, pid: int, progress: Progress) -> ActionResult:
-        # Not a Checkpoint of the table: `restore` rolls device memory back in a live process,
-        # a whole-job checkpoint comes back through `gputrace restore --full DIR`.
         self._do("checkpoint_full", pid, progress)
         with self._lock:
             self.full.append(pid)
-            where = f"/tmp/fake-full/{pid}/{len(self.full) - 1}"
-        return ActionResult("checkpoint_full", pid, f"{where}; the job runs on", 0.034)
+            ck = Checkpoint(f"/tmp/fake-full/{pid}/{len(self.full) - 1}", time.time(), self.size_bytes, 0.034)
+            self._full.setdefault(pid, []).append(ck)
+        return ActionResult("checkpoint_full", pid, f"{ck.id}; the job runs on", ck.freeze_s, ck)
+
+    def list_full_checkpoints(self, pid: int) -> list[Checkpoint]:
+        with self._lock:
+            return list(self._full.get(pid, []))
 
 
 class NoCheckpointer:
@@ -133,8 +156,14 @@ class NoCheckpointer:
     def checkpoint(self, pid, progress):
         self._no("checkpoint")
 
-    def restore(self, pid, checkpoint_id, progress):
+    def rollback(self, pid, checkpoint_id, progress):
+        self._no("device-only rollback")
+
+    def restore_full(self, pid, checkpoint_id, progress):
         self._no("restore")
+
+    def list_full_checkpoints(self, pid):
+        return []
 
     def suspend(self, pid, progress):
         self._no("suspend")
@@ -146,7 +175,7 @@ class NoCheckpointer:
         return []
 
     def checkpoint_full(self, pid, progress):
-        self._no("whole-job checkpoint")
+        self._no("checkpoint")
 
 
 def default_checkpoint_dir() -> Path:
@@ -166,14 +195,16 @@ class Operations:
     suspend: Callable | None = None          # (pid, *, progress=) -> SuspendReport
     resume: Callable | None = None           # (pid) -> ResumeReport
     checkpoint_full: Callable | None = None  # (pid, out, *, leave_running=, progress=) -> FullCheckpointReport
+    restore_full: Callable | None = None     # (pid, path, *, progress=) -> ReplaceReport
 
 
 def checkpointer_operations() -> Operations:
     from gputrace import checkpointer
     from gputrace.checkpointer.full import checkpoint_full
+    from gputrace.checkpointer.replace import replace_full
 
     return Operations(checkpointer.checkpoint, checkpointer.restore, checkpointer.suspend, checkpointer.resume,
-                      checkpoint_full)
+                      checkpoint_full, replace_full)
 
 
 class CheckpointerAdapter:
@@ -187,16 +218,22 @@ class CheckpointerAdapter:
         self.hold_tracing: Callable[[int], contextlib.AbstractContextManager] = lambda pid: contextlib.nullcontext(True)
         self._manifests: dict[tuple[str, int, int], Checkpoint | None] = {}  # (dir, inode, mtime) -> its entry
 
+    # The checkpointer's function behind each action (a device-only rollback is ops.restore, checked).
+    _OP = {"rollback": "restore"}
+    _CLI = {"checkpoint_full": "checkpoint --full --leave-running", "restore_full": "restore",
+            "rollback": "restore --device-only"}
+
     def available(self, action: str) -> bool:
-        return action == "list_checkpoints" or (action in ACTIONS and getattr(self.ops, action) is not None)
+        return action in PICKS.values() or (action in ACTIONS and getattr(self.ops, self._OP.get(action, action)) is not None)
 
     def _run(self, action: str, pid: int, call: Callable[[Callable], object]) -> tuple[object, float]:
         """`call(fn)` with the checkpointer's function for `action`; its report and the seconds it took.
         A failure that is not a GputraceError (a bug) reaches the UI as an error, not a crash."""
-        fn = getattr(self.ops, action)
+        fn = getattr(self.ops, self._OP.get(action, action))
+        cli = self._CLI.get(action, action)
         if fn is None:
             raise ActionUnavailable(f"{label(action)} is not available here",
-                                    f"run `gputrace {action.replace('_full', ' --full')} -p PID` from a shell")
+                                    f"run `gputrace {cli} -p PID` from a shell")
         t0 = time.monotonic()
         try:
             out = call(fn)
@@ -204,7 +241,7 @@ class CheckpointerAdapter:
             raise
         except Exception as exc:  # whatever it is, the UI shows it
             raise GputraceError(f"{label(action)} failed: {type(exc).__name__}: {exc}",
-                                f"see `gputrace {action.replace('_full', ' --full')} --help`") from exc
+                                f"see `gputrace {cli.split()[0]} --help`") from exc
         return out, time.monotonic() - t0
 
     def _mkroot(self) -> None:
@@ -247,15 +284,27 @@ class CheckpointerAdapter:
         if self.ops.checkpoint_full is not None:
             self._mkroot()
         r, took = self._run("checkpoint_full", pid, call)
+        freeze = r.freeze_ns / 1e9
         return ActionResult("checkpoint_full", pid,
                             f"{fmt_bytes(r.image_bytes)} to {r.path} in {took:.2f} s; the job runs on "
-                            f"(back with `gputrace restore --full {r.path}`)", r.freeze_ns / 1e9)
+                            f"(r brings it back to this point)", freeze,
+                            Checkpoint(str(r.path), time.time(), r.image_bytes, freeze))
 
-    def restore(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
-        r, took = self._run("restore", pid, lambda fn: fn(pid, checkpoint_id, progress=_reporter(progress)))
+    def restore_full(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
+        """`gputrace restore -p PID DIR` of a whole-process checkpoint: the running process replaced."""
+        r, _ = self._run("restore_full", pid, lambda fn: fn(pid, checkpoint_id, progress=_reporter(progress)))
+        cut = "".join(f"; {c['path']} cut back to then (kept whole as {c['kept']})" for c in r.cut)
+        return ActionResult("restore_full", pid, f"back from {r.path}, running again (criu {r.criu_ns / 1e9:.2f} s, "
+                            f"GPU {(r.driver_restore_ns + r.unlock_ns + r.shim_ns) / 1e9:.2f} s){cut}",
+                            None, back_s=r.back_ns / 1e9)
+
+    def rollback(self, pid: int, checkpoint_id: str, progress: Progress) -> ActionResult:
+        """Device memory alone, with every check of checkpointer/rollback.py (top never forces it)."""
+        r, took = self._run("rollback", pid,
+                            lambda fn: fn(pid, checkpoint_id, progress=_reporter(progress), checked=True))
         copied = f" ({fmt_bytes(r.bytes_copied)} differed and was copied back)" if r.chunks else ""
-        return ActionResult("restore", pid, f"{fmt_bytes(r.bytes)} from {r.path}{copied} in {took:.2f} s",
-                            r.freeze_ns / 1e9)
+        return ActionResult("rollback", pid, f"{fmt_bytes(r.bytes)} from {r.path}{copied} in {took:.2f} s; host state "
+                            "went on", r.freeze_ns / 1e9)
 
     def suspend(self, pid: int, progress: Progress) -> ActionResult:
         r, took = self._run("suspend", pid, lambda fn: fn(pid, progress=_reporter(progress)))
@@ -267,12 +316,21 @@ class CheckpointerAdapter:
         return ActionResult("resume", pid, f"{fmt_bytes(r.bytes)} back on the GPU in {took:.2f} s")
 
     def list_checkpoints(self, pid: int) -> list[Checkpoint]:
-        """The complete checkpoints of `pid` under the root, read with the checkpointer's own manifest
-        reader once per directory (a checkpoint directory never changes once it is there)."""
+        """The complete GPU-memory checkpoints of `pid` under the root (PID-TIME)."""
+        return self._list(pid, f"{pid}-", device=True)
+
+    def list_full_checkpoints(self, pid: int) -> list[Checkpoint]:
+        """The complete whole-process checkpoints of `pid` under the root (full-PID-TIME)."""
+        return self._list(pid, f"full-{pid}-", device=False)
+
+    def _list(self, pid: int, prefix: str, device: bool) -> list[Checkpoint]:
+        """The complete checkpoints of `pid` under the root whose names start with `prefix`, read with the
+        checkpointer's own manifest reader once per directory (a checkpoint directory never changes once
+        it is there)."""
         from gputrace.checkpointer import store
 
         try:
-            entries = [e for e in os.scandir(self.root) if e.name.startswith(f"{pid}-") and e.is_dir()]
+            entries = [e for e in os.scandir(self.root) if e.name.startswith(prefix) and e.is_dir()]
         except OSError:
             return []
         out = []
@@ -284,24 +342,27 @@ class CheckpointerAdapter:
             key = (e.path, st.st_ino, st.st_mtime_ns)
             if key not in self._manifests:
                 try:
-                    m = store.read_manifest(Path(e.path))
+                    m = store.read_manifest(Path(e.path), store.DEVICE if device else store.FULL)
                 except GputraceError:  # incomplete (no manifest yet), damaged, or not ours
                     m = None
                 ok = m is not None and m["target"]["pid"] == pid
-                freeze = m.get("timings", {}).get("freeze_ns") if ok else None
-                self._manifests[key] = Checkpoint(e.path, float(m.get("created_unix", 0.0)), m["bytes"],
-                                                  freeze / 1e9 if freeze is not None else None) if ok else None
+                timings = m.get("timings") if ok else None
+                freeze = timings.get("freeze_ns") if isinstance(timings, dict) else None
+                size = None if not ok else m["bytes"] if device else sum(f["bytes"] for f in m["files"])
+                self._manifests[key] = Checkpoint(e.path, float(m.get("created_unix", 0.0)), size,
+                                                  freeze / 1e9 if isinstance(freeze, int) else None) if ok else None
             if self._manifests[key] is not None:
                 out.append(self._manifests[key])
         listed = {e.path for e in entries}
-        for key in [k for k in self._manifests if k[0].startswith(f"{self.root}/{pid}-") and k[0] not in listed]:
+        for key in [k for k in self._manifests if k[0].startswith(f"{self.root}/{prefix}") and k[0] not in listed]:
             del self._manifests[key]  # a directory removed (or replaced) since: its entry goes too
         return sorted(out, key=lambda c: c.taken_at)
 
 
 def label(action: str) -> str:
     """What the UI and its messages call an action, where not its name."""
-    return {"checkpoint_full": "whole-job checkpoint"}.get(action, action)
+    return {"checkpoint_full": "checkpoint", "restore_full": "restore", "checkpoint": "device-memory checkpoint",
+            "rollback": "device-only rollback"}.get(action, action)
 
 
 def _reporter(progress: Progress, clock: Callable[[], float] = time.monotonic) -> Callable[[str, int, int], None]:

@@ -197,12 +197,13 @@ def test_adapter_whole_job_checkpoint_leaves_it_running_and_reports_the_freeze(t
     res = a.checkpoint_full(2**22 + 7, lambda f, m: seen.append((f, m)))  # no such process: nothing to settle
     assert len(got) == 1 and got[0][0] == 2**22 + 7 and got[0][2] is True
     assert got[0][3] == [2**22 + 7] and held == []  # top's probes were off the job during the checkpoint only
-    assert got[0][1].startswith(f"{tmp_path}/full-{2**22 + 7}-")  # not PID-TIME: no restore target for `restore`
+    assert got[0][1].startswith(f"{tmp_path}/full-{2**22 + 7}-")  # full-PID-TIME: what `r` lists
     assert seen[-1][0] == 0.75 and seen[-1][1].startswith("dump    [##################......]  3 B of 4 B   75%")
     assert "pausing" in seen[0][1]
-    assert res.action == "checkpoint_full" and res.freeze_s == 0.25 and res.checkpoint is None
-    assert "the job runs on" in res.message and "restore --full" in res.message
-    assert a.list_checkpoints(7) == []
+    assert res.action == "checkpoint_full" and res.freeze_s == 0.25
+    assert res.checkpoint.id == got[0][1] and res.checkpoint.size_bytes == 2048 and res.checkpoint.freeze_s == 0.25
+    assert "the job runs on" in res.message and "r brings it back" in res.message
+    assert a.list_checkpoints(7) == [] and a.list_full_checkpoints(7) == []
 
     a.ops = actions.Operations(checkpoint_full=lambda pid, out, **kw: (_ for _ in ()).throw(actions.GputraceError("CRIU is not installed", "h")))
     with pytest.raises(actions.GputraceError, match="CRIU is not installed"):

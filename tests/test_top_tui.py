@@ -165,9 +165,9 @@ async def test_the_confirmation_says_where_the_checkpoint_goes(recording, tmp_pa
         await started(pilot)
         await pilot.press("c")
         assert isinstance(app.screen, ConfirmScreen)
-        assert app.screen.question.endswith(f"Into {tmp_path}/4242-TIME"), app.screen.question
-        await pilot.press("n", "w")
         assert app.screen.question.endswith(f"Into {tmp_path}/full-4242-TIME"), app.screen.question
+        await pilot.press("n", "C")
+        assert app.screen.question.endswith(f"Into {tmp_path}/4242-TIME"), app.screen.question
         await pilot.press("n")
 
 
@@ -177,42 +177,71 @@ async def test_checkpoint_asks_shows_progress_then_the_freeze_time(recording):
     app = app_for(recording, fake)
     async with app.run_test(size=(160, 30)) as pilot:
         main = await started(pilot)
-        await pilot.press("c")
+        await pilot.press("C")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
         assert fake.calls == [] and isinstance(app.screen, MainScreen)
-        await pilot.press("c", "y")
+        await pilot.press("C", "y")
         await until(pilot, lambda: fake.calls)
         await until(pilot, lambda: "checkpoint started" in str(main.query_one("#status").render()))
-        await pilot.press("c")  # a second action on a busy process is refused, not queued
+        await pilot.press("C")  # a second action on a busy process is refused, not queued
         assert isinstance(app.screen, MainScreen)
         gate.set()
         await until(pilot, lambda: not app.busy)
         status = str(main.query_one("#status").render())
-        assert "checkpoint of pid 4242 done, froze the job 12.0 ms" in status, status
+        assert "device-memory checkpoint of pid 4242 done, froze the job 12.0 ms" in status, status
         assert fake.calls == [("checkpoint", 4242, "")]
         assert "0s ago" in main.query_one(ProcessTable).row_texts(4242)["ckpt"]
 
 
-async def test_restore_picks_a_checkpoint(recording):
+async def test_restore_brings_the_whole_process_back_and_shows_the_time_back(recording):
     fake = FakeCheckpointer()
     app = app_for(recording, fake)
     async with app.run_test(size=(160, 30)) as pilot:
-        await started(pilot)
+        main = await started(pilot)
         await pilot.press("r")
         await until(pilot, lambda: app.last_results)  # none yet: the failure says so
-        assert "no checkpoint to restore" in app.last_results[-1].error
-        await pilot.press("c", "y")
+        assert "no whole-process checkpoint" in app.last_results[-1].error and "with c" in app.last_results[-1].hint
+        await pilot.press("C", "y")  # a device-memory checkpoint is not one r brings back
         await until(pilot, lambda: len(app.last_results) == 2)
+        await pilot.press("r")
+        await until(pilot, lambda: len(app.last_results) == 3)
+        assert "no whole-process checkpoint" in app.last_results[-1].error
+        await pilot.press("c", "y")
+        await until(pilot, lambda: len(app.last_results) == 4)
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, RestoreScreen))
         await pilot.press("enter")
         assert isinstance(app.screen, ConfirmScreen)
-        # Where the user acts: a rollback of device memory, the host state running on.
-        assert "Device memory only" in app.screen.question and "host state" in app.screen.question
+        # Where the user acts: what the running process loses.
+        assert "running process is ended" in app.screen.question and "undone" in app.screen.question
         await pilot.press("y")
+        await until(pilot, lambda: len(app.last_results) == 5)
+        assert fake.calls[-1] == ("restore_full", 4242, "/tmp/fake-full/4242/0")
+        status = str(main.query_one("#status").render())
+        assert "restore of pid 4242 done, back in 1.50 s" in status, status
+
+
+async def test_device_only_rollback_is_its_own_key_and_its_confirmation_names_the_risk(recording):
+    fake = FakeCheckpointer()
+    app = app_for(recording, fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await started(pilot)
+        await pilot.press("c", "y")
+        await until(pilot, lambda: len(app.last_results) == 1)
+        await pilot.press("R")  # a whole-process checkpoint is no device-memory one
+        await until(pilot, lambda: len(app.last_results) == 2)
+        assert "no device-memory checkpoint" in app.last_results[-1].error and "with C" in app.last_results[-1].hint
+        await pilot.press("C", "y")
         await until(pilot, lambda: len(app.last_results) == 3)
-        assert fake.calls[-1] == ("restore", 4242, "/tmp/fake-ckpt/4242/0")
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, RestoreScreen))
+        await pilot.press("enter")
+        q = app.screen.question
+        assert q.startswith("UNSAFE") and "may crash or compute with stale data" in q and "host state goes on" in q
+        await pilot.press("y")
+        await until(pilot, lambda: len(app.last_results) == 4)
+        assert fake.calls[-1] == ("rollback", 4242, "/tmp/fake-ckpt/4242/0")
 
 
 async def test_failures_and_refusals_show_in_the_ui(recording):
@@ -224,7 +253,7 @@ async def test_failures_and_refusals_show_in_the_ui(recording):
         await until(pilot, lambda: app.last_results)
         assert "suspend of pid 4242 FAILED: the gate did not close" in str(main.query_one("#status").render())
         await pilot.press("down")  # 1111 runs without the shim
-        await pilot.press("c")
+        await pilot.press("C")
         assert isinstance(app.screen, MainScreen) and len(fake.calls) == 1
         assert app.is_running
 
@@ -235,6 +264,8 @@ async def test_replay_has_no_actions_but_says_why(recording):
         main = await started(pilot)
         await pilot.press("c")
         assert "checkpoint is not available yet" in str(main.query_one("#status").render())
+        await pilot.press("r")
+        assert "restore is not available yet" in str(main.query_one("#status").render())
 
 
 async def test_help_and_quit(recording):
@@ -308,25 +339,26 @@ async def test_whole_job_checkpoint_asks_then_shows_the_freeze_time_and_the_job_
     async with app.run_test(size=(160, 30)) as pilot:
         main = await started(pilot)
         before = main.query_one(ProcessTable).row_texts(4242)["ckpt"]
-        await pilot.press("w")
+        await pilot.press("c")
         assert isinstance(app.screen, ConfirmScreen)
-        assert "whole job" in str(app.screen.query_one("#question").render())
+        assert "whole, GPU and CPU state" in str(app.screen.query_one("#question").render())
         await pilot.press("n")
         assert fake.calls == [] and isinstance(app.screen, MainScreen)
-        await pilot.press("w", "y")
+        await pilot.press("c", "y")
         await until(pilot, lambda: fake.calls)
-        await until(pilot, lambda: "whole-job checkpoint of pid 4242: 0% checkpoint_full started"
+        await until(pilot, lambda: "checkpoint of pid 4242: 0% checkpoint_full started"
                     in str(main.query_one("#status").render()))
-        await pilot.press("c")  # the process is busy: refused, not queued
+        await pilot.press("w")  # the process is busy: refused, not queued (w is c's old key)
         assert isinstance(app.screen, MainScreen) and len(fake.calls) == 1
         gate.set()
         await until(pilot, lambda: not app.busy)
         status = str(main.query_one("#status").render())
-        assert "whole-job checkpoint of pid 4242 done, froze the job 34.0 ms" in status, status
+        assert "checkpoint of pid 4242 done, froze the job 34.0 ms" in status, status
         assert "the job runs on" in status
         assert fake.calls == [("checkpoint_full", 4242, "")] and fake.full == [4242]
-        # Not a checkpoint `r` could roll the live process back to: the column keeps what it had.
-        assert main.query_one(ProcessTable).row_texts(4242)["ckpt"] == before
+        # A checkpoint r brings the process back to: the column shows it.
+        after = main.query_one(ProcessTable).row_texts(4242)["ckpt"]
+        assert after != before and "0s ago" in after
 
 
 async def test_whole_job_checkpoint_needs_no_shim_and_its_failures_show(recording):
@@ -340,12 +372,12 @@ async def test_whole_job_checkpoint_needs_no_shim_and_its_failures_show(recordin
         await pilot.press("y")
         await until(pilot, lambda: app.last_results)
         status = str(main.query_one("#status").render())
-        assert "whole-job checkpoint of pid 1111 FAILED: CRIU is not installed" in status, status
+        assert "checkpoint of pid 1111 FAILED: CRIU is not installed" in status, status
         assert fake.calls == [("checkpoint_full", 1111, "")]
         fake.fail["checkpoint_full"] = RuntimeError("a bug")  # not a GputraceError: still shown, not a crash
         await pilot.press("w", "y")
         await until(pilot, lambda: len(app.last_results) == 2)
-        assert "whole-job checkpoint failed: RuntimeError: a bug" in app.last_results[-1].error
+        assert "checkpoint failed: RuntimeError: a bug" in app.last_results[-1].error
         assert app.is_running and isinstance(app.screen, MainScreen) and not app.busy
 
 
@@ -353,8 +385,8 @@ async def test_whole_job_checkpoint_in_a_replay_says_why_not(recording):
     app = TopApp(ReplaySource(recording, speed=0), NoCheckpointer())
     async with app.run_test(size=(160, 30)) as pilot:
         main = await started(pilot)
-        await pilot.press("w")
-        assert "whole-job checkpoint is not available yet" in str(main.query_one("#status").render())
+        await pilot.press("c")
+        assert "checkpoint is not available yet" in str(main.query_one("#status").render())
 
 
 @pytest.mark.parametrize("width", [80, 150])
@@ -408,11 +440,11 @@ async def test_the_command_palette_has_gputraces_actions_and_a_screenshot_that_s
     async with app.run_test(size=(160, 30)) as pilot:
         await started(pilot)
         commands = {c.title: c for c in app.get_system_commands(app.screen)}
-        assert {"Checkpoint", "Restore", "Suspend", "Resume", "Whole-job checkpoint", "Next preset", "Help",
-                "Screenshot", "Quit"} <= set(commands)
+        assert {"Checkpoint", "Restore", "Suspend", "Resume", "Device-memory checkpoint", "Device-only rollback",
+                "Next preset", "Help", "Screenshot", "Quit"} <= set(commands)
         commands["Checkpoint"].callback()
         await pilot.pause()
-        assert isinstance(app.screen, ConfirmScreen) and "Checkpoint pid 4242" in app.screen.question
+        assert isinstance(app.screen, ConfirmScreen) and "Checkpoint pid 4242 (train_big) whole" in app.screen.question
         await pilot.press("n")
         notified = []
         monkeypatch.setattr(app, "notify", lambda msg, **kw: notified.append(msg))
@@ -424,3 +456,30 @@ async def test_the_command_palette_has_gputraces_actions_and_a_screenshot_that_s
         await pilot.pause()
         (shot,) = tmp_path.glob("*.svg")
         assert notified[-1] == f"screenshot saved to {shot}"
+
+
+@pytest.mark.parametrize("key", ["c", "r", "s", "u", "C", "R"])
+async def test_every_key_on_a_rank_of_a_job_refuses_and_names_the_command_for_the_whole_job(tmp_path, key):
+    """One rank stopped, suspended or brought back alone would hold its peers in a collective or leave them
+    out of step: what top offers by one key either leaves the job running right or refuses, so on a rank
+    of a job of several processes it refuses, and nothing reaches the checkpointer."""
+    import dataclasses
+
+    from gputrace.hostview.jobs import JobTag
+
+    job = {4242: JobTag("torchrun:1200", 0, 2), 3333: JobTag("torchrun:1200", 1, 2)}
+    framed = [dataclasses.replace(f, processes=tuple(dataclasses.replace(r, job=job.get(r.pid, r.job))
+                                                     for r in f.processes)) for f in frames(3)]
+    path = tmp_path / "job.jsonl"
+    write_record(str(path), framed)
+    fake = FakeCheckpointer()
+    app = app_for(str(path), fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await started(pilot)
+        assert app.screen.selected().pid == 4242
+        await pilot.press(key)
+        await until(pilot, lambda: app.last_results)
+        failed = app.last_results[-1]
+        assert "is a rank of a job of 2 processes (with 3333)" in failed.error, failed.error
+        assert "--tree LAUNCHER" in failed.hint or "--full DIR" in failed.hint or "--force" in failed.hint
+        assert fake.calls == [] and isinstance(app.screen, MainScreen)

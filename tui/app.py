@@ -12,7 +12,7 @@ from textual.binding import Binding
 from gputrace.base.errors import GputraceError
 from gputrace.tracer.audit import DEFAULT_PRESET, PRESETS
 
-from gputrace.hostview.checkpoints import ActionResult, Checkpointer, label
+from gputrace.hostview.checkpoints import PICKS, ActionResult, Checkpointer, label
 from .messages import ActionDone, ActionFailed, ActionProgress, FrameArrived, SourceEnded
 from gputrace.hostview.model import Checkpoint, HostSnapshot, ProcessRow
 from .screens.dialogs import ConfirmScreen, HelpScreen, RestoreScreen
@@ -20,24 +20,42 @@ from .screens.main import MainScreen
 from gputrace.hostview.recording import Source
 
 QUESTIONS = {
-    "checkpoint": "Checkpoint pid {pid} ({comm})? The job is frozen while its device memory is copied out.",
+    "checkpoint_full": "Checkpoint pid {pid} ({comm}) whole, GPU and CPU state (CRIU), so that r can bring it back to "
+                       "this point? It is frozen until the dump is written, then runs on.",
+    "restore_full": "Bring pid {pid} ({comm}) back to {ckpt}? The running process is ended and the checkpoint's runs in "
+                    "its place (GPU and CPU state, same pid): everything it did since is undone; a log it wrote since "
+                    "is cut back to then and kept whole beside it.",
+    "checkpoint": "Checkpoint only the device memory of pid {pid} ({comm})? It is frozen while that is copied out. Such "
+                  "a checkpoint comes back only by a device-only rollback (R), safe only for programs that do not "
+                  "reallocate; c checkpoints the whole process.",
+    "rollback": "UNSAFE for most jobs: roll back only the device memory of pid {pid} ({comm}) to {ckpt}? Its host "
+                "state goes on: if it allocated, freed or reused device memory since (a training loop does, every "
+                "step), the job may crash or compute with stale data. gputrace refuses where it sees that, but cannot "
+                "see everything; r (whole process) is the safe restore.",
     "suspend": "Suspend pid {pid} ({comm})? Its device memory is moved off the GPU until you resume it.",
     "resume": "Resume pid {pid} ({comm})? Its device memory is brought back to the GPU.",
-    "restore": "Roll pid {pid} ({comm}) back to {ckpt}? Device memory only: what it wrote there since is lost; "
-               "its host state (step counters, host tensors) is not rolled back.",
-    "checkpoint_full": "Checkpoint the whole job, pid {pid} ({comm}): GPU and CPU state (CRIU), to restore here or "
-                       "on another machine? It is frozen until the dump is written, then runs on.",
 }
 # gputrace's actions in the command palette, with what each does.
 PALETTE_ACTIONS = (
-    ("checkpoint", "Checkpoint the selected process's GPU memory (the shim's fast path)"),
-    ("restore", "Roll the selected process's device memory back to a checkpoint (host memory goes on)"),
+    ("checkpoint_full", "Checkpoint the selected process whole, GPU and CPU state (CRIU), left running"),
+    ("restore_full", "Bring the selected process back to a whole-process checkpoint (it replaces the running one)"),
     ("suspend", "Move the selected process's device memory off the GPU"),
     ("resume", "Bring a suspended process's device memory back"),
-    ("checkpoint_full", "Checkpoint the whole job, GPU and CPU state (CRIU), left running"),
+    ("checkpoint", "Checkpoint only the selected process's device memory (for a device-only rollback)"),
+    ("rollback", "UNSAFE for most jobs: roll back device memory alone, host state going on (refused where unsafe)"),
 )
 # Actions that need the shim in the job; the rest go through the driver's checkpoint API and CRIU.
-NEEDS_SHIM = frozenset({"checkpoint", "restore", "suspend", "resume"})
+NEEDS_SHIM = frozenset({"checkpoint", "rollback", "suspend", "resume"})
+# What a job of several processes (ranks) needs instead of one key on one rank: its peers would wait
+# in their collectives for a rank held alone, or run on out of step with one brought back alone.
+JOB_COMMANDS = {
+    "checkpoint_full": "gputrace checkpoint --full --tree LAUNCHER --leave-running -o DIR",
+    "restore_full": "gputrace restore --full DIR (once the job has ended)",
+    "checkpoint": "gputrace checkpoint --tree LAUNCHER -o DIR",
+    "rollback": "gputrace restore DIR --device-only --force (unsafe)",
+    "suspend": "gputrace suspend --tree LAUNCHER",
+    "resume": "gputrace resume --tree LAUNCHER",
+}
 
 
 class TopApp(App):
@@ -158,6 +176,13 @@ class TopApp(App):
                         "`gputrace run --checkpointable -- COMMAND` to checkpoint it", title=f"cannot {action}",
                         severity="warning")
             return
+        peers = self._peers(row)
+        if peers:
+            self._failed(ActionFailed(row.pid, action, f"pid {row.pid} is a rank of a job of {len(peers) + 1} processes "
+                                      f"(with {', '.join(map(str, peers[:4]))}): {label(action)} of one rank alone would "
+                                      "leave the others waiting for it, or running on out of step with it",
+                                      f"act on the whole job from a shell: `{JOB_COMMANDS[action]}`"))
+            return
         if row.pid in self.busy:
             self.notify(f"pid {row.pid} is busy: {label(self.busy[row.pid])} in progress", severity="warning")
             return
@@ -166,8 +191,8 @@ class TopApp(App):
                                       "it arrives with the checkpointer (issue 5)"))
             return
         fmt = {"pid": row.pid, "comm": row.comm}
-        if action == "restore":
-            self._pick_checkpoint(row, fmt)
+        if action in PICKS:
+            self._pick_checkpoint(action, row, fmt)
             return
 
         def answered(yes: bool | None) -> None:
@@ -180,31 +205,42 @@ class TopApp(App):
             question += f" Into {dest}"
         self.push_screen(ConfirmScreen(question), answered)
 
-    @work(thread=True, group="actions")
-    def _pick_checkpoint(self, row: ProcessRow, fmt: dict) -> None:
-        try:
-            cks = self.checkpointer.list_checkpoints(row.pid)
-        except GputraceError as exc:
-            self.post_message(ActionFailed(row.pid, "restore", exc.msg, exc.hint))
-            return
-        self.call_from_thread(self._ask_restore, row, fmt, cks)
+    def _peers(self, row: ProcessRow) -> list[int]:
+        """The other processes of the job `row` is a rank of (empty: it is no rank of a job of several)."""
+        if not row.job.key:
+            return []
+        peers = sorted(r.pid for r in (self.frame.processes if self.frame else ()) if r.job.key == row.job.key
+                       and r.pid != row.pid)
+        if not peers and (row.job.world or 1) > 1:
+            return [-1]  # its launcher says there are more, not shown here
+        return peers
 
-    def _ask_restore(self, row: ProcessRow, fmt: dict, cks: list[Checkpoint]) -> None:
+    @work(thread=True, group="actions")
+    def _pick_checkpoint(self, action: str, row: ProcessRow, fmt: dict) -> None:
+        try:
+            cks = getattr(self.checkpointer, PICKS[action])(row.pid)
+        except GputraceError as exc:
+            self.post_message(ActionFailed(row.pid, action, exc.msg, exc.hint))
+            return
+        self.call_from_thread(self._ask_restore, action, row, fmt, cks)
+
+    def _ask_restore(self, action: str, row: ProcessRow, fmt: dict, cks: list[Checkpoint]) -> None:
         if not cks:
-            self._failed(ActionFailed(row.pid, "restore", f"pid {row.pid} has no checkpoint to restore",
-                                      "take one first with c"))
+            kind, key = ("whole-process", "c") if action == "restore_full" else ("device-memory", "C")
+            self._failed(ActionFailed(row.pid, action, f"pid {row.pid} has no {kind} checkpoint to {label(action)} to",
+                                      f"take one first with {key}"))
             return
 
         def confirmed(ck_id: str, yes: bool | None) -> None:
             if yes:
-                self.start_action("restore", row.pid, ck_id)
+                self.start_action(action, row.pid, ck_id)
 
         def picked(ck_id: str | None) -> None:
             if ck_id:
-                self.push_screen(ConfirmScreen(QUESTIONS["restore"].format(ckpt=ck_id, **fmt)),
+                self.push_screen(ConfirmScreen(QUESTIONS[action].format(ckpt=ck_id, **fmt)),
                                  lambda yes: confirmed(ck_id, yes))
 
-        self.push_screen(RestoreScreen(row.pid, row.comm, cks), picked)
+        self.push_screen(RestoreScreen(row.pid, row.comm, cks, whole=action == "restore_full"), picked)
 
     def start_action(self, action: str, pid: int, arg: str | None = None) -> None:
         self.busy[pid] = action
@@ -218,7 +254,7 @@ class TopApp(App):
 
         try:
             fn = getattr(self.checkpointer, action)
-            result = fn(pid, arg, progress) if action == "restore" else fn(pid, progress)
+            result = fn(pid, arg, progress) if action in PICKS else fn(pid, progress)
         except GputraceError as exc:
             self.post_message(ActionFailed(pid, action, exc.msg, exc.hint))
             return
@@ -239,7 +275,8 @@ class TopApp(App):
         if r.checkpoint is not None:
             self._checkpoints[r.pid] = r.checkpoint
         froze = f", froze the job {r.freeze_s * 1e3:.1f} ms" if r.freeze_s is not None else ""
-        text = f"{label(r.action)} of pid {r.pid} done{froze}: {r.message}"
+        back = f", back in {r.back_s:.2f} s" if r.back_s is not None else ""
+        text = f"{label(r.action)} of pid {r.pid} done{froze}{back}: {r.message}"
         self._status(text)
         self.notify(text, title=f"{label(r.action)} done", timeout=6)
         self._refresh_screens()

@@ -52,15 +52,19 @@ class RestoreScreen(ModalScreen["str | None"]):
     DEFAULT_CSS = _CSS.format(name="RestoreScreen")
     BINDINGS = [Binding("escape,n", "cancel", "cancel")]
 
-    def __init__(self, pid: int, comm: str, checkpoints: list[Checkpoint]) -> None:
+    def __init__(self, pid: int, comm: str, checkpoints: list[Checkpoint], whole: bool = True) -> None:
         super().__init__()
-        self.pid, self.comm = pid, comm
+        self.pid, self.comm, self.whole = pid, comm, whole
         self.checkpoints = sorted(checkpoints, key=lambda c: -c.taken_at)
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(f"Roll pid {self.pid} ({self.comm})'s device memory back to which checkpoint? (device memory only; "
-                        "enter picks, esc cancels)")
+            if self.whole:
+                yield Label(f"Bring pid {self.pid} ({self.comm}) back, whole, to which checkpoint? (enter picks, esc "
+                            "cancels)")
+            else:
+                yield Label(f"Roll only the device memory of pid {self.pid} ({self.comm}) back to which checkpoint? "
+                            "(unsafe for jobs that reallocate; enter picks, esc cancels)")
             yield OptionList(*(Option(f"{c.id}  ({fmt_checkpoint(c)})", id=c.id) for c in self.checkpoints),
                              id="checkpoints")
 
@@ -78,11 +82,14 @@ HELP = """\
 [b]sorting[/b]     < >  previous / next sort column      i  invert the order   (or click a header)
 [b]filtering[/b]   /  filter by command or pid ("shim": shimmed only)      esc  clear it
 [b]preset[/b]      p  switch the interception preset the OVERHEAD column predicts for
-[b]actions[/b]     on a shimmed process (started with `gputrace run --checkpointable`):
-            c  checkpoint     r  restore device memory     s  suspend     u  resume
-            each asks first, shows progress below the table, then the freeze time
-            w  checkpoint the whole job (GPU and CPU state, CRIU), left running; any process,
+[b]actions[/b]     each asks first, shows progress below the table, then the freeze (and the time back)
+            c  checkpoint the whole process (GPU and CPU state, CRIU), left running; any process,
                shimmed or not (top takes its own probes off the job while CRIU copies it)
+            r  restore: the running process replaced by a whole-process checkpoint of it
+            on a shimmed process (started with `gputrace run --checkpointable`):
+            s  suspend     u  resume     C  checkpoint device memory only
+            R  roll back device memory alone (UNSAFE for jobs that reallocate; refused where seen)
+            a rank of a job of several processes: refused; the hint gives the command for the job
 [b]other[/b]       ?  this help      q  quit      escape  back      ctrl+s  screenshot (SVG)      ctrl+p  command palette
 
 OVERHEAD is lower–upper: the predicted slowdown if the layer's added CPU time hides in the time the

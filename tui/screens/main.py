@@ -21,11 +21,13 @@ class MainScreen(Screen):
         Binding("greater_than_sign", "sort(1)", "sort →"),
         Binding("i", "invert", "invert", show=False),
         Binding("p", "preset", "preset"),
-        Binding("c", "act('checkpoint')", "checkpoint"),
-        Binding("r", "act('restore')", "restore"),
+        Binding("c", "act('checkpoint_full')", "checkpoint"),
+        Binding("r", "act('restore_full')", "restore"),
         Binding("s", "act('suspend')", "suspend"),
         Binding("u", "act('resume')", "resume"),
-        Binding("w", "act('checkpoint_full')", "whole job"),
+        Binding("C", "act('checkpoint')", "device ckpt", show=False),
+        Binding("R", "act('rollback')", "device-only rollback", show=False),
+        Binding("w", "act('checkpoint_full')", "checkpoint", show=False),
         Binding("escape", "clear_filter", "clear filter", show=False),
     ]
     DEFAULT_CSS = """
