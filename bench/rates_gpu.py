@@ -93,8 +93,22 @@ def span_of(rep: dict) -> tuple[float, float]:
     return t0 + ivs[0]["t_start"], t0 + ivs[-1]["t_start"] + ivs[-1]["interval_s"]
 
 
+def rate_of(f: dict) -> list:
+    """A function's [rate, 95% half-width] in a report: where the rate is not known (null, with its
+    range beside it: tracer/model.py), the middle of its range and half its width, as estimated."""
+    if f["rate_hz"] is None:
+        lo, hi = f.get("rate_range_hz") or (None, None)
+        return [None, None] if lo is None else [(lo + hi) / 2, (hi - lo) / 2]
+    return [f["rate_hz"], f["rate_err_hz"]]
+
+
 def summary_rates(rep: dict) -> dict[str, list]:
-    return {f["name"]: [f["rate_hz"], f["rate_err_hz"]] for f in rep["summary"]["functions"]}
+    return {f["name"]: rate_of(f) for f in rep["summary"]["functions"]}
+
+
+def not_known(rep: dict) -> list[str]:
+    """The functions whose rate the report says is not known."""
+    return [f["name"] for f in rep["summary"]["functions"] if f.get("not_known")]
 
 
 def rows_of(truth_hz: dict[str, float], rates: dict[str, list]) -> list[dict]:
@@ -155,7 +169,7 @@ def one_attach(job, name: str, r: int, raw: Path) -> dict:
             "inside_phase": ph["t0"] <= a and b <= ph["t0"] + ph["seconds"],
             "tracer_overhead": s.get("tracer_overhead"), "calls_hz": s.get("calls_hz"),
             "not_measured": s.get("not_measured"), "windows": rep["attach"].get("windows"),
-            "rates": summary_rates(rep)}
+            "rates": summary_rates(rep), "not_known": not_known(rep)}
 
 
 # --- the job traced from its start ------------------------------------------------------------------------
@@ -202,11 +216,12 @@ def pooled_rates(ivs: list[dict]) -> tuple[dict[str, list], float]:
         w = iv["b"] - iv["a"]
         for f in iv["snap"]["functions"]:
             a = acc.setdefault(f["name"], [0.0, 0.0, True])
-            a[0] += f["rate_hz"] * w
-            if f["rate_err_hz"] is None:
+            r, e = rate_of(f)
+            a[0] += (r or 0.0) * w
+            if e is None:
                 a[2] = False
             else:
-                a[1] += (f["rate_err_hz"] * w) ** 2
+                a[1] += (e * w) ** 2
     return {n: [s / total, math.sqrt(q) / total if ok else None] for n, (s, q, ok) in acc.items()}, total
 
 
@@ -250,7 +265,7 @@ def switch_rows(doc: dict, rep: dict, rates: dict[str, list] | None = None) -> d
     truth = {n: (ps_e.get(n, 0.0) * n_e + ps_g.get(n, 0.0) * n_g) / (b - a) for n in names}
     out = {"span": [a, b], "span_s": b - a, "eager_steps": n_e, "graph_steps": n_g,
            "session": rows_of(truth, rates or summary_rates(rep)),
-           "session_spurious": spurious(truth, rates or summary_rates(rep))}
+           "session_spurious": spurious(truth, rates or summary_rates(rep)), "not_known": not_known(rep)}
     for mode, ph, ps in (("eager", e, ps_e), ("graph", g, ps_g)):
         ivs = intervals_within(rep, ph["t0"], ph["t0"] + ph["seconds"])
         pooled, secs = pooled_rates(ivs)
