@@ -17,6 +17,12 @@ def fmt_rate(hz: float | None) -> str:
     return _scaled(hz, ((1e6, 1e6, "{:.2f}M"), (1e4, 1e3, "{:.1f}k"), (100, 1, "{:,.0f}")), "{:.1f}")
 
 
+def fmt_rate_or(hz: float | None, not_known: str | None) -> str:
+    """A rate, or "not known" where its reason is given (tracer/model.py, unknown_reason): a rate
+    whose interval is wider than half of it is never shown as a figure."""
+    return "not known" if not_known else fmt_rate(hz)
+
+
 def fmt_ns(ns: float | None) -> str:
     return _scaled(ns, ((1e9, 1e9, "{:.2f} s"), (1e6, 1e6, "{:.2f} ms"), (1e3, 1e3, "{:.2f} µs")), "{:.0f} ns")
 

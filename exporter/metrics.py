@@ -40,6 +40,7 @@ class _Process:
     labels: tuple[str, ...]
     last_t: float                                   # the frame that last carried it
     calls: dict[str, float] = field(default_factory=dict)         # class -> estimated calls
+    unknown_s: dict[str, float] = field(default_factory=dict)     # class -> seconds its rate was not known
     functions: dict[tuple[str, str], float] = field(default_factory=dict)  # (function, class) -> calls
     driver_cpu_s: float | None = None
     wait_s: float | None = None
@@ -107,7 +108,12 @@ class FleetMetrics:
         dt, p.last_t = max(0.0, t - p.last_t), t
         if s.not_measured is not None:
             return
+        # A rate not known adds nothing (tracer/model.py, unknown_reason): a counter is no place for
+        # a figure that could be off by more than half.
         for c in s.classes:
+            if c.not_known:
+                p.unknown_s[c.cls.value] = p.unknown_s.get(c.cls.value, 0.0) + dt
+                continue
             p.calls[c.cls.value] = p.calls.get(c.cls.value, 0.0) + c.rate_hz * dt
         p.driver_cpu_s = _add(p.driver_cpu_s, s.driver_cpu_s_per_s, dt)
         p.wait_s = _add(p.wait_s, s.wait_s_per_s, dt)
@@ -123,6 +129,8 @@ class FleetMetrics:
             busiest = {f.name for f in sorted(s.functions, key=lambda f: f.rate_hz, reverse=True)[: self.per_function]}
             for f in s.functions:
                 key = (f.name, f.cls.value)
+                if f.not_known:
+                    continue
                 if key in p.functions or (f.name in busiest and len(p.functions) < 2 * self.per_function):
                     p.functions[key] = p.functions.get(key, 0.0) + f.rate_hz * dt
 
@@ -130,7 +138,7 @@ class FleetMetrics:
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             procs = [(p.labels, dict(p.calls), dict(p.functions), p.driver_cpu_s, p.wait_s, p.tracer_s,
-                      dict(p.slowdown), dict(p.gpu_memory)) for p in self._procs.values()]
+                      dict(p.slowdown), dict(p.gpu_memory), dict(p.unknown_s)) for p in self._procs.values()]
             node = dict(self._node)
         calls = CounterMetricFamily("gputrace_process_driver_calls", "Driver calls, estimated from the sampled "
                                     "rates, by function class", labels=PROCESS_LABELS + ("class",))
@@ -145,11 +153,16 @@ class FleetMetrics:
                                  "wait, upper fully exposed)", labels=PROCESS_LABELS + ("preset", "bound"))
         funcs = CounterMetricFamily("gputrace_process_function_calls", "Calls of each process's busiest driver "
                                     "functions, estimated", labels=PROCESS_LABELS + ("function", "class"))
+        unknown = CounterMetricFamily("gputrace_process_driver_calls_unknown_seconds", "Seconds in which a class's "
+                                      "rate was not known (its 95% interval wider than half of it), whose calls "
+                                      "gputrace_process_driver_calls leaves out", labels=PROCESS_LABELS + ("class",))
         gmem = GaugeMetricFamily("gputrace_process_gpu_memory_bytes", "Memory the process holds on each GPU, as "
                                  "NVML lists it", labels=PROCESS_LABELS + ("gpu",))
-        for labels, c, fn, dcpu, w, tr, sl, gm in procs:
+        for labels, c, fn, dcpu, w, tr, sl, gm, unk in procs:
             for cls, v in sorted(c.items()):
                 calls.add_metric([*labels, cls], v)
+            for cls, v in sorted(unk.items()):
+                unknown.add_metric([*labels, cls], v)
             if dcpu is not None:
                 cpu.add_metric(list(labels), dcpu)
             if w is not None:
@@ -162,7 +175,7 @@ class FleetMetrics:
                 funcs.add_metric([*labels, name, cls], v)
             for gpu, used in sorted(gm.items()):
                 gmem.add_metric([*labels, str(gpu)], used)
-        yield from (calls, cpu, wait, tracer, slow, gmem)
+        yield from (calls, unknown, cpu, wait, tracer, slow, gmem)
         if self.per_function:
             yield funcs
         if not node:

@@ -12,7 +12,7 @@ from typing import IO, Callable, Protocol
 
 import orjson
 
-from .base.units import fmt_ns, fmt_pct, fmt_rate, fmt_s_per_s
+from .base.units import fmt_ns, fmt_pct, fmt_rate, fmt_rate_or, fmt_s_per_s
 from .tracer.audit import Audit
 from .tracer.calibrate import Calibration
 from .tracer.classify import waits
@@ -73,7 +73,7 @@ class TextRenderer:
                 continue
             over = (p.driver_cpu_s_per_s or 0) > 1.0 or (p.wait_s_per_s or 0) > 1.0
             out.write(
-                f"[{iv.t_start:7.1f}s] pid {p.pid} {p.comm}: {fmt_rate(p.calls_hz)} calls/s  "
+                f"[{iv.t_start:7.1f}s] pid {p.pid} {p.comm}: {fmt_rate_or(p.calls_hz, p.calls_not_known)} calls/s  "
                 f"driver CPU {fmt_pct(p.driver_cpu_s_per_s, 1)}  wait {fmt_pct(p.wait_s_per_s, 1)}"
                 f"{' (summed over threads)' if over else ''}  "
                 f"probed {fmt_pct(share, 1)} of the interval  tracer {fmt_pct(p.tracer_overhead)} of its time\n"
@@ -104,7 +104,10 @@ class TextRenderer:
             w(f"  not measured: {s.not_measured}\n")
             out.flush()
             return
-        w(f"  driver calls       {fmt_rate(s.calls_hz)}/s\n")
+        if s.calls_not_known:
+            w(f"  driver calls       not known ({s.calls_not_known})\n")
+        else:
+            w(f"  driver calls       {fmt_rate(s.calls_hz)}/s\n")
         w(f"  driver CPU time    {fmt_s_per_s(s.driver_cpu_s_per_s)} in calls that do not wait for the GPU\n")
         w(f"  wait time          {fmt_s_per_s(s.wait_s_per_s)} in calls that wait for it (synchronization, "
           f"synchronous copies)\n")
@@ -116,20 +119,30 @@ class TextRenderer:
         w("\n")
         w(f"  {'class':<16}{'calls/s':>12}{'time/s':>14}\n")
         for t in s.classes:
-            w(f"  {t.cls.value:<16}{fmt_rate(t.rate_hz):>12}{fmt_ns(t.time_s_per_s * 1e9):>14}\n")
+            w(f"  {t.cls.value:<16}{fmt_rate_or(t.rate_hz, t.not_known):>12}{fmt_ns(t.time_s_per_s * 1e9):>14}\n")
         w("\n")
         shown = s.functions[: self.top_functions]
         nw = max([len("function")] + [len(f.name) for f in shown]) + 2
         w(f"  {'function':<{nw}}{'class':<17}{'calls/s':>10}{'±95%':>9}{'mean':>11}{'p99 <':>11}\n")
         for f in shown:
-            err = "?" if f.rate_err_hz is None else f"{100 * f.rate_err_hz / f.rate_hz:.1f}%" if f.rate_hz else "-"
-            w(f"  {f.name:<{nw}}{f.cls.value:<17}{fmt_rate(f.rate_hz):>10}{err:>9}{fmt_ns(f.mean_ns):>11}{fmt_ns(f.p99_ns):>11}\n")
+            err = ("" if f.not_known else "?" if f.rate_err_hz is None
+                   else f"{100 * f.rate_err_hz / f.rate_hz:.1f}%" if f.rate_hz else "-")
+            w(f"  {f.name:<{nw}}{f.cls.value:<17}{fmt_rate_or(f.rate_hz, f.not_known):>10}{err:>9}{fmt_ns(f.mean_ns):>11}"
+              f"{fmt_ns(f.p99_ns):>11}\n")
+        unknown = [f for f in shown if f.not_known]
+        if unknown:
+            w("  not known: " + "; ".join(f"{f.name} ({f.not_known})" for f in unknown) + "\n")
         if len(s.functions) > self.top_functions:
             w(f"  ... and {len(s.functions) - self.top_functions} more (all of them with --json)\n")
         w("\n  what an interception layer would cost this job (its cost a call, and up to 1.5x that on the\n"
           "  job's own code when nothing hides it, as measured on the H200: bench/results/audit-h200.md):\n")
         for a in r.audits:
             w(f"  - {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")
+            if a.not_known:
+                w(f"      intercepted rate not known ({a.not_known})\n"
+                  f"      predicted slowdown between {fmt_pct(a.slowdown_lower)} (hidden in the wait) and "
+                  f"{fmt_pct(a.slowdown_upper)} (fully exposed), over that interval\n")
+                continue
             w(f"      {fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second\n")
             w(f"      predicted slowdown between {fmt_pct(a.slowdown_lower)} (hidden in the wait) "
               f"and {fmt_pct(a.slowdown_upper)} (fully exposed)\n")
@@ -159,7 +172,7 @@ def report_dict(r: Report, with_intervals: bool = True) -> dict:
         "calibration": dataclasses.asdict(r.calibration),
         "attach": r.attach,
         "summary": r.summary.to_dict(),
-        "audits": [dataclasses.asdict(a) for a in r.audits],
+        "audits": [a.to_dict() for a in r.audits],
         "errors": r.errors,
         "intervals": [
             {**dataclasses.asdict(iv), "processes": [p.to_dict() for p in iv.processes]}
@@ -277,7 +290,7 @@ class JobTextRenderer:
                 nw = max([len("function")] + [len(t.name) for t in shown]) + 2
                 w(f"\n  {'function':<{nw}}{'class':<17}{'calls/s':>10}{'ranks':>7}{'mean':>11}   (all processes)\n")
                 for t in shown:
-                    w(f"  {t.name:<{nw}}{t.cls:<17}{fmt_rate(t.rate_hz):>10}{t.ranks:>7}{fmt_ns(t.mean_ns):>11}\n")
+                    w(f"  {t.name:<{nw}}{t.cls:<17}{fmt_rate_or(t.rate_hz, t.not_known):>10}{t.ranks:>7}{fmt_ns(t.mean_ns):>11}\n")
                 if len(totals) > self.top_functions:
                     w(f"  ... and {len(totals) - self.top_functions} more (each process's with --json)\n")
         for n in r.notes:

@@ -92,7 +92,7 @@ def report_dict(r: JobReport, schema: int) -> dict:
         "job": [{"preset": p.name, "cost_ns": p.cost_ns, "cost_source": p.cost_source,
                  "classes": sorted(c.value for c in p.classes), **job_dict(j)} for p, j in r.jobs],
         "ranks": [{"pid": k.pid, "comm": k.comm, "rank": k.rank, "library": k.library, "exited": k.exited,
-                   "summary": k.summary.to_dict(), "audits": [dataclasses.asdict(a) for a in k.audits]}
+                   "summary": k.summary.to_dict(), "audits": [a.to_dict() for a in k.audits]}
                   for k in r.ranks],
         "notes": list(r.notes),
     }
@@ -107,6 +107,7 @@ class FunctionTotal:
     rate_hz: float
     ranks: int            # how many ranks called it
     mean_ns: float | None  # weighted by each rank's rate (None: no rank timed it)
+    not_known: str | None = None  # why rate_hz is not known (a rank's is not: tracer/model.py)
 
 
 def function_totals(ranks: Sequence[RankReport]) -> tuple[FunctionTotal, ...]:
@@ -115,11 +116,13 @@ def function_totals(ranks: Sequence[RankReport]) -> tuple[FunctionTotal, ...]:
         if k.summary.not_measured is not None:
             continue
         for f in k.summary.functions:
-            a = acc.setdefault(f.name, [f.cls.value, 0.0, 0, 0.0, 0.0])
+            a = acc.setdefault(f.name, [f.cls.value, 0.0, 0, 0.0, 0.0, None])
             a[1] += f.rate_hz
+            if f.not_known:
+                a[5] = f"pid {k.summary.pid}: {f.not_known}"
             a[2] += 1
             if f.mean_ns is not None and f.rate_hz > 0:
                 a[3] += f.mean_ns * f.rate_hz
                 a[4] += f.rate_hz
-    out = [FunctionTotal(n, c, rate, nr, wsum / w if w else None) for n, (c, rate, nr, wsum, w) in acc.items()]
+    out = [FunctionTotal(n, c, rate, nr, wsum / w if w else None, nk) for n, (c, rate, nr, wsum, w, nk) in acc.items()]
     return tuple(sorted(out, key=lambda t: -t.rate_hz))

@@ -96,7 +96,8 @@ class _FileTracer:
             for pid, snap in snaps.items():
                 if snap is not self.latest.get(pid):  # the same one: no new measurement, no new point
                     h = self.history.setdefault(pid, collections.deque(maxlen=self.history_len))
-                    h.append(snap.calls_hz)
+                    if snap.shown_calls_hz is not None:  # (a rate not known is no point of the trend)
+                        h.append(snap.shown_calls_hz)
                     self._history_t[pid] = tuple(h)
                 self.latest[pid] = snap
             for pid in s.exited:

@@ -122,7 +122,7 @@ def job_of(key: str, rows: list[ProcessRow], preset: str | Preset) -> Job:
     """`preset`: a preset's name (top's), or a Preset (attach's, whose --cost-ns may differ)."""
     rows = sorted(rows, key=lambda r: (r.job.rank is None, r.job.rank or 0, r.pid))
     audits = [r.audit(preset) if isinstance(preset, str) else audit(r.snapshot, preset) for r in rows]
-    calls = [r.snapshot.calls_hz for r in rows]
+    calls = [r.snapshot.shown_calls_hz for r in rows]
     uppers = [a.slowdown_upper for a in audits]
     upper = _worst(uppers)
     worlds = {r.job.world for r in rows if r.job.world is not None}

@@ -26,7 +26,10 @@ def test_demo_json_is_one_document_and_the_workloads_output_goes_to_stderr():
     assert r.returncode == 0, r.stderr
     doc = orjson.loads(r.stdout)  # the whole of stdout: one document, nothing before or after it
     assert doc["kind"] == "gputrace.attach" and doc["exit_status"] == 0
-    assert doc["summary"]["calls_hz"] > 1000
+    s = doc["summary"]
+    # 2 s read at 1%: a figure, or not known (and then why, with each busy function's range).
+    assert (s["calls_hz"] or 0) > 1000 or (s["calls_hz"] is None and s["calls_not_known"]
+                                            and max(f["rate_range_hz"][1] for f in s["functions"] if f["not_known"]) > 1000)
     # The workload prints a JSON line of its own counts when it ends: on stderr now.
     assert any(line.startswith('{"workload": "launch_bound"') for line in r.stderr.splitlines()), r.stderr[-2000:]
 
@@ -45,7 +48,9 @@ def test_jsonl_streams_a_line_per_interval_then_the_report(tmp_path):
     assert [d["index"] for d in docs[:-1]] == list(range(len(docs) - 1))
     assert all(len(d["processes"]) == 1 for d in docs[:-1])
     final = docs[-1]
-    assert final["intervals"] == [] and final["exit_status"] == 0 and final["summary"]["calls_hz"] > 1000
+    s = final["summary"]
+    assert final["intervals"] == [] and final["exit_status"] == 0
+    assert (s["calls_hz"] or 0) > 1000 or (s["calls_hz"] is None and s["calls_not_known"])  # a figure, or why not
     # On stdout: the workload's own line and nothing else (the report went to the file).
     assert r.stdout.startswith('{"workload": "launch_bound"') and len(r.stdout.splitlines()) == 1
 

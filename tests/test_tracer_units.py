@@ -1361,3 +1361,58 @@ def test_a_step_window_whose_step_function_has_gone_quiet_is_not_armed():
     assert p._step_window(plan, 0.01, probe, lambda s: True) is True
     assert p.step_log[-1].outcome == "step function not called, not run"
     assert p.log.whole_missed
+
+
+# --- rates that are not known ------------------------------------------------------------------------------------------
+
+def test_a_rate_whose_interval_is_wider_than_half_of_it_or_rests_on_few_calls_is_not_known():
+    from gputrace.tracer.model import unknown_reason
+
+    assert unknown_reason(5000, 100_000.0, 50_000.0) is None  # exactly half: known
+    assert "95% interval" in unknown_reason(5000, 100_000.0, 50_001.0)
+    assert "rests on 9 calls" in unknown_reason(9, 100_000.0, 1_000.0)
+    assert unknown_reason(3, 40.0, 0.0) is None  # counted throughout
+    assert unknown_reason(0, 0.0, 300.0) is None  # a sampled 0: no call seen is what was seen
+    assert unknown_reason(1, 0.1, 8.0) is None  # +-8 calls/s: moves no audit
+    assert unknown_reason(500, 1000.0, None) == "no interval could be stated"
+
+
+def _snapshot(funcs, wait=0.5):
+    from gputrace.tracer.model import ClassTotals, FunctionStats, ProcessSnapshot, unknown_reason
+
+    fs = tuple(FunctionStats(n, SUB, obs, rate * 5, rate, err, 0, 100.0, 100.0, None, None,
+                             not_known=unknown_reason(obs, rate, err)) for n, obs, rate, err in funcs)
+    rate = sum(f.rate_hz for f in fs)
+    err = sum(f.rate_err_hz for f in fs)
+    cls = ClassTotals(SUB, rate, 0.1, err, unknown_reason(sum(f.calls_observed for f in fs), rate, err))
+    return ProcessSnapshot(1, "job", 5.0, 0.05, None, fs, 0.01, 0.1, wait, (cls,))
+
+
+def test_a_rate_not_known_is_null_in_json_with_its_range_and_comes_back_as_estimated():
+    from gputrace.tracer.model import ProcessSnapshot
+
+    s = _snapshot([("cuLaunchKernel", 5000, 100_000.0, 10_000.0), ("cuLaunchKernelEx", 40, 20_000.0, 15_000.0)])
+    assert s.calls_not_known is None and s.shown_calls_hz == 120_000.0  # the whole is known: 25k of 120k
+    d = s.to_dict()
+    known, unknown = d["functions"]
+    assert known["rate_hz"] == 100_000.0 and known["not_known"] is None
+    assert unknown["rate_hz"] is None and unknown["calls_estimated"] is None and unknown["rate_err_hz"] is None
+    assert unknown["rate_range_hz"] == [5_000.0, 35_000.0] and "95% interval" in unknown["not_known"]
+    back = ProcessSnapshot.from_dict(d)
+    assert back.functions[1].rate_hz == 20_000.0 and back.functions[1].rate_err_hz == 15_000.0
+    assert back.functions[1].not_known == s.functions[1].not_known
+    wide = _snapshot([("cuLaunchKernel", 40, 100_000.0, 90_000.0)])
+    assert wide.calls_not_known and wide.to_dict()["calls_hz"] is None and wide.to_dict()["classes"][0]["rate_hz"] is None
+
+
+def test_an_audit_of_a_rate_not_known_gives_the_bounds_over_its_interval_and_no_point():
+    from gputrace.tracer.audit import INDIRECT_MAX, make_preset, audit
+
+    s = _snapshot([("cuLaunchKernel", 40, 100_000.0, 90_000.0)], wait=0.0)
+    a = audit(s, make_preset("shim", cost_ns=1000.0))
+    assert a.not_known and a.slowdown_upper == a.slowdown_upper_max == pytest.approx(0.19 * INDIRECT_MAX)
+    assert a.slowdown_lower == a.slowdown_lower_min == pytest.approx(0.01)
+    d = a.to_dict()
+    assert d["intercepted_hz"] is None and d["added_cpu_s_per_s"] is None and d["slowdown_upper"] == a.slowdown_upper
+    ok = audit(_snapshot([("cuLaunchKernel", 5000, 100_000.0, 10_000.0)], wait=0.0), make_preset("shim", cost_ns=1000.0))
+    assert ok.not_known is None and ok.slowdown_upper == pytest.approx(0.1 * INDIRECT_MAX)

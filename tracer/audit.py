@@ -14,10 +14,11 @@ bench/results/audit-h200.md, eighth round). Both bounds are reported with every 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .classify import CLASS_ORDER, FunctionClass
-from .model import ProcessSnapshot
+from .model import ProcessSnapshot, unknown_reason
 
 _ALL = frozenset(CLASS_ORDER)
 
@@ -78,6 +79,16 @@ class Audit:
     intercepted_err_hz: float | None = None
     slowdown_lower_min: float | None = None  # max(0, (rate - err) x cost - wait)
     slowdown_upper_max: float | None = None  # (rate + err) x cost x indirect_max
+    # Why the intercepted rate is not known (tracer/model.py, unknown_reason); None: known. Then the
+    # bounds are those at the ends of its interval (slowdown_lower_min, slowdown_upper_max), the
+    # only ones that cover the truth, and the rate and A are null in JSON (`to_dict`).
+    not_known: str | None = None
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        if self.not_known:
+            d.update(intercepted_hz=None, added_cpu_s_per_s=None)
+        return d
 
 
 def make_preset(name: str, cost_ns: float | None = None, classes: frozenset[FunctionClass] | None = None) -> Preset:
@@ -104,12 +115,16 @@ def audit(snap: ProcessSnapshot, preset: Preset) -> Audit:
     # Not 0 where no wait was timed, even with nothing intercepted: with --functions the layer's
     # functions may not have been traced at all (their rate reads 0, not measured).
     lower = None if snap.wait_s_per_s is None else max(0.0, added - snap.wait_s_per_s)
+    upper = added * INDIRECT_MAX
     if err is None:
         lower_min = upper_max = None
     else:
         lo_added, hi_added = max(0.0, rate - err) * preset.cost_ns * 1e-9, (rate + err) * preset.cost_ns * 1e-9
         lower_min = None if lower is None else max(0.0, lo_added - snap.wait_s_per_s)
         upper_max = hi_added * INDIRECT_MAX
+    not_known = unknown_reason(sum(f.calls_observed for f in mine), rate, err)
+    if not_known and err is not None:
+        lower, upper = lower_min, upper_max
     return Audit(
         pid=snap.pid,
         comm=snap.comm,
@@ -122,10 +137,11 @@ def audit(snap: ProcessSnapshot, preset: Preset) -> Audit:
         driver_cpu_s_per_s=snap.driver_cpu_s_per_s,
         wait_s_per_s=snap.wait_s_per_s,
         added_cpu_s_per_s=added,
-        slowdown_upper=added * INDIRECT_MAX,
+        slowdown_upper=upper,
         slowdown_lower=lower,
         tracer_overhead=snap.tracer_overhead,
         intercepted_err_hz=err,
         slowdown_lower_min=lower_min,
         slowdown_upper_max=upper_max,
+        not_known=not_known,
     )

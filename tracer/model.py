@@ -10,7 +10,38 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from gputrace.base.units import fmt_rate
+
 from .classify import FunctionClass
+
+# A sampled rate is "not known" where its 95% half-width is more than KNOWN_REL_MAX of it (the figure
+# could be off by more than half: a reader would take it for a measurement), or where it rests on
+# fewer than KNOWN_MIN_CALLS calls seen (too few for any stated interval to be trusted). Known whatever
+# its size: a rate counted throughout (half-width 0), a sampled 0 (no call seen: what was seen), and
+# one whose half-width is KNOWN_ABS_HZ at most (a set-up call counted once, beside a scout that saw
+# none of it: no audit moves by 10 calls a second, 0.01% of a second at 10 us a call).
+KNOWN_REL_MAX = 0.5
+KNOWN_MIN_CALLS = 10
+KNOWN_ABS_HZ = 10.0
+
+
+def unknown_reason(calls_observed: int, rate_hz: float, err_hz: float | None) -> str | None:
+    """Why a rate is not known (None: it is): the one rule for every function's and process's rate."""
+    if err_hz == 0.0 or rate_hz == 0.0:
+        return None
+    if err_hz is None:
+        return "no interval could be stated"
+    if err_hz <= KNOWN_ABS_HZ:
+        return None
+    if calls_observed < KNOWN_MIN_CALLS:
+        return f"rests on {calls_observed} calls seen"
+    if err_hz > KNOWN_REL_MAX * rate_hz:
+        return f"95% interval {fmt_range(rate_hz, err_hz)} calls/s"
+    return None
+
+
+def fmt_range(rate_hz: float, err_hz: float) -> str:
+    return f"{fmt_rate(max(0.0, rate_hz - err_hz))}-{fmt_rate(rate_hz + err_hz)}"
 
 
 @dataclass(frozen=True)
@@ -27,6 +58,9 @@ class FunctionStats:
     p50_ns: float | None
     p99_ns: float | None
     hist: tuple[int, ...] = ()     # log2 buckets of observed durations (slot k: [2^(k-1), 2^k) ns)
+    # Why rate_hz is not known (`unknown_reason`); None: known. A rate not known is never shown as a
+    # figure: renderers say "not known" and JSON has null, with its 95% range beside it.
+    not_known: str | None = None
 
     @property
     def cpu_s_per_s(self) -> float:
@@ -39,6 +73,8 @@ class ClassTotals:
     cls: FunctionClass
     rate_hz: float
     time_s_per_s: float
+    rate_err_hz: float | None = None  # its functions' half-widths added (None: one is not known)
+    not_known: str | None = None      # `unknown_reason` over its functions; None: known
 
 
 @dataclass(frozen=True)
@@ -72,26 +108,70 @@ class ProcessSnapshot:
 
     @property
     def calls_hz(self) -> float | None:
+        """All driver calls a second, as estimated (None: not measured); `calls_not_known` says
+        whether it can be shown."""
         if self.not_measured is not None:
             return None
         return sum(f.rate_hz for f in self.functions)
 
+    @property
+    def calls_err_hz(self) -> float | None:
+        """The 95% half-width of calls_hz: the functions' added (they share the probes' effect)."""
+        if self.not_measured is not None or any(f.rate_err_hz is None for f in self.functions):
+            return None
+        return sum(f.rate_err_hz for f in self.functions)
+
+    @property
+    def calls_not_known(self) -> str | None:
+        """Why calls_hz is not known (`unknown_reason` over the process's calls); None: known, or
+        not measured (which `not_measured` says)."""
+        if self.not_measured is not None:
+            return None
+        return unknown_reason(sum(f.calls_observed for f in self.functions), self.calls_hz or 0.0, self.calls_err_hz)
+
+    @property
+    def shown_calls_hz(self) -> float | None:
+        """calls_hz where it is known: what a headline shows (None: not measured or not known)."""
+        return None if self.calls_not_known else self.calls_hz
+
     # The one codec of a snapshot, for the attach report, top's frames and recordings: its fields,
     # and the derived figures a reader of the JSON wants without recomputing them.
+    # A rate not known is null in it, with its 95% range (`rate_range_hz`) and the reason beside it.
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d["calls_hz"] = self.calls_hz
+        for f, fd in zip(self.functions, d["functions"]):
+            if f.not_known is not None:
+                lo, hi = max(0.0, f.rate_hz - (f.rate_err_hz or 0.0)), f.rate_hz + (f.rate_err_hz or 0.0)
+                fd.update(rate_hz=None, rate_err_hz=None, calls_estimated=None,
+                          rate_range_hz=[lo, hi] if f.rate_err_hz is not None else None)
+        for c, cd in zip(self.classes, d["classes"]):
+            if c.not_known is not None:
+                cd.update(rate_hz=None, rate_range_hz=None if c.rate_err_hz is None else
+                          [max(0.0, c.rate_hz - c.rate_err_hz), c.rate_hz + c.rate_err_hz])
+        d["calls_hz"] = self.shown_calls_hz
+        d["calls_not_known"] = self.calls_not_known
         d["tracer_overhead"] = self.tracer_overhead
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ProcessSnapshot":
-        funcs = tuple(
-            FunctionStats(**{**{k: v for k, v in f.items() if k in _FUNC_FIELDS}, "cls": FunctionClass(f["cls"]),
-                             "hist": tuple(f.get("hist", ()))})
-            for f in d["functions"]
-        )
-        classes = tuple(ClassTotals(FunctionClass(c["cls"]), c["rate_hz"], c["time_s_per_s"]) for c in d.get("classes", ()))
+        def function(f: dict) -> FunctionStats:
+            kw = {k: v for k, v in f.items() if k in _FUNC_FIELDS}
+            if f.get("rate_hz") is None:  # not known: the middle of its range stands, as estimated
+                lo, hi = f.get("rate_range_hz") or (0.0, 0.0)
+                kw.update(rate_hz=(lo + hi) / 2, rate_err_hz=(hi - lo) / 2 if f.get("rate_range_hz") else None,
+                          calls_estimated=(lo + hi) / 2 * d.get("interval_s", 0.0))
+            return FunctionStats(**{**kw, "cls": FunctionClass(f["cls"]), "hist": tuple(f.get("hist", ()))})
+
+        funcs = tuple(function(f) for f in d["functions"])
+        def totals(c: dict) -> ClassTotals:
+            rate, err = c["rate_hz"], c.get("rate_err_hz")
+            if rate is None:  # not known: the middle of its range stands, as estimated
+                lo, hi = c.get("rate_range_hz") or (0.0, 0.0)
+                rate, err = (lo + hi) / 2, (hi - lo) / 2 if c.get("rate_range_hz") else None
+            return ClassTotals(FunctionClass(c["cls"]), rate, c["time_s_per_s"], err, c.get("not_known"))
+
+        classes = tuple(totals(c) for c in d.get("classes", ()))
         fields = {k: v for k, v in d.items() if k in _SNAP_FIELDS}
         return cls(**{**fields, "functions": funcs, "classes": classes})
 

@@ -26,7 +26,7 @@ from . import estimator as est
 from .bpfprog import ZERO, RawStats
 from .budget import WRITE_S, Policy
 from .classify import CLASS_ORDER, FunctionClass, waiting_ids, waits
-from .model import ClassTotals, FunctionStats, ProcessSnapshot
+from .model import ClassTotals, FunctionStats, ProcessSnapshot, unknown_reason
 from .probes import IntervalLog, Probes
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -387,11 +387,12 @@ class Tracee:
                 # them, so a bucket's upper edge less the bias bounds the call's own time.
                 bias = self.costs[f].bias_ns
                 p50, p99 = (None if p is None else max(0.0, p - bias) for p in (p50, p99))
+                err = e.err_hz if math.isfinite(e.err_hz) else None
                 funcs.append(FunctionStats(
                     name=fn.name, cls=fn.cls, calls_observed=e.calls_observed, calls_estimated=e.calls_estimated,
-                    rate_hz=e.rate_hz, rate_err_hz=e.err_hz if math.isfinite(e.err_hz) else None,
+                    rate_hz=e.rate_hz, rate_err_hz=err,
                     timed_calls=d.timed, mean_ns=mean_ns, outer_mean_ns=outer_mean_ns, p50_ns=p50, p99_ns=p99,
-                    hist=d.hist))
+                    hist=d.hist, not_known=unknown_reason(e.calls_observed, e.rate_hz, err)))
             funcs.sort(key=lambda s: (-s.rate_hz, s.name))
         rate = dict.fromkeys(CLASS_ORDER, 0.0)
         busy = dict.fromkeys(CLASS_ORDER, 0.0)
@@ -411,7 +412,13 @@ class Tracee:
             if threads is not None and in_calls > threads:
                 busy = {c: t * threads / in_calls for c, t in busy.items()}
                 waiting *= threads / in_calls
-        totals = tuple(ClassTotals(cls, rate[cls], busy[cls]) for cls in CLASS_ORDER) if reason is None else ()
+        def class_totals(cls: FunctionClass) -> ClassTotals:
+            mine = [fs for fs in funcs if fs.cls is cls]
+            err = None if any(fs.rate_err_hz is None for fs in mine) else sum(fs.rate_err_hz for fs in mine)
+            return ClassTotals(cls, rate[cls], busy[cls], err,
+                               unknown_reason(sum(fs.calls_observed for fs in mine), rate[cls], err))
+
+        totals = tuple(class_totals(cls) for cls in CLASS_ORDER) if reason is None else ()
         measured = reason is None
         # Time in calls is known only where every called function of the kind has been timed: a rate
         # without a per-call time is no evidence of zero time (the first windows count, not time).

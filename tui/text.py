@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 
-from gputrace.base.units import fmt_bytes, fmt_ns, fmt_pct, fmt_rate
+from gputrace.base.units import fmt_bytes, fmt_ns, fmt_pct, fmt_rate, fmt_rate_or
 
 from gputrace.hostview.model import Checkpoint, HostSnapshot, Job, ProcessRow
 
@@ -98,7 +98,8 @@ def overhead_cell(r: ProcessRow, preset: str, now: float | None = None) -> str:
 COLUMNS = {
     "pid": ("PID", lambda r, p, now: str(r.pid), lambda r, p: r.pid),
     "comm": ("COMMAND", lambda r, p, now: r.comm, lambda r, p: r.comm),
-    "calls": ("CALLS/S", lambda r, p, now: fmt_rate(r.snapshot.calls_hz), lambda r, p: r.snapshot.calls_hz),
+    "calls": ("CALLS/S", lambda r, p, now: fmt_rate_or(r.snapshot.calls_hz, r.snapshot.calls_not_known),
+              lambda r, p: r.snapshot.shown_calls_hz),
     # As wide from the first frame as after ten: a column that widens as history comes shifts the others.
     "trend": ("TREND", lambda r, p, now: sparkline(r.calls_history).ljust(TREND_WIDTH), None),
     "cpu": ("DRIVER CPU", lambda r, p, now: fmt_thread_share(r.snapshot.driver_cpu_s_per_s), lambda r, p: r.snapshot.driver_cpu_s_per_s),

@@ -14,7 +14,7 @@ from typing import Sequence
 from .. import report as rep
 from ..base.errors import GputraceError, UsageError
 from ..base.procs import require_process, require_root
-from ..base.units import fmt_ns, fmt_pct, fmt_rate
+from ..base.units import fmt_ns, fmt_pct, fmt_rate, fmt_rate_or
 from ..registry import PID, Pids, add_json, command, nonempty, number, parse_budget, parse_pids
 from ..tracer.classify import base_name, waits
 from ..tracer.symbols import read_functions
@@ -291,7 +291,7 @@ def trace(args: argparse.Namespace) -> int:
 
 
 def _job_progress(frame, t: float, found: int) -> str:
-    parts = [f"pid {r.pid} {fmt_rate(r.snapshot.calls_hz)} calls/s" for r in frame.processes]
+    parts = [f"pid {r.pid} {fmt_rate_or(r.snapshot.calls_hz, r.snapshot.calls_not_known)} calls/s" for r in frame.processes]
     parts += [f"pid {p} not measured yet" for p in frame.pending]
     over = frame.tracer_overhead
     idle = f"the {found} process(es) traced have exited" if found else "no process of the job maps a libcuda yet"

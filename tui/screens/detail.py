@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Sparkline, Static
 
-from gputrace.base.units import fmt_bytes, fmt_ns, fmt_pct, fmt_rate
+from gputrace.base.units import fmt_bytes, fmt_ns, fmt_pct, fmt_rate, fmt_rate_or
 from gputrace.hostview.model import Gpu, HostSnapshot, ProcessRow
 from gputrace.tracer.model import FunctionStats
 
@@ -52,11 +52,14 @@ def audit_text(row: ProcessRow, preset: str, now: float | None = None, gpus: tup
     t.append(f"  shimmed: {'yes' if row.shimmed else 'no'}  last checkpoint: {fmt_checkpoint(row.last_checkpoint, now)}"
              f"  on {gpus_of(row.pid, gpus)}\n")
     t.append(f"libcuda {row.library or '?'}\n", style="dim")
-    t.append(f"driver calls {fmt_rate(s.calls_hz)}/s; driver CPU {fmt_pct(s.driver_cpu_s_per_s, 1)}; "
+    t.append(f"driver calls {fmt_rate_or(s.calls_hz, s.calls_not_known)}/s; driver CPU {fmt_pct(s.driver_cpu_s_per_s, 1)}; "
              f"wait {fmt_pct(s.wait_s_per_s, 1)}; probes attached {fmt_pct(min(1.0, s.window_s / s.interval_s) if s.interval_s else 0, 0)} "
              f"of {s.interval_s:.1f} s; tracer {fmt_pct(s.tracer_overhead)} of its time\n")
     t.append(f"preset {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")
-    t.append(f"{fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second; ")
+    if a.not_known:
+        t.append(f"intercepted rate not known ({a.not_known}); over that interval: ")
+    else:
+        t.append(f"{fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second; ")
     t.append(f"predicted slowdown {fmt_share(a.slowdown_lower)} (hidden in the wait) – {fmt_share(a.slowdown_upper)} (exposed)",
              style="bold")
     return t
@@ -126,14 +129,14 @@ class DetailScreen(Screen):
         t.clear()
         self.names = [f.name for f in row.snapshot.functions]
         for f in row.snapshot.functions:
-            t.add_row(f.name, f.cls.value, Text(fmt_rate(f.rate_hz), justify="right"),
+            t.add_row(f.name, f.cls.value, Text(fmt_rate_or(f.rate_hz, f.not_known), justify="right"),
                       Text(fmt_ns(f.mean_ns), justify="right"), Text(fmt_ns(f.p99_ns), justify="right"), key=f.name)
         if keep in self.names:
             t.move_cursor(row=self.names.index(keep))
         self._show_hist()
 
     def _show_history(self) -> None:
-        calls = [*self.before, *(r.snapshot.calls_hz for r in self.seen)][-HISTORY:]
+        calls = [c for c in (*self.before, *(r.snapshot.shown_calls_hz for r in self.seen)) if c is not None][-HISTORY:]
         preset = self.app.preset
         upper = [r.audit(preset).slowdown_upper for r in self.seen]
         upper = [u for u in upper if u is not None]
