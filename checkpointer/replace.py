@@ -10,8 +10,9 @@ since CRIU brings a process back only at its own pid.
 
 So everything that can be checked is checked while the job still runs, and any doubt refuses with
 the job untouched (`replace_full`):
-  1. the checkpoint is of this process (pid, command line, $GPUTRACE_JOB and boot), complete, every
-     file matching its checksum, and a CRIU that can restore it is here;
+  1. the checkpoint is of this process (pid, command line, $GPUTRACE_JOB and boot), which is no rank of
+     a job of several processes (`rank_of_a_job`), complete, every file matching its checksum, and a
+     CRIU that can restore it is here;
   2. no other process holds one of its thread ids;
   3. the files it had open are as CRIU will demand: CRIU restores a process only with each open file
      of the size it had (a file open for appending excepted). A file the job writes (opened
@@ -111,6 +112,39 @@ def identity_differences(m: dict, pid: int) -> list[str]:
     if isinstance(job, str) and job and environ(pid).get("GPUTRACE_JOB") not in (None, job):
         out.append("it was taken of another job ($GPUTRACE_JOB differs)")
     return out
+
+
+WORLD = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+
+
+def rank_of_a_job(pid: int) -> str | None:
+    """Why process `pid` is one rank of a job of several processes (None: nothing says so): its
+    launcher's world size in its environment, or other processes of its `$GPUTRACE_JOB` that map a
+    libcuda. Brought back alone, such a rank would be out of step with its peers (or hold them in a
+    collective): a job comes back whole (`restore --full` of a `checkpoint --full --tree`)."""
+    env = environ(pid)
+    for name in WORLD:
+        try:
+            if int(env.get(name, "1")) > 1:
+                return f"its {name} is {env[name]}"
+        except ValueError:
+            continue
+    job = env.get("GPUTRACE_JOB")
+    if not job:
+        return None
+    peers = []
+    for e in os.scandir("/proc"):
+        if not e.name.isdigit() or int(e.name) == pid:
+            continue
+        other = int(e.name)
+        if environ(other).get("GPUTRACE_JOB") != job:
+            continue
+        try:
+            if "libcuda" in Path(f"/proc/{other}/maps").read_text():
+                peers.append(other)
+        except OSError:
+            continue
+    return f"processes {', '.join(map(str, sorted(peers)[:4]))} of its job use the GPU too" if peers else None
 
 
 def files_to_cut(m: dict, skip: set[str]) -> list[dict]:
@@ -217,6 +251,13 @@ def replace_full(pid: int, path: str | os.PathLike, *, progress: Progress | None
             raise CheckpointMismatch(f"{path} is not a checkpoint of the job running as process {pid}: {'; '.join(who)}",
                                      "give a whole-process checkpoint of this job (`gputrace checkpoint --full "
                                      f"--leave-running -p {pid}`); the running job was not touched")
+        rank = rank_of_a_job(pid)
+        if rank:
+            raise CheckpointError(f"process {pid} is one rank of a job of several processes ({rank}): brought back "
+                                  "alone it would be out of step with the others, or hold them in a collective",
+                                  "checkpoint and restore the job whole: `gputrace checkpoint --full --tree LAUNCHER "
+                                  "-o DIR`, then, once the job has ended, `gputrace restore --full DIR`; the running "
+                                  "job was not touched")
         verify_ns, _ = full.verified_for_restore(path, m, progress)
         mine = set(hold.threads(pid))
         taken = [(tid, by) for tid, by in full._taken_tids(path / full.IMAGES) if tid not in mine]

@@ -81,9 +81,9 @@ class Job:
     """train --churn under the shim, as `gputrace run --checkpointable` starts it, in its own session with its
     output on a file (what CRIU needs); its log opened for writing, not appending, as a shell's `>` does."""
 
-    def __init__(self, root: Path, device: Device, pass_fds=()) -> None:
+    def __init__(self, root: Path, device: Device, pass_fds=(), env: dict | None = None) -> None:
         self.out = root / "job.out"
-        env = shim.preload_env(device.env(sim_env()))
+        env = {**shim.preload_env(device.env(sim_env())), **(env or {})}
         argv = simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", str(KERNEL_NS), "--vmm", "0",
                                             "--churn", str(CHURN)]
         with open(self.out, "w") as f:
@@ -116,8 +116,9 @@ def job(tmp_path, shim_dir, request):
 
 
 def test_whatever_would_fail_the_restore_refuses_it_while_the_job_runs_on(tmp_path, shim_dir, reference):
-    """A checkpoint of another process, a file the job reads changed since, the wrong kind of restore: each is
-    refused before the running job is touched, and it runs on to what an uninterrupted run prints."""
+    """A checkpoint of another process, a rank of a job of several, a file the job reads changed since, the wrong
+    kind of restore: each is refused before the running job is touched, and it runs on to what an
+    uninterrupted run prints."""
     data = tmp_path / "shard.bin"
     data.write_bytes(b"x" * 4096)
     fd = os.open(data, os.O_RDONLY)
@@ -125,7 +126,7 @@ def test_whatever_would_fail_the_restore_refuses_it_while_the_job_runs_on(tmp_pa
         j = Job(tmp_path, d, pass_fds=(fd,))
         os.close(fd)
         (tmp_path / "other").mkdir()
-        other = Job(tmp_path / "other", d)
+        other = Job(tmp_path / "other", d, env={"WORLD_SIZE": "2", "RANK": "1"})  # as torchrun starts a rank
         try:
             j.at_step(2)
             ck = tmp_path / "ck"
@@ -134,6 +135,14 @@ def test_whatever_would_fail_the_restore_refuses_it_while_the_job_runs_on(tmp_pa
             r = gputrace("restore", "-p", str(other.pid), str(ck))
             assert r.returncode == 10 and f"not a checkpoint of the job running as process {other.pid}" in r.stderr
             assert f"taken of process {j.pid}" in r.stderr and "was not touched" in r.stderr, r.stderr
+            other.at_step(1)
+            ck_rank = tmp_path / "ck-rank"
+            r = gputrace("checkpoint", "--full", "--leave-running", "-p", str(other.pid), "-o", str(ck_rank))
+            assert r.returncode == 0, r.stderr
+            r = gputrace("restore", "-p", str(other.pid), str(ck_rank))  # one rank alone: out of step with its peers
+            assert r.returncode == 10 and "one rank of a job of several processes (its WORLD_SIZE is 2)" in r.stderr
+            assert "--tree LAUNCHER" in r.stderr and "was not touched" in r.stderr, r.stderr
+            assert other.p.poll() is None
             with open(data, "ab") as f:
                 f.write(b"more")
             r = gputrace("restore", "-p", str(j.pid), str(ck))
