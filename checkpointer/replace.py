@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gputrace.base.errors import CheckpointError, CheckpointMismatch, GputraceError, NoSuchProcess
-from gputrace.base.procs import boot_id, comm, environ, require_process, stat_fields
+from gputrace.base.procs import boot_id, comm, descendants, environ, require_process, stat_fields
 
 from . import full, hold, store
 from .store import Progress
@@ -120,7 +120,7 @@ WORLD = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 def rank_of_a_job(pid: int) -> str | None:
     """Why process `pid` is one rank of a job of several processes (None: nothing says so): its
     launcher's world size in its environment, or other processes of its `$GPUTRACE_JOB` that map a
-    libcuda. Brought back alone, such a rank would be out of step with its peers (or hold them in a
+    libcuda, not counting its own descendants (CRIU takes and brings back its tree with it). Brought back alone, such a rank would be out of step with its peers (or hold them in a
     collective): a job comes back whole (`restore --full` of a `checkpoint --full --tree`)."""
     env = environ(pid)
     for name in WORLD:
@@ -133,8 +133,9 @@ def rank_of_a_job(pid: int) -> str | None:
     if not job:
         return None
     peers = []
+    own = set(descendants(pid))  # its own children (data loader workers) come and go with it in CRIU's tree
     for e in os.scandir("/proc"):
-        if not e.name.isdigit() or int(e.name) == pid:
+        if not e.name.isdigit() or int(e.name) in own:
             continue
         other = int(e.name)
         if environ(other).get("GPUTRACE_JOB") != job:
