@@ -25,7 +25,7 @@ a thread that touched device memory before Restore would fault), shim resume: th
 
 Manifest (schema 1, DIR/manifest.json): schema, format ("gputrace-full-checkpoint"), complete, created_unix,
 host, target {pid, comm, cmdline, start_time, boot_id, job ($GPUTRACE_JOB or null), open_files (the regular
-files it had open, as checkpointer/replace.py reads them: fd, path, flags, bytes)}, gpu {libcuda, shim (the shim's suspend report or null), driver_state},
+files it had open at the dump, which checkpointer/replace.py checks: fd, path, flags, bytes)}, gpu {libcuda, shim (the shim's suspend report or null), driver_state},
 criu {path, version, allow_uprobes, image_check ("clean", or why the images were not checked)},
 hash ("xxh3_64"), files [{path, bytes, xxh3}] (every file under DIR/criu),
 timings {shim_ns (the shim's part of the freeze: gate closed to memory released), lock_ns, checkpoint_ns, dump_ns,
@@ -41,6 +41,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -214,8 +215,6 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             raise criu_mod.kept_log(exc, images) from None
         freeze_ns = time.monotonic_ns() - t0
         stop_point("full:dumped")
-        from .replace import open_files
-
         opened = open_files(pid)  # still stopped: as CRIU saw them (what replacing the job checks first)
         # And in what CRIU wrote: a tracer that attached while it copied the job (a window of a few
         # ms is enough) left its breakpoints in the images, and the restored job would trap.
@@ -265,6 +264,27 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                                 shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
                                 leave_running, f"{c.path} {c.version_str}", image_check, image_check_ns)
+
+
+def open_files(pid: int) -> list[dict]:
+    """The regular files process `pid` has open: [{fd, path, flags, bytes}] (deleted files, memfds and
+    anything not a plain file on a path left out: CRIU carries those itself)."""
+    out = []
+    try:
+        fds = sorted(int(n) for n in os.listdir(f"/proc/{pid}/fd") if n.isdigit())
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                flags = next(int(ln.split()[1], 8) for ln in f if ln.startswith("flags:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+        if stat.S_ISREG(st.st_mode) and target.startswith("/") and not target.endswith(" (deleted)"):
+            out.append({"fd": fd, "path": target, "flags": flags, "bytes": st.st_size})
+    return out
 
 
 def checksums(tmp: Path, images: Path, progress: Progress | None) -> list[dict]:

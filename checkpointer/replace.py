@@ -50,27 +50,6 @@ from .store import Progress
 O_ACCMODE, O_WRONLY, O_APPEND = 0o3, 0o1, 0o2000
 
 
-def open_files(pid: int) -> list[dict]:
-    """The regular files process `pid` has open: [{fd, path, flags, bytes}] (deleted files, memfds and
-    anything not a plain file on a path left out: CRIU carries those itself)."""
-    out = []
-    try:
-        fds = sorted(int(n) for n in os.listdir(f"/proc/{pid}/fd") if n.isdigit())
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                flags = next(int(ln.split()[1], 8) for ln in f if ln.startswith("flags:"))
-        except (OSError, StopIteration, ValueError, IndexError):
-            continue
-        if stat.S_ISREG(st.st_mode) and target.startswith("/") and not target.endswith(" (deleted)"):
-            out.append({"fd": fd, "path": target, "flags": flags, "bytes": st.st_size})
-    return out
-
-
 @dataclass(frozen=True)
 class ReplaceReport:
     pid: int
