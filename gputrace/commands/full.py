@@ -16,6 +16,8 @@ with `gputrace run --checkpointable --suspendable`), then CPU state by CRIU >= 4
   gputrace checkpoint --full -p 1234 -o /ckpt/job     the job ends once its state is safe on disk
   gputrace checkpoint --full -p 1234 -o /ckpt/job --leave-running
   gputrace restore --full /ckpt/job                   the job comes back (same pid) and continues
+  gputrace restore -p 1234 /ckpt/job                  the same over the running job (left running): it is
+                                                      ended, once all is checked, and the checkpoint's runs
   gputrace restore --full /ckpt/job --gpu-map 0=1     on another GPU (indices or UUIDs)
 The job must be started the way CRIU needs: `setsid CMD </dev/null >out.log 2>&1`.  If the CRIU dump
 fails, the job is given back running and unlocked.
