@@ -25,7 +25,7 @@ the job untouched (`replace_full`):
      that the checkpoint is intact, to be restored with `gputrace restore --full DIR`.
 
 A job whose parent does not reap it keeps its pid taken (a zombie): step 4 then waits up to
-`free_timeout_s` and fails with the parent named.
+`free_timeout_s` and fails with the parent named. A job that has ended already is simply restored.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gputrace.base.errors import CheckpointError, CheckpointMismatch, GputraceError, NoSuchProcess
-from gputrace.base.procs import boot_id, comm, descendants, environ, require_process, stat_fields
+from gputrace.base.procs import boot_id, comm, descendants, environ, stat_fields
 
 from . import full, hold, store
 from .store import Progress
@@ -220,11 +220,22 @@ def replace_full(pid: int, path: str | os.PathLike, *, progress: Progress | None
     docstring); refuses, with the job untouched, wherever the restore could not succeed."""
     path = Path(path).absolute()
     m = store.read_manifest(path, store.FULL)
-    require_process(pid)
     try:
         pidfd = os.pidfd_open(pid)  # the process checked below is the one ended
     except ProcessLookupError:
-        raise NoSuchProcess(f"no process with pid {pid}", "restore the checkpoint with `gputrace restore --full DIR`")
+        if m["target"]["pid"] != pid:
+            raise NoSuchProcess(f"no process with pid {pid}, and {path} was taken of process {m['target']['pid']}",
+                                f"`gputrace restore --full {path}` brings that one back") from None
+        # The job has ended already: nothing to replace; its log cut back as below, then the checkpoint comes
+        # back as `restore --full` brings it.
+        verify_ns, _ = full.verified_for_restore(path, m, progress)
+        image_at = (m["gpu"].get("shim") or {}).get("image_path")
+        cut_done = _cut_back(files_to_cut(m, {image_at} if image_at else set()))
+        t0 = time.monotonic_ns()
+        r = full.restore_full(path, progress=progress)
+        _reap_when_it_ends(pid)
+        return ReplaceReport(pid, str(path), verify_ns, 0, r.criu_ns, r.driver_restore_ns, r.unlock_ns, r.shim_ns,
+                             time.monotonic_ns() - t0, cut_done)
     try:
         who = identity_differences(m, pid)
         if who:

@@ -200,7 +200,15 @@ def test_cli_checkpoint_and_restore_at_random_steps_the_job_finishes_as_if_unint
             assert_prefix_of(Path(cut["kept"]).read_text(), reference, "the log before the restore")
             assert_prefix_of(job.out.read_text(), reference, "the log after the restore")
         wait_exit(job.pid)
-    assert job.out.read_text() == reference  # every step again from each checkpoint, device and host state intact
+        assert job.out.read_text() == reference  # every step again from each checkpoint, device and host state intact
+        # The job has ended: the same command brings the last checkpoint back, and it runs to the end again.
+        r = gputrace("restore", "-p", str(job.pid), str(ck), "--json")
+        assert r.returncode == 0, r.stderr
+        rep = orjson.loads(r.stdout)
+        assert rep["end_ns"] == 0 and rep["cut"][0]["path"] == str(job.out)
+        reap(job.pid)
+        wait_exit(job.pid)
+    assert job.out.read_text() == reference
 
 
 def test_a_device_only_rollback_of_a_training_loop_is_refused_unless_forced(job, tmp_path, reference):
