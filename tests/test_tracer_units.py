@@ -578,12 +578,16 @@ def test_audit_range_with_the_rates_intervals_covers_the_bounds_at_either_end_of
     assert a.slowdown_lower_min <= a.slowdown_lower <= a.slowdown_upper <= a.slowdown_upper_max
     if rel == 0.0:  # counted throughout (--exact): the range is the bounds
         assert (a.slowdown_lower_min, a.slowdown_upper_max) == pytest.approx((a.slowdown_lower, a.slowdown_upper))
+    if rel > 0.5:  # the rate is not known: its bounds are the range's, and no point is given
+        assert a.not_known and (a.slowdown_lower, a.slowdown_upper) == (a.slowdown_lower_min, a.slowdown_upper_max)
+    else:
+        assert a.not_known is None and a.slowdown_upper == pytest.approx(rate * c * INDIRECT_MAX)
     # Any rate with its interval not known: the range is not known (never the point bounds in its place).
     unknown = dataclasses.replace(snap, functions=tuple(
         dataclasses.replace(f, rate_err_hz=None) if f.name == "cuMemAlloc_v2" else f for f in snap.functions))
     b = audit(unknown, preset)
     assert b.intercepted_err_hz is None and b.slowdown_lower_min is None and b.slowdown_upper_max is None
-    assert b.slowdown_upper == pytest.approx(a.slowdown_upper)
+    assert b.slowdown_upper == pytest.approx(rate * c * INDIRECT_MAX) and b.not_known is None
 
 
 def test_audit_presets_and_overrides():
@@ -1130,7 +1134,20 @@ def test_the_mlps_once_a_step_copy_is_kept_at_the_dearest_calibration_seen_on_th
     p = scouted(classes, costs, {f: round(r * 0.0032) for f, r in rate.items()}, scout_s=0.0032)
     assert p.exposure == EXPOSURE_MAX
     assert p.kept == frozenset({2})  # (3 synchronizes: timed in every window, never kept)
+    assert p.step_of(0.0) is None  # not yet counted on the watch link: 3 calls in the scout are no step
+    p.observe_kept({2: 856.0})  # an interval of it counted there
     assert p.step_of(0.0)[0] == 2
+
+
+def test_a_kept_function_that_stops_being_called_is_no_step():
+    """A burst of set-up calls (24 in a 20-ms discovery span: 1.2k calls/s) made a function kept and
+    the job's step; its rate must fall to 0 once an interval's watch link counts none of it."""
+    p = scouted({0: SUB, 1: QUERY}, {0: CHEAP, 1: CHEAP}, {0: 100, 1: 6}, budget=0.01, interval_s=1.0)
+    p.kept = frozenset({1})
+    p.observe_kept({1: 1200.0})  # the burst, as the watch link counted it
+    assert p.step_of(0.0)[0] == 1
+    p.observe_kept({1: 0.0})  # (the tracee reports every kept function, those with no call too)
+    assert p.step_of(0.0) is None
 
 
 def test_a_gpt2_step_priced_at_the_unmeasured_exposure_still_gets_a_whole_step_window():

@@ -122,8 +122,10 @@ def audit(snap: ProcessSnapshot, preset: Preset) -> Audit:
         lo_added, hi_added = max(0.0, rate - err) * preset.cost_ns * 1e-9, (rate + err) * preset.cost_ns * 1e-9
         lower_min = None if lower is None else max(0.0, lo_added - snap.wait_s_per_s)
         upper_max = hi_added * INDIRECT_MAX
-    not_known = unknown_reason(sum(f.calls_observed for f in mine), rate, err)
-    if not_known and err is not None:
+    # (With no interval at all there is no range to give: the point bounds stand, and the renderers
+    # say that the rate's interval is not known.)
+    not_known = None if err is None else unknown_reason(sum(f.calls_observed for f in mine), rate, err)
+    if not_known:
         lower, upper = lower_min, upper_max
     return Audit(
         pid=snap.pid,

@@ -100,6 +100,10 @@ FOLLOW_MAX_S = 0.05
 # A kept function called at least this often a second gives the job's period for window lengths
 # (`Policy.whole_periods`): slower ones have periods longer than any window.
 PERIOD_MIN_HZ = 2.0
+# ... and only one the watch link has counted at least STEP_MIN_CALLS times while it was kept: a
+# set-up call or two (cuCtxSetCurrent at start, a burst of 24 cuStreamQuery from JAX's runtime) read
+# as a rate is no step, and whole-step windows planned on one never open.
+STEP_MIN_CALLS = 8
 # Where an interval's budget pays only for windows shorter than the job's period but this many
 # intervals' (at most) pay for one of a whole period, that is what is planned (`Policy.whole_step`):
 # on the H200 a GPT-2 training step made its 300k/s calls in bursts of a 15-ms step, and 3-ms windows
@@ -201,6 +205,7 @@ class Policy:
         self.rare_share = rare_share
         self.idle: dict[int, int] = {}          # seen function -> windows in a row without a call
         self.counted: dict[int, int] = {}       # function -> calls the windows counted so far (`repeats`)
+        self.kept_calls: dict[int, float] = {}  # kept function -> calls the watch link counted while kept (`step_of`)
         self.rates: dict[int, float] = {}       # calls/s, untraced, as last estimated
         self.exposure = EXPOSURE_MAX            # what planning multiplies calibrated costs by (counted windows)
         self.exposure_timed = EXPOSURE_MAX      # ... in windows that time every function they probe
@@ -612,7 +617,8 @@ class Policy:
         time more, 1 + cost_per_s times its own. None without one, or where step windows cannot be
         had (`step_windows_ok`: host-wide links)."""
         slow = [(self.rates.get(f, 0.0), f) for f in self.kept
-                if self.rates.get(f, 0.0) >= PERIOD_MIN_HZ and f not in self.irregular]
+                if self.rates.get(f, 0.0) >= PERIOD_MIN_HZ and f not in self.irregular
+                and self.kept_calls.get(f, 0.0) >= STEP_MIN_CALLS]
         if not slow:
             return None
         r, f = min(slow)
@@ -716,6 +722,7 @@ class Policy:
         for f, r in rates.items():
             if f in self.kept:
                 self.rates[f] = r
+                self.kept_calls[f] = self.kept_calls.get(f, 0.0) + r * self.interval_s
 
     def see(self, f: int, rate_hz: float) -> None:
         """`f` has been called: probe it in windows from now on."""

@@ -482,6 +482,13 @@ class Probes:
             return "step function not kept"
         if plan.step in self.irregular or not self.step_regular(plan.step):
             return "step function irregular"
+        last = self.program.step_last()
+        if plan.step_hz > 0 and (last is None or time.monotonic() - last > STEP_FRESH_WAIT / plan.step_hz):
+            # Not called in the last STEP_FRESH_WAIT steps (or not since it was named): a burst of
+            # set-up calls read as a rate, not a step. On an H100 a JAX job's cuStreamQuery, 24 calls
+            # in one 20-ms discovery span, was taken for a 0.9-ms step; every window armed on it
+            # never opened, and 4 of a 5-s attach's 5 intervals had none (rates -31%).
+            return "step function not called lately"
         if not rare and length < 0.99 * plan.period_s:
             return "shorter than a step"
         return None

@@ -300,7 +300,9 @@ class Tracee:
                 for f in w.probed:
                     rates.setdefault(f, []).append(w.calls.get(f, 0) / eff)
             if self.policy.kept and span > 0:
-                self.policy.observe_kept({f: gained[f].watched / span for f in self.policy.kept if f in gained})
+                # (Every kept function: one not called this interval has no row of gains, and its
+                # last rate stood, a burst of set-up calls taken for a job's step for the whole attach.)
+                self.policy.observe_kept({f: (gained[f].watched if f in gained else 0) / span for f in self.policy.kept})
             self.policy.observe(len(windows), {f: sum(r) / len(r) for f, r in rates.items()},
                                 {f: n for w in windows for f, n in w.calls.items()})
             # Which have a per-call time yet: the rare window times those that have none.

@@ -12,7 +12,7 @@ from ..registry import PID, add_json, command, number, parse_budget
 
 TOP_EPILOG = """examples:
   sudo gputrace top                         every CUDA process on the host, live (q quits, ? for keys)
-  sudo gputrace top --once --json           one snapshot of the same data, averaged over -d seconds
+  sudo gputrace top --once --json           one snapshot of the same data, over 3-15 s (until every calls/s is known)
   sudo gputrace top --once --tree 1200      a job's processes only (its launcher's tree), and the job's line
   sudo gputrace record -o run.jsonl -d 60   save a session
   gputrace top --replay run.jsonl           show a saved session (no root needed)
@@ -39,13 +39,22 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attach-mode", choices=["auto", "multi", "perf"], default="auto", help=argparse.SUPPRESS)
 
 
+# `top --once` without -d: at least ONCE_MIN_S of measuring, then on until every process listed has a
+# calls/s that is known (tracer/model.py, unknown_reason), ONCE_MAX_S at most (past it, what is not
+# known says so). A fixed 3 s read three jobs -21..+20% on an H100.
+ONCE_MIN_S = 3.0
+ONCE_MAX_S = 15.0
+
+
 def configure_top(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--tree", type=PID, metavar="PID",
                    help="only PID and its descendants (a job's launcher and its ranks, and any it starts later)")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit (with --json: as JSON)")
-    p.add_argument("-d", "--duration", type=number(above=True), default=3.0,
-                   help="with --once: seconds to measure before printing (default 3)")
+    p.add_argument("-d", "--duration", type=number(above=True), default=None,
+                   help=f"with --once: seconds to measure before printing (default: at least {ONCE_MIN_S:g}, and on "
+                        f"until every process's calls/s is known, its 95%% interval within half of it, at most "
+                        f"{ONCE_MAX_S:g}: at the 1%% budget a launch-bound job needs a few seconds of windows)")
     p.add_argument("--replay", metavar="FILE", help="show a session saved by `gputrace record`")
     p.add_argument("--speed", type=number(), default=1.0, help="replay speed factor (default 1; 0: no pauses)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
@@ -85,9 +94,12 @@ def _live(args: argparse.Namespace, cumulative: bool = False):
 
 
 def once(args: argparse.Namespace) -> int:
-    """Waits -d seconds (and until every process found has been measured), then prints one frame."""
-    if args.duration <= 0:
+    """Waits -d seconds (and until every process found has been measured), then prints one frame;
+    without -d, from ONCE_MIN_S on until every process's calls/s is known, ONCE_MAX_S at most."""
+    if args.duration is not None and args.duration <= 0:
         raise UsageError("--duration must be positive", "e.g. --once -d 3")
+    auto = args.duration is None
+    least = ONCE_MIN_S if auto else args.duration
     src = _live(args, cumulative=True)
     print("gputrace: loading the BPF program and calibrating the probe cost ...", file=sys.stderr, flush=True)
     src.start()
@@ -100,9 +112,12 @@ def once(args: argparse.Namespace) -> int:
             rows = {r.pid: r for r in frame.processes}
             # Every process there at the start (still there) traced for -d seconds and measured:
             # not the ones that keep coming (a test suite's), and never without bound.
-            ready = all(pid in rows and rows[pid].snapshot.interval_s >= args.duration - 0.05
-                        for pid in initial if pid in rows or pid in frame.pending)
-            if ready or time.monotonic() - t0 >= args.duration + 30:
+            there = [pid for pid in initial if pid in rows or pid in frame.pending]
+            ready = all(pid in rows and rows[pid].snapshot.interval_s >= least - 0.05 for pid in there)
+            if auto:  # and each one's calls/s known (measured, and not too uncertain to show)
+                ready = ready and all(rows[pid].snapshot.not_measured is None
+                                      and rows[pid].snapshot.calls_not_known is None for pid in there)
+            if ready or time.monotonic() - t0 >= (ONCE_MAX_S if auto else args.duration + 30):
                 break
     finally:
         src.close()
