@@ -14,7 +14,8 @@ checkpoint_full(pid, DIR), in this order, each step undone if a later one fails:
   4. the images are checksummed (xxh3_64 per file) and the manifest written; the directory is
      written as .NAME.partial-PID, synced and renamed, as in checkpointer/store.py.
   5. without --leave-running the job is killed now that its state is safe; with it the job is
-     continued and its GPU state brought back (driver Restore + Unlock, then shim resume).
+     continued and its GPU state brought back (driver Restore + Unlock, then shim resume) as soon as
+     CRIU has written the images, before step 4: it is held only for steps 1-3 and its way back.
 A failure in steps 2-4 resumes the job the same way (SIGCONT, Restore, Unlock, resume): never left
 frozen or half-checkpointed.
 
@@ -30,7 +31,8 @@ criu {path, version, allow_uprobes, image_check ("clean", or why the images were
 hash ("xxh3_64"), files [{path, bytes, xxh3}] (every file under DIR/criu),
 timings {shim_ns (the shim's part of the freeze: gate closed to memory released), lock_ns, checkpoint_ns, dump_ns,
 freeze_ns (from the first stop of the job: the shim's gate closing, else the driver lock), image_check_ns (CRIU's
-images searched for a tracer's traces, after the freeze), write_ns, total_ns}, leave_running.
+images searched for a tracer's traces, after the freeze), held_ns (with leave_running: the first stop to the job
+running again; null otherwise), write_ns, total_ns}, leave_running.
 """
 
 from __future__ import annotations
@@ -84,7 +86,10 @@ class FullCheckpointReport:
     leave_running: bool
     criu: str
     image_check: str = "clean"  # the images searched for a tracer's traces, or why they could not be
-    image_check_ns: int = 0  # the search (the job still stopped, after the freeze counted above)
+    image_check_ns: int = 0  # the search (after the freeze: the job stopped still, or running again with leave_running)
+    # leave_running: from the first stop to the job running again (the freeze, then the driver's restore and
+    # unlock, and the shim's resume); None where the job was ended instead
+    held_ns: int | None = None
 
     def to_dict(self) -> dict:
         return {"kind": "full", **asdict(self)}
@@ -216,6 +221,14 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         freeze_ns = time.monotonic_ns() - t0
         stop_point("full:dumped")
         opened = open_files(pid)  # still stopped: as CRIU saw them (what replacing the job checks first)
+        held_ns = None
+        if leave_running:
+            # The images are complete: the job runs on while they are searched, checksummed and made
+            # valid (a failure from here on discards the checkpoint, never the job).
+            _give_back(pid, d, True, suspended)
+            stopped = suspended = False
+            held_ns = time.monotonic_ns() - t0
+            stop_point("full:given-back")
         # And in what CRIU wrote: a tracer that attached while it copied the job (a window of a few
         # ms is enough) left its breakpoints in the images, and the restored job would trap.
         ti = time.monotonic_ns()
@@ -233,7 +246,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             "hash": HASH, "files": files,
             "leave_running": leave_running,
             "timings": {"shim_ns": shim_ns, "lock_ns": lock_ns, "checkpoint_ns": ck_ns, "dump_ns": dump_ns,
-                        "freeze_ns": freeze_ns, "image_check_ns": image_check_ns},
+                        "freeze_ns": freeze_ns, "image_check_ns": image_check_ns, "held_ns": held_ns},
         }
         write_ns = time.monotonic_ns() - tw
         manifest["timings"]["write_ns"] = write_ns
@@ -253,9 +266,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             raise disk_error(exc, out) from None
         raise
     try:
-        if leave_running:
-            _give_back(pid, d, True, suspended)
-        else:
+        if not leave_running:
             os.kill(pid, signal.SIGKILL)  # its state is safe on disk: the job ends here
     finally:
         guard.done()
@@ -263,7 +274,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     return FullCheckpointReport(pid, str(out), sum(f["bytes"] for f in files), criu_bytes, len(files), shim_report,
                                 shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
-                                leave_running, f"{c.path} {c.version_str}", image_check, image_check_ns)
+                                leave_running, f"{c.path} {c.version_str}", image_check, image_check_ns, held_ns)
 
 
 def open_files(pid: int) -> list[dict]:

@@ -284,7 +284,9 @@ class CheckpointerAdapter:
         if self.ops.checkpoint_full is not None:
             self._mkroot()
         r, took = self._run("checkpoint_full", pid, call)
-        freeze = r.freeze_ns / 1e9
+        # What the job felt: stopped until its GPU state was given back (the dump's freeze and the way back).
+        held = getattr(r, "held_ns", None)
+        freeze = (held if held is not None else r.freeze_ns) / 1e9
         return ActionResult("checkpoint_full", pid,
                             f"{fmt_bytes(r.image_bytes)} to {r.path} in {took:.2f} s; the job runs on "
                             f"(r brings it back to this point)", freeze,

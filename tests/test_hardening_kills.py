@@ -157,12 +157,14 @@ def foreign_tracer(stderr: str) -> bool:
 
 
 @needs_criu
-@pytest.mark.parametrize("point", ["full:suspended", "full:locked", "full:checkpointed", "criu:started", "full:dumped"])
-def test_checkpoint_full_killed_at_each_step_leaves_the_job_running(train, tmp_path, point):
+@pytest.mark.parametrize("point, extra", [("full:suspended", []), ("full:locked", []), ("full:checkpointed", []),
+                                          ("criu:started", []), ("full:dumped", []),
+                                          ("full:given-back", ["--leave-running"])])
+def test_checkpoint_full_killed_at_each_step_leaves_the_job_running(train, tmp_path, point, extra):
     steps = 120
     j = train(steps=steps)
     wait_for_text(j.out, "step 3 ")
-    g = run_stopped_at(point, ["checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck")])
+    g = run_stopped_at(point, ["checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"), *extra])
     g.kill()
     g.wait()
     settle(j.pid)

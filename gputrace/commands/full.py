@@ -87,6 +87,8 @@ def checkpoint(args: argparse.Namespace) -> int:
     gpu = (f"shim copy {ms(r.shim_ns)}, " if r.shim else "") + f"driver lock {ms(r.lock_ns)}, " \
           f"checkpoint {ms(r.checkpoint_ns)}"
     print(f"  freeze   {ms(r.freeze_ns)} ({gpu}, criu dump {ms(r.dump_ns)})")
+    if r.held_ns is not None:
+        print(f"  held     {ms(r.held_ns)} in all: the freeze, then its GPU state given back; it ran on from there")
     print(f"  write    {ms(r.write_ns)} (checksums, manifest, sync)")
     if r.image_check != "clean":
         why = r.image_check.removeprefix("skipped: ")
