@@ -13,6 +13,7 @@ bf16 autocast and AdamW; `decode`, a GPT-2 KV-cache decode loop), started as a u
   3. `C`, `y` and `R`, Enter, `y`: a device-only rollback of the same job, which must be refused;
   4. the job left to finish: its whole log must equal the reference.
 Recorded a cycle: the step checkpointed, the freeze (and its parts: driver lock and checkpoint, CRIU dump),
+the time the job was held in all (the freeze and its GPU state given back; null from gputrace before 4e5dfcb),
 the images' bytes, and the time back (ending the running process, CRIU restore, driver restore, unlock).
 A job stops cycling early when its --budget-s is spent or it nears its last step; the count says so.
 
@@ -204,7 +205,10 @@ async def drive(job: Job, ref: str, a: argparse.Namespace, root: Path, rec: dict
         deadline = time.monotonic() + timeout_s
         while not cond():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"top: {what} did not come within {timeout_s:.0f} s")
+                seen = "; ".join(f"{getattr(r, 'action', '?')}: {getattr(r, 'message', None) or getattr(r, 'error', '')}"
+                                 for r in app.last_results[-3:])
+                raise RuntimeError(f"top: {what} did not come within {timeout_s:.0f} s (screen {type(app.screen).__name__}; "
+                                   f"last results: {seen})")
             await pilot.pause(0.05)
 
     def last(n: int):
@@ -225,10 +229,15 @@ async def drive(job: Job, ref: str, a: argparse.Namespace, root: Path, rec: dict
             await pilot.press("y")
             await until(lambda: last(n) is not None, 300, "the checkpoint's result")
             res = last(n)
-            if getattr(res, "action", None) != "checkpoint_full":
+            if getattr(res, "action", None) != "checkpoint_full" or hasattr(res, "error"):
                 raise RuntimeError(f"top: the checkpoint failed: {getattr(res, 'error', res)} / {getattr(res, 'hint', '')}")
-            ck = reports[-1][1]
-            cyc.update(freeze_ms=ck["freeze_ns"] / 1e6, lock_ms=ck["lock_ns"] / 1e6,
+            ck = next((r for kind, r in reversed(reports) if kind == "checkpoint" and r["path"] == res.checkpoint.id), None)
+            if ck is None:
+                raise RuntimeError(f"top: no report of the checkpoint {res.checkpoint.id}; reports: "
+                                   f"{[(kind, r['path']) for kind, r in reports[-3:]]}")
+            held = ck.get("held_ns")
+            cyc.update(freeze_ms=ck["freeze_ns"] / 1e6, held_ms=held / 1e6 if held is not None else None,
+                       lock_ms=ck["lock_ns"] / 1e6,
                        driver_checkpoint_ms=ck["checkpoint_ns"] / 1e6, criu_dump_ms=ck["dump_ns"] / 1e6,
                        write_ms=ck["write_ns"] / 1e6, image_bytes=ck["image_bytes"],
                        status_line=str(app.screen.query_one("#status").render()))
@@ -242,9 +251,12 @@ async def drive(job: Job, ref: str, a: argparse.Namespace, root: Path, rec: dict
             await pilot.press("y")
             await until(lambda: last(n + 1) is not None, 300, "the restore's result")
             res = last(n + 1)
-            if getattr(res, "action", None) != "restore_full":
+            if getattr(res, "action", None) != "restore_full" or hasattr(res, "error"):
                 raise RuntimeError(f"top: the restore failed: {getattr(res, 'error', res)} / {getattr(res, 'hint', '')}")
-            back = reports[-1][1]
+            back = next((r for kind, r in reversed(reports) if kind == "restore" and r["path"] == ck["path"]), None)
+            if back is None:
+                raise RuntimeError(f"top: no report of the restore from {ck['path']}; reports: "
+                                   f"{[(kind, r['path']) for kind, r in reports[-3:]]}; result: {res.message}")
             cut = next((c for c in back["cut"] if c["path"] == str(job.out)), None)
             kept = Path(cut["kept"]).read_text(errors="replace") if cut else ""
             at = job.text()
@@ -268,7 +280,7 @@ async def drive(job: Job, ref: str, a: argparse.Namespace, root: Path, rec: dict
         n = len(app.last_results)
         await pilot.press("C", "y")
         await until(lambda: last(n) is not None, 300, "the device checkpoint's result")
-        if getattr(last(n), "action", None) != "checkpoint":
+        if getattr(last(n), "action", None) != "checkpoint" or hasattr(last(n), "error"):
             rec["device_only"] = {"checkpoint_failed": getattr(last(n), "error", str(last(n)))}
         else:
             job.at_step(job.steps_done() + 1)
@@ -300,6 +312,7 @@ def summary(rec: dict) -> dict:
             "equal_after_every_restore": all(c["equal_after_restore"] and c["kept_is_reference"] for c in cyc)
             if cyc else None,
             "freeze_ms_median": med("freeze_ms"), "freeze_ms_range": span("freeze_ms"),
+            "held_ms_median": med("held_ms"), "held_ms_range": span("held_ms"),
             "back_ms_median": med("back_ms"), "back_ms_range": span("back_ms"),
             "criu_dump_ms_median": med("criu_dump_ms"), "driver_checkpoint_ms_median": med("driver_checkpoint_ms"),
             "criu_restore_ms_median": med("criu_restore_ms"), "driver_restore_ms_median": med("driver_restore_ms"),

@@ -326,7 +326,7 @@ def _check_traces(pid: int, c: criu_mod.Criu, after: str) -> uprobes.Traces:
         raise CheckpointError(f"process {pid} carries {t.describe()}; restored, it would trap on its next driver "
                               f"call{after}",
                               "stop the tracer (`gputrace attach`, another eBPF tool) and try again; calls in "
-                              "flight return within moments. In `gputrace top`, `w` pauses top's own tracing")
+                              "flight return within moments. In `gputrace top`, `c` pauses top's own tracing")
     if t.uprobes_page is not None and not c.allows_uprobes:
         raise CheckpointError(f"process {pid} holds the kernel's [uprobes] page (a uprobe tracer has hit it), "
                               f"which CRIU {c.version_str} cannot dump{after}",

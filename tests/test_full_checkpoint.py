@@ -626,7 +626,7 @@ def state_of(pid: int) -> str:
 @pytest.mark.bpf
 @pytest.mark.usefixtures("bpf_host")
 def test_top_checkpoints_a_job_it_traces_whole_and_it_restores(job, device, tmp_path, reference):
-    """`w` in top: top's own probes leave the libcuda file for the checkpoint (LiveSource.hold_tracing),
+    """`c` in top: top's own probes leave the libcuda file for the checkpoint (LiveSource.hold_tracing),
     so a job top has traced since it started is copied without them, runs on, and restores."""
     _needs_criu_for_uprobes()
     from gputrace.checkpointer import uprobes

@@ -89,7 +89,7 @@ def _live(args: argparse.Namespace, cumulative: bool = False):
         discover = TreeScanner(args.tree, CudaScanner())
     source = LiveSource(_options(args), args.interval, cumulative=cumulative, checkpointer=adapter, warn=say,
                         discover=discover)
-    adapter.hold_tracing = source.hold_tracing  # `w` takes top's own probes off the job while CRIU copies it
+    adapter.hold_tracing = source.hold_tracing  # `c` takes top's own probes off the job while CRIU copies it
     return source
 
 
