@@ -8,7 +8,9 @@
 # target: no bcc, compiler or kernel headers there) under /tmp/site, then lays the working tree's
 # Python over the wheel's (RATES_OVERLAY=0: not), so the estimator measured is the one in the tree
 # sent, whenever the wheel was built; if the tree's modules do not import, the wheel's own are put
-# back and it says so. Mounts tracefs. The log is $OUT/log.txt; the table ends it.
+# back and it says so. Mounts tracefs. The log is $OUT/log.txt; the table ends it. The native part
+# builds bench/native_launches.cu there with the machine's nvcc (`--native ''` leaves it out;
+# `--top-jobs ''` leaves out the three jobs under `top --once`).
 set -uo pipefail
 : "${OUT:?set OUT}"
 t0=$(date +%s)
