@@ -226,8 +226,11 @@ class LiveSource:
             return None
         shimmed = self._shimmed.get(pid, False)
         last = None
-        if shimmed and self.checkpointer is not None:
-            cks = self.checkpointer.list_checkpoints(pid)
+        if self.checkpointer is not None:
+            # Whole-process checkpoints (c, any process) and, for a shimmed one, device-memory ones (C).
+            cks = list(getattr(self.checkpointer, "list_full_checkpoints", lambda pid: [])(pid))
+            if shimmed:
+                cks += self.checkpointer.list_checkpoints(pid)
             last = max(cks, key=lambda c: c.taken_at) if cks else None
         ident = self._identity.get(pid, Identity())
         job = self._job.get(pid, JobTag())
