@@ -280,8 +280,8 @@ def _checked_pause(s: ShimSession, pid: int, path: Path, manifest: dict, timeout
             maps = ""
         found = rollback.hazards(manifest, before, now, maps)
         diffs = compare(manifest, now)
-        if diffs:
-            raise _mismatch(pid, path, diffs)
+        if diffs:  # (its allocations moved since: a reason to refuse, with the others seen)
+            found = [rollback.changed_allocations(_describe(diffs[:4], len(diffs))), *found]
     except BaseException:
         s.request("resume")
         raise
@@ -450,6 +450,13 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
         status = s.request("status")
         _refuse_suspended(status, pid, "restore its device memory")
         diffs = compare(manifest, status)
+        if diffs and checked and not other_process:
+            # A checked rollback refuses as unsafe, with the whole-process way as its hint: a job whose
+            # allocations moved since is the case the check is for (a training loop between its
+            # allocations and frees), not a wrong checkpoint.
+            from . import rollback
+
+            raise rollback.refusal(pid, path, [rollback.changed_allocations(_describe(diffs[:4], len(diffs)))])
         if diffs:
             raise _mismatch(pid, path, diffs)
         memfd = os.memfd_create(f"gputrace-restore-{pid}", os.MFD_CLOEXEC)

@@ -105,6 +105,12 @@ def hazards(manifest: dict, before: dict, now: dict, maps: str) -> list[Hazard]:
     return out
 
 
+def changed_allocations(what: str) -> Hazard:
+    """The process's allocations differ from the checkpoint's (`what`: which): it allocated or freed
+    since, and a rollback would write into memory that now holds other data, or miss some."""
+    return Hazard("allocations", f"its allocations are not the checkpoint's ({what})")
+
+
 class UnsafeRollback(CheckpointError):
     """A device-only rollback refused: what the tool saw that makes it unsafe."""
 

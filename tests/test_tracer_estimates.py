@@ -130,6 +130,22 @@ def attach_json(pid: int, seconds: float, out: Path, *extra: str, observations: 
     return orjson.loads(out.read_bytes())
 
 
+def attach_then_release(job: subprocess.Popen, out: Path, *args: str) -> dict:
+    """`attach -p` on a held job (start_job(held=True)), whose phases start once the tracer's first
+    interval is out (its set-up takes 1 to over 5 s on CI machines); the report once both end."""
+    tracer = subprocess.Popen(CLI + ["attach", "-p", str(job.pid), *args, "--json", "-o", str(out)], env=env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in tracer.stderr:  # the first live interval line: the probes are on
+        if line.startswith("["):
+            break
+    job.stdin.write("go\n")
+    job.stdin.flush()
+    _, err = tracer.communicate(timeout=120)
+    assert tracer.returncode == 0, err
+    assert job.wait(timeout=60) == 0
+    return orjson.loads(out.read_bytes())
+
+
 @pytest.fixture
 def finishing_job(spawned, tmp_path):
     """A phases job that ends by itself, so it writes its log: returns (process, log path)."""
@@ -159,18 +175,7 @@ def test_a_hot_function_first_called_mid_run_is_counted_within_2_s(finishing_job
     before the probes were on)."""
     job, log = finishing_job(["3:getdev=20,launch=2,spin=20000", "8:getdev=20,launch=2,meminfo=10,spin=20000"],
                              held=True)
-    out = tmp_path / "r.json"
-    tracer = subprocess.Popen(CLI + ["attach", "-p", str(job.pid), "-d", "7", "--interval", "0.5", "--json", "-o",
-                                     str(out)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in tracer.stderr:  # the first live interval line: the probes are on
-        if line.startswith("["):
-            break
-    job.stdin.write("go\n")
-    job.stdin.flush()
-    _, err = tracer.communicate(timeout=120)
-    assert tracer.returncode == 0, err
-    report = orjson.loads(out.read_bytes())
-    assert job.wait(timeout=60) == 0
+    report = attach_then_release(job, tmp_path / "r.json", "-d", "7", "--interval", "0.5")
     truth = Truth(log)
     a, b = session_span(report)
     started = truth.t[next(i for i, c in enumerate(truth.counts)
@@ -193,18 +198,7 @@ def test_a_burst_of_set_up_calls_is_not_taken_for_the_jobs_step(finishing_job, t
     its next call never opened, and 4 of 5 intervals had none. Every interval after the first must
     be measured, and the busy functions read within their intervals."""
     job, log = finishing_job(["0.03:meminfo=1,spin=700000", "7:getdev=3,launch=1,spin=100000"], held=True)
-    out = tmp_path / "r.json"
-    tracer = subprocess.Popen(CLI + ["attach", "-p", str(job.pid), "-d", "5", "--json", "-o", str(out)],
-                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in tracer.stderr:  # the first live interval line: the probes are on
-        if line.startswith("["):
-            break
-    job.stdin.write("go\n")
-    job.stdin.flush()
-    _, err = tracer.communicate(timeout=120)
-    assert tracer.returncode == 0, err
-    report = orjson.loads(out.read_bytes())
-    assert job.wait(timeout=60) == 0
+    report = attach_then_release(job, tmp_path / "r.json", "-d", "5")
     missing = [iv["index"] for iv in report["intervals"][1:] if iv["processes"][0]["not_measured"]]
     assert not missing, (missing, report["attach"]["step_windows"])
     rows = check(report, Truth(log))
