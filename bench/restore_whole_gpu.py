@@ -149,25 +149,6 @@ class Job:
         wait_exit(self.pid, 30)
 
 
-class OneJob:
-    """top's source: the job's row, until closed."""
-
-    live = True
-
-    def __init__(self, pid: int) -> None:
-        from topdata import frame
-
-        self._frame = frame(procs=[(pid, "job", 100.0, 1000.0, 0, True)])
-        self._stop = threading.Event()
-
-    def frames(self):
-        yield self._frame
-        self._stop.wait()
-
-    def close(self) -> None:
-        self._stop.set()
-
-
 def reference(spec: Spec, timeout_s: float) -> str:
     r = subprocess.run(spec.ref_argv, env=spec.env, capture_output=True, text=True, timeout=timeout_s)
     if r.returncode != 0:
@@ -199,6 +180,8 @@ async def drive(job: Job, ref: str, a: argparse.Namespace, root: Path, rec: dict
                                                                        restore_full=rs_full))
     rng = random.Random(a.seed + (0 if rec["kind"] == "train" else 1))
     t_end = time.monotonic() + a.budget_s
+    from topdata import OneJob  # (tests/ is on the path: see main)
+
     app = TopApp(OneJob(job.pid), adapter)
 
     async def until(cond, timeout_s: float, what: str) -> None:

@@ -235,25 +235,6 @@ def test_a_device_only_rollback_of_a_training_loop_is_refused_unless_forced(job,
 
 # --- the same from top ------------------------------------------------------------------------------------------
 
-class OneJob:
-    """A live source that shows one process (the job) until closed."""
-
-    live = True
-
-    def __init__(self, pid: int) -> None:
-        from topdata import frame
-
-        self._frame = frame(procs=[(pid, "train", 100.0, 1000.0, 0, True)])
-        self._stop = threading.Event()
-
-    def frames(self):
-        yield self._frame
-        self._stop.wait()
-
-    def close(self) -> None:
-        self._stop.set()
-
-
 async def test_top_checkpoints_and_restores_at_random_steps_and_refuses_a_device_only_rollback(job, tmp_path,
                                                                                              reference):
     from textual.pilot import Pilot
@@ -267,7 +248,9 @@ async def test_top_checkpoints_and_restores_at_random_steps_and_refuses_a_device
             await pilot.pause(0.05)
 
     rng = random.Random(SEED + 1)
-    app = TopApp(OneJob(job.pid), CheckpointerAdapter(root=tmp_path / "cks"))
+    from topdata import OneJob
+
+    app = TopApp(OneJob(job.pid, "train"), CheckpointerAdapter(root=tmp_path / "cks"))
     async with app.run_test(size=(160, 30)) as pilot:
         await until(pilot, lambda: app.frame is not None)
         for wait, back in moments(rng, 8):

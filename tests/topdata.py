@@ -53,3 +53,23 @@ def frame(k: int = 0, procs=PROCS) -> HostSnapshot:
 
 def frames(n: int = 3) -> list[HostSnapshot]:
     return [frame(k) for k in range(n)]
+
+
+class OneJob:
+    """A live source for top that shows one process (pid, under `comm`) until closed: a Textual pilot
+    driving top's keys on a real job (tests/test_restore_whole.py, bench/restore_whole_gpu.py)."""
+
+    live = True
+
+    def __init__(self, pid: int, comm: str = "job") -> None:
+        import threading
+
+        self._frame = frame(procs=[(pid, comm, 100.0, 1000.0, 0, True)])
+        self._stop = threading.Event()
+
+    def frames(self):
+        yield self._frame
+        self._stop.wait()
+
+    def close(self) -> None:
+        self._stop.set()
