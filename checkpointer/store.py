@@ -92,7 +92,18 @@ def default_out(pid: int, *, prefix: str = "") -> Path:
     except OSError as exc:
         raise CheckpointError(f"cannot create {root}: {exc.strerror}",
                               "give a directory with -o, or set GPUTRACE_CKPT_DIR to a writable one") from None
-    return root / f"{prefix}{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+    return fresh_dir(root, f"{prefix}{pid}")
+
+
+def fresh_dir(root: Path, stem: str) -> Path:
+    """root/STEM-TIME (to the second), or with -2, -3 ... after it where that is taken: a checkpoint
+    never overwrites, and two taken within one second (top's c pressed twice) must not collide."""
+    base = root / f"{stem}-{time.strftime('%Y%m%dT%H%M%S')}"
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
 
 
 def check_target(out: Path) -> None:

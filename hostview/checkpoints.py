@@ -260,8 +260,10 @@ class CheckpointerAdapter:
         return None
 
     def checkpoint(self, pid: int, progress: Progress) -> ActionResult:
-        out = self.root / f"{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+        from gputrace.checkpointer.store import fresh_dir
+
         self._mkroot()
+        out = fresh_dir(self.root, str(pid))
         r, took = self._run("checkpoint", pid, lambda fn: fn(pid, str(out), progress=_reporter(progress)))
         freeze = r.freeze_ns / 1e9
         return ActionResult("checkpoint", pid, f"{fmt_bytes(r.bytes)} to {r.path} in {took:.2f} s", freeze,
@@ -270,7 +272,9 @@ class CheckpointerAdapter:
     def checkpoint_full(self, pid: int, progress: Progress) -> ActionResult:
         """`gputrace checkpoint --full --leave-running` into full-PID-TIME under the root (not PID-TIME:
         `list_checkpoints` lists what `restore` can roll a live process back to, and this is not that)."""
-        out = self.root / f"full-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+        from gputrace.checkpointer.store import fresh_dir
+
+        out = fresh_dir(self.root, f"full-{pid}")
 
         def call(fn):
             # top's own probes leave the libcuda file while CRIU copies the job: their breakpoints would

@@ -303,3 +303,16 @@ def test_a_driver_error_mid_copy_reopens_the_gate_and_keeps_nothing(procs, shim_
     assert "partly restored" in e.value.hint and t.gate_open()
     restore(t.pid, tmp_path / "ok")  # and a retry that works puts everything back
     assert t.sum() == t.ready["sum"] and ok.bytes == t.ready["bytes"]
+
+
+def test_two_checkpoints_in_one_second_get_two_directories(tmp_path):
+    """top's c pressed twice within a second named both checkpoints full-PID-TIME alike, and the second
+    was refused ("already exists"): seen in the restore test, 2 runs of 12."""
+    from gputrace.checkpointer.store import fresh_dir
+
+    a = fresh_dir(tmp_path, "full-42")
+    a.mkdir()
+    b = fresh_dir(tmp_path, "full-42")
+    b.mkdir()
+    c = fresh_dir(tmp_path, "full-42")
+    assert len({a, b, c}) == 3 and all(x.name.startswith("full-42-") for x in (a, b, c))
