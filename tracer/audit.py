@@ -1,4 +1,4 @@
-"""The overhead audit: what an interception layer would cost a process, as bounds (DESIGN.md).
+"""The overhead audit: what an interception layer would cost a process, as bounds (docs/architecture.md, The audit).
 
 A layer that adds `c` ns to each call of the classes it intercepts adds A = sum(rate x c) CPU seconds
 per second to the threads that issue those calls. It can hide in the time those threads wait for

@@ -1,6 +1,6 @@
 """Which of four classes a CUDA driver API function belongs to, by a rule table the audit can show.
 
-The overhead model (DESIGN.md) needs, per process, calls/s of the classes a checkpointing layer would
+The overhead model (docs/architecture.md, The audit) needs, per process, calls/s of the classes a checkpointing layer would
 intercept and the time spent blocked waiting for the GPU. So the classes are about *cost*, not about
 the API reference's chapters:
 
