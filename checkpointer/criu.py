@@ -123,6 +123,10 @@ def _dump_hint(errs: list[str]) -> str:
     return "see the log for the whole story; the job was left running"
 
 
+#: The gate CRIU starts behind (see _run): "$@" is CRIU's command line.
+GATE = 'IFS= read -r go && [ "$go" = go ] && exec "$@" </dev/null'
+
+
 def _run(c: Criu, cmd: list[str], log: Path, on_start: Callable[[int], None] | None,
          timeout_s: float | None = None) -> tuple[int, list[str] | None]:
     """CRIU with `cmd` (its --allow-uprobes added where it has it), telling `on_start` its pid first
@@ -132,11 +136,29 @@ def _run(c: Criu, cmd: list[str], log: Path, on_start: Callable[[int], None] | N
     if c.allows_uprobes:
         cmd = [*cmd, "--allow-uprobes"]
     t = time.monotonic_ns()
-    with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as p:
-        stop_point("criu:started")  # the moment a kill leaves a CRIU the guardian was not told of
-        if on_start:
-            on_start(p.pid)
+    # CRIU starts behind a gate (a shell reading "go" on its stdin, then exec'ing CRIU at the same pid):
+    # it cannot touch the job before `on_start` has told a guardian its pid.  Without the gate, this
+    # process killed between the start and the telling left a guardian that saw no CRIU yet, gave the
+    # job back, and then blocked in the driver's Restore on a job the unseen CRIU had just stopped.
+    # Killed before the "go", the gate reads end-of-file and CRIU never runs.
+    gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        p = subprocess.Popen(["/bin/sh", "-c", GATE, "criu", *cmd], stdin=gate_r, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    except BaseException:
+        os.close(gate_w)
+        raise
+    finally:
+        os.close(gate_r)
+    with p:
+        stop_point("criu:gated")  # a kill here: CRIU never starts
+        try:
+            if on_start:
+                on_start(p.pid)
+            os.write(gate_w, b"go\n")
+        finally:
+            os.close(gate_w)
+        stop_point("criu:started")  # a kill here: a CRIU at work, its pid told
         try:
             _, err = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

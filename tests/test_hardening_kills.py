@@ -158,13 +158,19 @@ def foreign_tracer(stderr: str) -> bool:
 
 @needs_criu
 @pytest.mark.parametrize("point, extra", [("full:suspended", []), ("full:locked", []), ("full:checkpointed", []),
-                                          ("criu:started", []), ("full:dumped", []),
+                                          ("criu:gated", []), ("criu:started", []), ("full:dumped", []),
                                           ("full:given-back", ["--leave-running"])])
 def test_checkpoint_full_killed_at_each_step_leaves_the_job_running(train, tmp_path, point, extra):
     steps = 120
     j = train(steps=steps)
     wait_for_text(j.out, "step 3 ")
     g = run_stopped_at(point, ["checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"), *extra])
+    if point == "criu:gated":
+        # CRIU is started but held at its gate until the guardian knows its pid: it has not seized the job.
+        kids = [int(k) for k in Path(f"/proc/{g.pid}/task/{g.pid}/children").read_text().split()]
+        gates = [k for k in kids if Path(f"/proc/{k}/comm").read_text().strip() == "sh"]
+        assert len(gates) == 1, kids
+        assert guardian._tracer(j.pid) is None
     g.kill()
     g.wait()
     settle(j.pid)
