@@ -8,7 +8,8 @@ Jobs (--job):
              tensor of a different size each step, so the allocator maps and unmaps VMM memory
   graph      the torch step captured once as a CUDA graph and replayed
   gpt2       transformers' GPT2LMHeadModel from GPT2Config (6 layers, n_embd 512), AdamW, 8 x 128 tokens
-  jax        a jitted JAX MLP step (XLA_PYTHON_CLIENT_PREALLOCATE=false), block_until_ready each step
+  jax        bench/gpu_jobs.py's jitted JAX MLP step (XLA_PYTHON_CLIENT_PREALLOCATE=false), its loss read
+             to the host each step
   cupy       CuPy elementwise kernels and a reduction on 1M floats, a host read each step
   switch     torch eager steps for --switch-after seconds, then graph replays: calls that change mid-run
 
@@ -59,35 +60,6 @@ def torch_steps(kind: str):
     return step
 
 
-def jax_step():
-    import jax
-    import jax.numpy as jnp
-
-    key = jax.random.PRNGKey(0)
-    ws = [jax.random.normal(key, (256, 256)) * 0.05 for _ in range(4)]
-    x = jax.random.normal(key, (64, 256))
-    y = jax.random.normal(key, (64, 256))
-
-    def loss(ws, x, y):
-        h = x
-        for w in ws:
-            h = jnp.tanh(h @ w)
-        return jnp.mean((h - y) ** 2)
-
-    @jax.jit
-    def update(ws, x, y):
-        g = jax.grad(loss)(ws, x, y)
-        return [w - 1e-3 * gw for w, gw in zip(ws, g)]
-
-    state = {"ws": ws}
-
-    def step():
-        state["ws"] = update(state["ws"], x, y)
-        state["ws"][0].block_until_ready()
-
-    return step
-
-
 def cupy_step():
     import cupy as cp
 
@@ -114,7 +86,9 @@ def main() -> int:
     os.ftruncate(fd, 16)
     mm = mmap.mmap(fd, 16)
     if args.job == "jax":
-        step = jax_step()
+        from gpu_jobs import make_jax  # the one JAX step of the benches (rates_gpu's, audit_gpu's)
+
+        step = make_jax()[0]
     elif args.job == "cupy":
         step = cupy_step()
     elif args.job == "switch":
