@@ -33,6 +33,14 @@ static const unsigned char fn_class[F_COUNT] = {
 #undef CLS_QUERY
 };
 
+/* `layer=shim`: the functions the shim gates and counts (SHIM_SUBMIT, SHIM_STATE), where its own work
+ * is done; the tracer's audit reads the same lists for its `shim` preset (shim/layer.py). */
+static const unsigned char fn_gated[F_COUNT] = {
+#define GATED(name, params, args) [F_##name] = 1,
+    SHIM_SUBMIT(GATED) SHIM_STATE(GATED)
+#undef GATED
+};
+
 atomic_int g_emul_on;
 static _Atomic unsigned char g_sel[F_COUNT];
 static _Atomic long long g_cost_ns;
@@ -133,7 +141,7 @@ static char *error(const char *msg, const char *arg, size_t n)
     return finish(&b);
 }
 
-/* Parses "off" or "cost=NS classes=a,b functions=x,y" (any of the last two, at least one). */
+/* Parses "off" or "cost=NS classes=a,b functions=x,y layer=shim" (any of the last three, at least one). */
 char *emul_command(const char *args)
 {
     while (*args == ' ')
@@ -176,15 +184,19 @@ char *emul_command(const char *args)
                     chosen = 1;
                     q += m + (c != NULL);
                 }
+            } else if (n == 10 && !strncmp(p, "layer=shim", 10)) {
+                for (int i = 0; i < F_COUNT; i++)
+                    sel[i] |= fn_gated[i];
+                chosen = 1;
             } else {
-                return error("expected off, or cost=NS with classes= and/or functions=", p, n);
+                return error("expected off, or cost=NS with classes=, functions= and/or layer=shim", p, n);
             }
             p += n;
             while (*p == ' ')
                 p++;
         }
         if (cost < 0 || (!classes && !chosen))
-            return error("give cost=NS and classes= or functions=", NULL, 0);
+            return error("give cost=NS and classes=, functions= or layer=shim", NULL, 0);
         atomic_store(&g_emul_on, 0);
         atomic_store(&g_cost_ns, cost);
         for (int i = 0; i < F_COUNT; i++)

@@ -109,7 +109,7 @@ def test_emulate_usage_errors_say_what_to_give(procs, shim_dir):
     assert json.loads(p.stdout.readline())["hold"] == 1
     pid = str(p.pid)
     r = gputrace("shim", "emulate", "-p", pid, "--cost-ns", "100")
-    assert r.returncode == 2 and "--classes or --functions" in r.stderr
+    assert r.returncode == 2 and "--classes, --functions or --preset" in r.stderr
     r = gputrace("shim", "emulate", "-p", pid, "--cost-ns", "100", "--classes", "launches")
     assert r.returncode == 2 and "unknown class 'launches'" in r.stderr and "submission" in r.stderr
     r = gputrace("shim", "emulate", "-p", pid, "--cost-ns", "100", "--functions", "cuNotAThing")

@@ -67,6 +67,9 @@ SHIM_EPILOG = """examples:
   gputrace shim emulate -p 1234 --cost-ns 2000 --classes submission
                                         feel a heavier layer: 2 us of CPU added to every launch, copy, ...
   gputrace shim emulate -p 1234 --cost-ns 500 --classes submission,synchronization,state,query
+  gputrace shim emulate -p 1234 --cost-ns 2000 --preset shim
+                                        the functions the shim gates, which `attach --preset shim`
+                                        counts: the same set, from the shim's own list
   gputrace shim emulate -p 1234         what the emulated layer does now, and how many calls it slowed
   gputrace shim emulate -p 1234 --off
   gputrace shim emulate --tree 1200 --cost-ns 2000 --classes submission
@@ -74,7 +77,7 @@ SHIM_EPILOG = """examples:
                                         or -p 1234,1235): all of them, or none
 
 The emulated layer spins on the calling thread for --cost-ns before each intercepted call of those
-classes (or --functions), as a layer's bookkeeping would, until --off. Compare the job's speed with
+classes (or --functions, or --preset), as a layer's bookkeeping would, until --off. Compare the job's speed with
 what `gputrace attach` predicted for a layer of that cost: the audit's bounds should hold it.
 """
 
@@ -88,24 +91,27 @@ def configure_shim(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-ns", type=number(hi=1e9), help="emulate: ns of busy CPU time added to each call")
     p.add_argument("--classes", type=nonempty, help=f"emulate: comma-separated classes ({', '.join(EMULATE_CLASSES)})")
     p.add_argument("--functions", type=nonempty, help="emulate: comma-separated driver functions the shim wraps, e.g. cuLaunchKernel")
+    p.add_argument("--preset", choices=["shim"],
+                   help="emulate: the functions the audit's preset of that name counts (shim: those the shim gates)")
     p.add_argument("--off", action="store_true", help="emulate: stop adding cost")
     add_json(p)
 
 
 def emulate_command(args: argparse.Namespace) -> str:
     """The control command for `shim emulate`'s arguments (usage errors raised here, not by the shim)."""
+    preset = getattr(args, "preset", None)
     if args.off:
-        if args.cost_ns is not None or args.classes or args.functions:
+        if args.cost_ns is not None or args.classes or args.functions or preset:
             raise UsageError("--off takes no cost, classes or functions", "gputrace shim emulate -p PID --off")
         return "emulate off"
-    if args.cost_ns is None and not args.classes and not args.functions:
+    if args.cost_ns is None and not args.classes and not args.functions and not preset:
         return "emulate"
     if args.cost_ns is None or not (0 <= args.cost_ns <= 1e9):
-        raise UsageError("give --cost-ns between 0 and 1e9 with --classes or --functions",
+        raise UsageError("give --cost-ns between 0 and 1e9 with --classes, --functions or --preset",
                          "gputrace shim emulate -p PID --cost-ns 2000 --classes submission")
-    if not args.classes and not args.functions:
-        raise UsageError("say which calls to slow: --classes or --functions",
-                         "e.g. --classes submission,synchronization")
+    if not args.classes and not args.functions and not preset:
+        raise UsageError("say which calls to slow: --classes, --functions or --preset",
+                         "e.g. --classes submission,synchronization, or --preset shim")
     words = [f"cost={int(round(args.cost_ns))}"]
     if args.classes:
         cls = [c.strip() for c in args.classes.split(",") if c.strip()]
@@ -115,6 +121,8 @@ def emulate_command(args: argparse.Namespace) -> str:
         words.append("classes=" + ",".join(cls))
     if args.functions:
         words.append("functions=" + ",".join(f.strip() for f in args.functions.split(",") if f.strip()))
+    if preset:
+        words.append(f"layer={preset}")  # the shim's own list (emulate.c), which the audit's preset reads too
     return "emulate " + " ".join(words)
 
 
@@ -231,8 +239,8 @@ def shim_cmd(args: argparse.Namespace) -> int:
         return 0
     if len(args.pids or []) > 1 or args.tree is not None:
         raise UsageError("shim status takes one process", "gputrace shim status -p PID, for each of the job's")
-    if args.cost_ns is not None or args.classes or args.functions or args.off:
-        raise UsageError("--cost-ns, --classes, --functions and --off go with `shim emulate`",
+    if args.cost_ns is not None or args.classes or args.functions or args.off or args.preset:
+        raise UsageError("--cost-ns, --classes, --functions, --preset and --off go with `shim emulate`",
                          "gputrace shim emulate -p PID --cost-ns 2000 --classes submission")
     st = status(args.pid)
     if args.json:
