@@ -13,6 +13,7 @@ GT_MAP(lru_hash, threads, u32, struct gt_thread, GT_MAX_THREADS);
 GT_MAP(array, errors, int, u64, GT_ERR_COUNT);
 GT_MAP(array, config, int, struct gt_config, 1);
 GT_MAP(array, seen, int, u64, 2);
+GT_MAP(lru_hash, tstats, struct gt_tkey, struct gt_tstats, GT_MAX_TSTATS);
 GT_LICENSE
 
 /* The map operations the program makes, written out for each compiler (see compat.h). */
@@ -25,6 +26,8 @@ static __always_inline void threads_delete(u32 *k) { threads.delete(k); }
 static __always_inline u64 *errors_lookup(u32 *k) { return errors.lookup(k); }
 static __always_inline struct gt_config *config_lookup(u32 *k) { return config.lookup(k); }
 static __always_inline u64 *seen_lookup(u32 *k) { return seen.lookup(k); }
+static __always_inline struct gt_tstats *tstats_lookup(struct gt_tkey *k) { return tstats.lookup(k); }
+static __always_inline void tstats_insert(struct gt_tkey *k, struct gt_tstats *v) { tstats.insert(k, v); }
 #else
 static __always_inline struct gt_stats *stats_lookup(struct gt_key *k) { return bpf_map_lookup_elem(&stats, k); }
 static __always_inline void stats_insert(struct gt_key *k, struct gt_stats *v) { bpf_map_update_elem(&stats, k, v, BPF_NOEXIST); }
@@ -34,6 +37,8 @@ static __always_inline void threads_delete(u32 *k) { bpf_map_delete_elem(&thread
 static __always_inline u64 *errors_lookup(u32 *k) { return bpf_map_lookup_elem(&errors, k); }
 static __always_inline struct gt_config *config_lookup(u32 *k) { return bpf_map_lookup_elem(&config, k); }
 static __always_inline u64 *seen_lookup(u32 *k) { return bpf_map_lookup_elem(&seen, k); }
+static __always_inline struct gt_tstats *tstats_lookup(struct gt_tkey *k) { return bpf_map_lookup_elem(&tstats, k); }
+static __always_inline void tstats_insert(struct gt_tkey *k, struct gt_tstats *v) { bpf_map_update_elem(&tstats, k, v, BPF_NOEXIST); }
 #endif
 
 static __always_inline void gt_error(u32 which)
@@ -55,6 +60,19 @@ static __always_inline struct gt_stats *gt_stats_of(u32 tgid, u32 func)
     if (!s)
         gt_error(GT_ERR_STATS_FULL);
     return s;
+}
+
+/* The calling thread's row for `func` (NULL where the map refuses one: its share is then lost, not
+ * misattributed). */
+static __always_inline struct gt_tstats *gt_tstats_of(u64 id, u32 func)
+{
+    struct gt_tkey key = {.tgid = id >> 32, .tid = (u32)id, .func = func};
+    struct gt_tstats *s = tstats_lookup(&key);
+    if (s)
+        return s;
+    struct gt_tstats zero = {};
+    tstats_insert(&key, &zero);
+    return tstats_lookup(&key);
 }
 
 /* The config map's one value, read in place (a copy of it no longer fits the program's stack
@@ -119,6 +137,9 @@ GT_UPROBE int gt_entry(struct pt_regs *ctx)
             __sync_fetch_and_add(k, 1);
         if (s)
             __sync_fetch_and_add(&s->watched, 1);
+        struct gt_tstats *ts = gt_tstats_of(id, func);
+        if (ts)
+            __sync_fetch_and_add(&ts->kept, 1);
         if (func == cfg->sync_func && (u32)(id >> 32) == cfg->sync_tgid)
             gt_step(cfg->sync_steps ? open : GT_CLOSED);
         return 0;
@@ -152,6 +173,9 @@ GT_UPROBE int gt_entry(struct pt_regs *ctx)
     }
     if (s)
         __sync_fetch_and_add(&s->calls, 1);
+    struct gt_tstats *ts = gt_tstats_of(id, func);
+    if (ts)
+        __sync_fetch_and_add(&ts->calls, 1);
     u32 tid = (u32)id;
     u32 kind = (cookie & GT_COOKIE_STEPPED) ? 2 : 0;
     if (!(cookie & GT_COOKIE_TIMED)) {
@@ -248,9 +272,12 @@ GT_UPROBE int gt_return(struct pt_regs *ctx)
         return 0;
     __sync_fetch_and_add(&s->timed, 1);
     __sync_fetch_and_add(&s->total_ns, delta);
-    if (f == 0)
+    if (f == 0) {
         __sync_fetch_and_add(&s->outer_ns, delta);
-    else
+        struct gt_tstats *ts = gt_tstats_of(id, func);
+        if (ts)
+            __sync_fetch_and_add(&ts->outer_ns, delta);
+    } else
         __sync_fetch_and_add(&s->nested, 1);
     u32 slot = bpf_log2l(delta);
     if (slot >= GT_HIST_SLOTS)

@@ -38,6 +38,25 @@ struct gt_stats {
     u64 hist[GT_HIST_SLOTS];
 };
 
+/* Per thread and function: who makes the calls (the audit's slack per calling thread). Counted in
+ * windows and on the kept link only (where `stats` counts calls), never the watch link's first calls. */
+#ifndef GT_MAX_TSTATS
+#define GT_MAX_TSTATS 16384       /* (thread, function) pairs; least recently used go first */
+#endif
+
+struct gt_tkey {
+    u32 tgid;
+    u32 tid;
+    u32 func;
+    u32 pad;
+};
+
+struct gt_tstats {
+    u64 calls;                    /* entry hits in windows */
+    u64 kept;                     /* entry hits on the kept link (counted every call) */
+    u64 outer_ns;                 /* paired time of the calls made outside any other traced call */
+};
+
 struct gt_frame {
     u64 ts;
     u64 inner_ns;                 /* probe time of the traced calls made inside this one */

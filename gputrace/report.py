@@ -137,15 +137,34 @@ class TextRenderer:
         w("\n  what an interception layer would cost this job (its cost a call, and up to 1.5x that on the\n"
           "  job's own code when nothing hides it, as measured on the H200: bench/results/audit-h200.md):\n")
         for a in r.audits:
-            w(f"  - {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")
+            what = (f"the {a.preset_functions} functions the shim gates ({', '.join(a.classes)})" if a.preset == "shim"
+                    and a.preset_functions is not None else ', '.join(a.classes))
+            w(f"  - {a.preset}: intercepts {what} at {fmt_ns(a.cost_ns)} a call ({a.cost_source})\n")
+            if a.preset_functions is not None:
+                shown_fns = ", ".join(a.functions[:6]) + (f", ... ({len(a.functions)} in all)" if len(a.functions) > 6 else "")
+                w(f"      counted on {shown_fns or 'none of them: the job called none'}\n")
             if a.not_known:
                 w(f"      intercepted rate not known ({a.not_known})\n"
                   f"      predicted slowdown between {fmt_pct(a.slowdown_lower)} (hidden in the wait) and "
                   f"{fmt_pct(a.slowdown_upper)} (fully exposed), over that interval\n")
                 continue
             w(f"      {fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second\n")
-            w(f"      predicted slowdown between {fmt_pct(a.slowdown_lower)} (hidden in the wait) "
+            hidden = "hidden in the calling threads' slack" if a.lower_basis == "threads" else "hidden in the wait"
+            low = "not known (no calling thread's slack was measured)" if a.slowdown_lower is None and \
+                a.lower_basis == "threads" else fmt_pct(a.slowdown_lower)
+            w(f"      predicted slowdown between {low} ({hidden}) "
               f"and {fmt_pct(a.slowdown_upper)} (fully exposed)\n")
+            for t in sorted(a.threads or (), key=lambda t: -t.added_s_per_s)[:4]:
+                if t.added_s_per_s <= 0:
+                    continue
+                slack = ("slack not measured" if t.headroom_s_per_s is None else
+                         f"slack {fmt_pct(t.headroom_s_per_s)} (off a CPU {fmt_pct(t.off_s_per_s)}, waiting for the GPU "
+                         f"{fmt_pct(t.wait_s_per_s)}) -> at least {fmt_pct(t.exposed)}")
+                w(f"        thread {t.tid} ({t.comm}): {100 * t.intercepted_share:.0f}% of the calls, "
+                  f"+{fmt_pct(t.added_s_per_s)} of its time; {slack}\n")
+            if a.lower_basis == "threads" and a.pacer:
+                w(f"        busiest thread: {a.pacer['tid']} ({a.pacer['comm']}), on a CPU or waiting for one "
+                  f"{fmt_pct(a.pacer['busy_s_per_s'])} of the time\n")
             if a.intercepted_err_hz:
                 w(f"      with the rates' 95% intervals (±{fmt_rate(a.intercepted_err_hz)} calls/s): "
                   f"{fmt_pct(a.slowdown_lower_min)} to {fmt_pct(a.slowdown_upper_max)}\n")

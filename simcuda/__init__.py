@@ -47,7 +47,8 @@ BUILTIN_KERNELS: Mapping[str, str] = {
 }
 
 #: Workload names accepted by workload(): the C programs, and the Python ctypes one.
-WORKLOADS = ("launch_bound", "gpu_bound", "alloc_free", "pattern", "train", "phases", "collective", "launch_bound_py")
+WORKLOADS = ("launch_bound", "gpu_bound", "alloc_free", "pattern", "train", "phases", "collective", "worker",
+             "launch_bound_py")
 
 
 def library_path() -> Path:

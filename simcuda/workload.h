@@ -45,6 +45,8 @@
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor) \
     X(cuLaunchKernel, cuLaunchKernel)                                                       \
     X(cuLaunchKernelEx, cuLaunchKernelEx)                                                   \
+    X(cuCtxPushCurrent_v2, cuCtxPushCurrent)                                                \
+    X(cuCtxPopCurrent_v2, cuCtxPopCurrent)                                                  \
     X(cuStreamCreate, cuStreamCreate)                                                       \
     X(cuStreamDestroy_v2, cuStreamDestroy)                                                  \
     X(cuStreamSynchronize, cuStreamSynchronize)                                             \

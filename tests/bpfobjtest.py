@@ -31,6 +31,7 @@ def build_test_object(tmp_path: Path, name: str, body: str) -> Path:
                    "GT_MAP(array, errors, int, u64, GT_ERR_COUNT);\n"
                    "GT_MAP(array, config, int, struct gt_config, 1);\n"
                    "GT_MAP(array, seen, int, u64, 2);\n"
+                   "GT_MAP(lru_hash, tstats, struct gt_tkey, struct gt_tstats, GT_MAX_TSTATS);\n"
                    "GT_LICENSE\n" + body)
     return native.build(f"{name}.bpf.o", [src], cflags=["-DGT_BPF_OBJECT", f"-I{BPF_DIR}"], target="bpf",
                         headers=[BPF_DIR / "compat.h", BPF_DIR / "gputrace.h"])

@@ -60,7 +60,9 @@ def test_the_object_holds_the_programs_and_maps_of_the_source(object_path):
                      "threads": (9, 4, 16 + 24 * h["GT_MAX_DEPTH"], h["GT_MAX_THREADS"]),
                      "errors": (2, 4, 8, h["GT_ERR_COUNT"]),
                      # gen, open, hit_ns[4]; sync_func, sync_tgid, 6 sync_* u64s, step_last_t, 3 gap_* u64s
-                     "config": (2, 4, 8 + 32 + 8 + 48 + 8 + 24, 1), "seen": (2, 4, 8, 2)}
+                     "config": (2, 4, 8 + 32 + 8 + 48 + 8 + 24, 1), "seen": (2, 4, 8, 2),
+                     # (tgid, tid, func, pad) -> calls, kept, outer_ns
+                     "tstats": (9, 16, 24, h["GT_MAX_TSTATS"])}
     # The stats row typed from the BTF: RawStats' fields, laid out as the C struct.
     leaf = bpfprog.Layout.of(obj.maps["stats"].value_type)
     assert leaf.struct.format == f"=1Q1Q1Q1Q1Q1Q1Q1Q{h['GT_HIST_SLOTS']}Q"

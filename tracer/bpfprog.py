@@ -36,7 +36,7 @@ from .bpfmaps import Map
 BPF_ENV = "GPUTRACE_BPF"
 OBJECT_ENV = "GPUTRACE_BPF_OBJECT"
 LOADERS = ("auto", "object", "bcc")
-MAP_NAMES = ("stats", "threads", "errors", "config", "seen")
+MAP_NAMES = ("stats", "threads", "errors", "config", "seen", "tstats")
 
 def source_dir() -> Path:
     return Path(str(resources.files("gputrace.bpf")))
@@ -407,6 +407,16 @@ class Program:
         if self._thread_ids is None:
             self._thread_ids = frozenset(k.value for k in self._threads.keys())
         return self._thread_ids
+
+    def read_thread_stats(self, tgid: int) -> dict[tuple[int, int], tuple[int, int, int]]:
+        """The `tstats` rows of process `tgid`: (thread id, function) -> (calls in windows, calls on
+        the kept link, paired outer ns), cumulative since the program loaded (who makes the calls:
+        tracer/threads.py). Key by key: read once, at the end of a session."""
+        out = {}
+        for k, v in self.maps["tstats"].items():
+            if k.tgid == tgid:
+                out[(k.tid, k.func)] = (int(v.calls), int(v.kept), int(v.outer_ns))
+        return out
 
     def read_stats(self) -> dict[tuple[int, int], RawStats]:
         """Every row of the `stats` map, by (tgid, function)."""

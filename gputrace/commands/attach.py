@@ -169,6 +169,7 @@ def trace(args: argparse.Namespace) -> int:
     from ..tracer.audit import audit
     from ..tracer.session import Options, Session
     from ..tracer.targets import libcuda_of, resolve_for_command
+    from ..tracer.threads import busiest, sched_sample, thread_slack
 
     budget = 1.0 if args.exact else parse_budget(args.budget, echo=not args.quiet)
     if args.interval <= 0 or (args.duration is not None and args.duration <= 0):
@@ -225,7 +226,10 @@ def trace(args: argparse.Namespace) -> int:
             session.prime()
             child.release()
 
+        sched = [sched_sample(pid), None]  # the threads' scheduler times at the start, and the latest
+
         def on_interval(iv):
+            sched[1] = sched_sample(pid) or sched[1]
             intervals.append(iv)
             if stream:
                 renderer.interval(iv, out)
@@ -238,7 +242,12 @@ def trace(args: argparse.Namespace) -> int:
             session.close()
             summary = session.summary()
         finally:
+            sched[1] = sched_sample(pid) or sched[1]
             session.close()
+        threads = thread_slack(sched[0], sched[1], session.program.read_thread_stats(pid),
+                               {i: f.name for i, f in session.probes.ids.items()})
+        top = busiest(sched[0], sched[1])
+        pacer = None if top is None else {"tid": top[0], "comm": top[1], "busy_s_per_s": top[2]}
     except BaseException:
         if child:
             child.abandon()
@@ -268,7 +277,7 @@ def trace(args: argparse.Namespace) -> int:
             "step_windows": [dataclasses.asdict(t) | {"t": t.t - session.started} for t in session.step_log],
         },
         summary=summary,
-        audits=tuple(audit(summary, p) for p in _presets(args)),
+        audits=tuple(audit(summary, p, threads, pacer) for p in _presets(args)),
         intervals=tuple(intervals),
         errors=session.program.read_errors(),
     )
