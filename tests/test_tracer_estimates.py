@@ -7,8 +7,6 @@ Needs root and bcc (CI has both)."""
 
 from __future__ import annotations
 
-import bisect
-import json
 import math
 import os
 import random
@@ -21,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gputrace import simcuda
+from gputrace.simcuda.truth import PhaseLog, phases_env, start_phases
 
 pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("bpf_host"), pytest.mark.timeout(900)]
 
@@ -29,47 +27,18 @@ CLI = [sys.executable, "-m", "gputrace"]
 
 
 def env() -> dict[str, str]:
-    e = simcuda.env()
-    e["SIMCUDA_LAUNCH_NS"] = "0"
-    return e
+    return phases_env()
 
 
 def start_job(spawned, phases: list[str], log: Path, held: bool = False) -> subprocess.Popen:
     """A phases job, running (past its first driver calls) when this returns; `held`: its phases
     start only once a line is written to its stdin."""
-    r, w = os.pipe()
-    argv = simcuda.workload("phases") + sum((["--phase", p] for p in phases), []) + ["--log", str(log),
-                                                                                   "--ready-fd", str(w)]
-    argv += ["--wait-stdin"] if held else []
-    p = subprocess.Popen(argv, env=env(), pass_fds=(w,), stdin=subprocess.PIPE if held else None,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    os.close(w)
+    p = start_phases(phases, log, held)
     spawned.append(p)
-    with os.fdopen(r) as ready:
-        assert ready.readline() == "ready\n", p.communicate()
     return p
 
 
-class Truth:
-    """The job's own log: calls of each function in any span."""
-
-    def __init__(self, path: Path) -> None:
-        d = json.loads(path.read_text())
-        self.names, self.t, self.counts = d["names"], d["t"], d["counts"]
-
-    def at(self, x: float) -> list[float]:
-        i = bisect.bisect_left(self.t, x)
-        if i <= 0:
-            return [float(c) for c in self.counts[0]]
-        if i >= len(self.t):
-            return [float(c) for c in self.counts[-1]]
-        t0, t1 = self.t[i - 1], self.t[i]
-        fr = (x - t0) / (t1 - t0) if t1 > t0 else 0.0
-        return [a + (b - a) * fr for a, b in zip(self.counts[i - 1], self.counts[i])]
-
-    def calls(self, a: float, b: float) -> dict[str, float]:
-        ca, cb = self.at(a), self.at(b)
-        return {n: cb[k] - ca[k] for k, n in enumerate(self.names)}
+Truth = PhaseLog  # the job's own log: calls of each function in any span
 
 
 def session_span(report: dict) -> tuple[float, float]:

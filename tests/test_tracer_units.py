@@ -755,7 +755,9 @@ def test_text_report_key_lines():
     assert rows["cuCtxGetDevice_v2"][1:3] == ["query", "90.0k"]
     assert rows["cuModuleLoadData"][-2:] == ["-", "-"]  # never timed: no mean, no p99
     for a in r.audits:
-        assert f"  - {a.preset}: intercepts {', '.join(a.classes)} at {fmt_ns(a.cost_ns)} a call" in text
+        what = (f"the {a.preset_functions} functions the shim gates ({', '.join(a.classes)})"
+                if a.preset_functions is not None else ', '.join(a.classes))
+        assert f"  - {a.preset}: intercepts {what} at {fmt_ns(a.cost_ns)} a call" in text
         assert (f"predicted slowdown between {fmt_pct(a.slowdown_lower)} (hidden in the wait) "
                 f"and {fmt_pct(a.slowdown_upper)} (fully exposed)") in text
     # Unpaired returns and stale frames come with every window edge; only real trouble is noted.
@@ -1228,6 +1230,55 @@ def test_a_function_leaving_the_watch_link_is_off_it_from_when_the_new_links_are
     assert closed >= 0.05
     assert log.unwatched_s[0] >= closed - 0.005, (log.unwatched_s[0], closed)
     assert all(log.unwatched_s.get(f, 0.0) == 0.0 for f in every - {0})  # the others stayed on it
+
+
+def test_calls_made_while_the_watch_link_is_rebuilt_are_found_by_the_next_poll_as_made_since_it_began(monkeypatch):
+    """The caller counts a watched function's new calls from rows it read just before set_watch;
+    the poll's mark must be from then too. Taken after the rebuild (which attaches links: ms), it
+    hid the calls made meanwhile, and the next poll divided them by one poll period: a native job's
+    51,014 calls read as made in 20 ms, its rate 2.5M/s for 150k/s."""
+    import time
+
+    from gputrace import simcuda
+    from gputrace.tracer import probes as pr
+    from gputrace.tracer.symbols import read_functions
+
+    hits = [0]
+
+    class Prog:
+        def set_hit_costs(self, *a) -> None:
+            pass
+
+        def seen_hits(self) -> int:
+            return hits[0]
+
+        def kept_hits(self) -> int:
+            return 0
+
+    class Link:
+        fds = [1]
+
+        def close(self) -> None:
+            pass
+
+    def attach(ids, cookies, retprobe):
+        hits[0] += 3  # the job calls on while the links change
+        time.sleep(0.01)
+        return Link()
+
+    lib = str(simcuda.library_path())
+    functions = tuple(read_functions(lib))[:40]
+    p = pr.Probes(lib, functions, Prog(), CALIBRATION)
+    monkeypatch.setattr(p, "_attach", attach)
+    every = frozenset(p.ids)
+    p.set_watch(every)
+    assert p.poll_seen() is not None  # the first build's own hits
+    assert p.poll_seen() is None
+    t0 = time.monotonic()
+    p.set_watch(every - {0})
+    since = p.poll_seen()
+    assert since is not None and since >= time.monotonic() - t0 - 0.002, since
+    assert p.poll_seen() is None
 
 
 def test_a_whole_step_window_that_cannot_be_had_is_planned_again_not_paid_for():

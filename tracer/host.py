@@ -199,9 +199,17 @@ class HostSession:
                     n = st.calls - (p.calls if p is not None else 0)
                     if n > 0 and ws.counted_s > 0:
                         t.policy.see(f, n / ws.counted_s)
-            self._seen_rows, self._seen_t = rows, time.monotonic()
             self.policy.merge(0)
-            self.probes.set_watch(self.policy.watch_set())
+            self._rewatch(rows)
+
+    def _rewatch(self, rows: dict[int, dict[int, RawStats]] | None = None) -> None:
+        """The watch link as the policy wants it (`rows`: the maps as read just now, if they were).
+        Calls on the watch link count from here on (as Session._set_watch says why)."""
+        ids = self.policy.watch_set()
+        if ids == self.probes.watched:
+            return
+        self._seen_rows, self._seen_t = (self._read() if rows is None else rows), time.monotonic()
+        self.probes.set_watch(ids)
 
     def _on_seen(self, since: float) -> None:
         """A watched function was called, in some process (in the last `since` seconds): into the
@@ -225,7 +233,7 @@ class HostSession:
         self._seen_rows, self._seen_t = rows, now
         if fresh:
             self.policy.merge(0)
-            self.probes.set_watch(self.policy.watch_set())
+            self._rewatch(rows)
             moved = frozenset(fresh)
             self.probes.join(moved, self.policy.follow_up_s(moved), moved & self.policy.waiting)
 
@@ -247,7 +255,7 @@ class HostSession:
             self._quiet_interval(interval_s)
         else:
             if not self.options.exact and self.policy.windows > 0:
-                self.probes.set_watch(self.policy.watch_set())  # back after a hold
+                self._rewatch()  # back after a hold
             self.probes.window(plan, interval_s, self.options.exact, self._wait)
         if not self.tracees and not self._stop.is_set():
             self._stop.wait(max(0.0, t_start + interval_s - time.monotonic()))
@@ -275,7 +283,7 @@ class HostSession:
             p.retire_idle()
         self.policy.merge(len(log.windows))
         if not self.options.exact and not self._held and self.tracees:
-            self.probes.set_watch(self.policy.watch_set())
+            self._rewatch(end)
         self._forget_strays(end)
         return snaps
 

@@ -212,6 +212,12 @@ class Probes:
         changed = (ids ^ self.watched) | (kept ^ self.kept)
         if not changed:
             return
+        # The poll's mark from before the rebuild: a hit while the links change is one the next poll
+        # finds (counted since here), not one folded into the mark unseen. The caller read its rows
+        # just before, and counts each function's new calls from them: with the mark taken after
+        # the rebuild, calls made before it were divided by the time since it (a native job's
+        # 51,014 calls read as made in 20 ms).
+        mark, mark_t = self.program.seen_hits(), time.monotonic()
         old_links = []
         try:
             for shard in sorted({f % WATCH_SHARDS for f in changed}):
@@ -233,8 +239,7 @@ class Probes:
             links.close_together(old_links)
         self.log.writes += len(changed)
         self.watched, self.kept = ids, kept
-        self._seen_mark = self.program.seen_hits()
-        self._poll_t = time.monotonic()
+        self._seen_mark, self._poll_t = mark, mark_t
         if kept:
             self._kept_mark, self._kept_t = self.program.kept_hits(), self._poll_t
 

@@ -204,7 +204,6 @@ class Session:
                 n = st.calls - (p.calls if p is not None else 0)
                 if n > 0 and ws.counted_s > 0:
                     self.policy.see(f, n / ws.counted_s)
-            self._seen_rows, self._seen_t = rows, time.monotonic()
             self._set_watch(rows)
 
     def _on_seen(self, since: float) -> None:
@@ -233,7 +232,12 @@ class Session:
 
     def _set_watch(self, rows: dict | None = None) -> None:
         """The watch link as the policy wants it, and the kept functions' limit that goes with it
-        (`rows`: the maps' rows read just now, if they were)."""
+        (`rows`: the maps' rows read just now, if they were). A function's calls on the watch link
+        count from here on: one that joins it now has no earlier calls there, and calls made before
+        the rebuild, which the poll's mark no longer shows, are not taken as made since it."""
+        if rows is None:
+            rows = self._read()
+        self._seen_rows, self._seen_t = rows, time.monotonic()
         self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
         self.probes.kept_hz_limit = self.policy.kept_hz_limit()
         if self.policy.kept:

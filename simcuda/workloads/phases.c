@@ -15,8 +15,19 @@
  * --log FILE: every --log-ms (default 1) the cumulative count of every function, with the time
  * (CLOCK_MONOTONIC, seconds), written at exit as one JSON object {"names": [...], "t": [...],
  * "counts": [[...], ...]} (one row per time): the exact calls in any span, for tests of a tracer.
- * Prints the usual report line at exit. */
+ * Prints the usual report line at exit. SIGTERM ends the phases early, as if their time were up (the log
+ * and the report still written): a bench ends a long job once it has what it needs. */
 #include "workload.h"
+
+#include <signal.h>
+
+static volatile sig_atomic_t stop_now;
+
+static void on_term(int sig)
+{
+    (void)sig;
+    stop_now = 1;
+}
 
 #define MAX_PHASES 16
 #define MAX_ENTRIES 12
@@ -169,6 +180,9 @@ int main(int argc, char **argv)
     if (!n_phases)
         wl_die("give at least one --phase");
     logbuf.every = log_path ? log_ms / 1000.0 : 0;
+    struct sigaction sa = {.sa_handler = on_term};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
 
     double t0 = wl_start();
     CUdevice dev;
@@ -196,13 +210,13 @@ int main(int argc, char **argv)
     long steps = 0;
     double start = wl_now();
     log_now(start);
-    for (int k = 0; k < n_phases; k++) {
+    for (int k = 0; k < n_phases && !stop_now; k++) {
         struct phase *p = &phases[k];
         double until = (k ? wl_now() : start) + p->seconds;
         long most = 0;
         for (int e = 0; e < p->n; e++)
             most = p->count[e] > most ? p->count[e] : most;
-        while (wl_now() < until) {
+        while (wl_now() < until && !stop_now) {
             for (long i = 0; i < most; i++) {
                 for (int e = 0; e < p->n; e++) {
                     if (p->count[e] <= i)
