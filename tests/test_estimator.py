@@ -334,7 +334,8 @@ def test_a_reference_whose_probes_take_too_much_of_its_span_is_no_reference():
                     est.MarkerCount(100, 0.01, 100, 0.01, 0.01 * est.REF_PROBE_MAX / 2, 1))
     ref = est.reference_rates(est.Observation(1.0, (ok,), {}, {0: 1.0, 1: 1.0}))[1]
     assert 10_000 < ref.rate_hz < 10_000 / (1 - est.EXPOSURE_MAX * est.REF_PROBE_MAX / 2)
-    assert est.window_time(ok, est.UNMEASURED, {}, {1: ref}) == (100 / ref.rate_hz, ref.rel)
+    assert est.window_time(ok, est.UNMEASURED, {}, {1: ref}) == (100 / ref.rate_hz, ref.rel, ref.rand)
+    assert ref.rand == pytest.approx(0.1)  # its 100 calls' own error, one sigma: random, not a bound
 
 
 def test_unmeasured_exposure_widens_the_interval_to_cover_both_ends():
@@ -614,10 +615,10 @@ def test_a_step_window_without_its_step_functions_count_is_a_window_of_time():
     w = est.Window(0.01, frozenset({1}), {1: 40}, 0.002, step_func=2, steps=1)
     o = est.Observation(1.0, (w,), {2: 90}, {1: 1.0, 2: 0.5})
     assert est.step_rates([o]) == {}
-    assert est.window_time(w, MEASURED, {}) == (MEASURED.effective_s(w), MEASURED.rel_err(w))
+    assert est.window_time(w, MEASURED, {}) == (MEASURED.effective_s(w), MEASURED.rel_err(w), 0.0)
     o2 = est.Observation(1.0, (w,), {2: 90}, {1: 1.0})
     assert est.step_rates([o2]) == {2: 90.0}
-    assert est.window_time(w, MEASURED, est.step_rates([o2])) == (pytest.approx(1 / 90), 0.0)
+    assert est.window_time(w, MEASURED, est.step_rates([o2])) == (pytest.approx(1 / 90), 0.0, 0.0)
 
 
 def test_step_windows_survive_the_observations_dump():

@@ -174,10 +174,9 @@ def _per_thread(snap: ProcessSnapshot, preset: Preset, mine: list, threads: tupl
     for t in threads:
         r = sum(rates.get(n, 0.0) * sh for n, sh in t.calls_share.items())
         a = r * preset.cost_ns * 1e-9
-        if t.wait_share == 0.0:
-            wait = 0.0
-        else:
-            wait = None if t.wait_share is None or snap.wait_s_per_s is None else t.wait_share * snap.wait_s_per_s
+        # Not measured for the process (the functions traced leave out every wait, say): its
+        # threads' share of it is not known either, a share of 0 included (no wait traced is no wait seen).
+        wait = None if t.wait_share is None or snap.wait_s_per_s is None else t.wait_share * snap.wait_s_per_s
         head = None if t.off_s_per_s is None or wait is None else min(1.0, t.off_s_per_s + wait + tracer)
         share = (t.run_s_per_s / (t.run_s_per_s + t.runq_s_per_s) if t.run_s_per_s and t.runq_s_per_s is not None
                  else None)
@@ -202,7 +201,9 @@ def _thread_lower(per: tuple[ThreadAudit, ...], scale: float, added: float) -> f
     """The largest A_k - h_k over the calling threads whose slack was measured (each alone is a
     lower bound), A_k scaled by `scale`; None where no thread that carries calls was measured."""
     if added * scale <= 0.0:
-        return 0.0
+        # Nothing intercepted: 0 where the slack was measured; where it was not (no wait traced),
+        # the layer's functions may not have been traced either (`--functions`): not known.
+        return 0.0 if any(t.headroom_s_per_s is not None for t in per) else None
     known = [max(0.0, t.added_s_per_s * scale - t.headroom_s_per_s) for t in per
              if t.headroom_s_per_s is not None and t.added_s_per_s > 0]
     return max(known) if known else None

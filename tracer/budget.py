@@ -138,6 +138,7 @@ class Plan:
     rare: tuple[float, float] | None = None
     rare_probe: frozenset[int] = frozenset()
     rare_timed: frozenset[int] = frozenset()
+    rare_marker: int | None = None  # its reference, probed alone for as long just before it
     # The rarer functions the other windows leave to the rare window, this interval or a later one
     # (it comes every few intervals where one's share pays for too short a window).
     rare_set: frozenset[int] = frozenset()
@@ -207,6 +208,7 @@ class Policy:
         self.counted: dict[int, int] = {}       # function -> calls the windows counted so far (`repeats`)
         self.kept_calls: dict[int, float] = {}  # kept function -> calls the watch link counted while kept (`step_of`)
         self.rates: dict[int, float] = {}       # calls/s, untraced, as last estimated
+        self.low_rates: dict[int, float] = {}   # calls/s as counted in the windows: a lower bound (ref_share)
         self.exposure = EXPOSURE_MAX            # what planning multiplies calibrated costs by (counted windows)
         self.exposure_timed = EXPOSURE_MAX      # ... in windows that time every function they probe
         self.extra_s = 0.0                      # unplanned job seconds an interval (edges, first calls)
@@ -361,8 +363,14 @@ class Policy:
 
     def ref_share(self, f: int) -> float:
         """The share of a reference span that f's calibrated probes take at its known rate: what the
-        estimator holds against REF_PROBE_MAX (estimator.reference_rates)."""
-        return self.rates.get(f, 0.0) * self.costs[f].cost_ns(False) * 1e-9
+        estimator holds against REF_PROBE_MAX (estimator.reference_rates). At its rate as counted in
+        the windows (`low_rates`: the probes took none of their time) where that is lower: a rate
+        read through an exposure not measured yet can be many times too high (a scout whose probes
+        took 70% of it read 314k calls/s for 71k), and no function was then cheap enough to be a
+        reference for the whole attach. Too low, it costs nothing: the estimator checks the share
+        its reference spans really had."""
+        r = self.rates.get(f, 0.0)
+        return min(r, self.low_rates.get(f, r)) * self.costs[f].cost_ns(False) * 1e-9
 
     def marker_fits(self, f: int, probe: frozenset[int], timed: frozenset[int], strict: bool = True) -> bool:
         """Whether f's reference span costs at most a quarter of what a window of `probe` does: as
@@ -372,8 +380,16 @@ class Policy:
             return self.marker_cost_per_s(f) <= self.window_cost_per_s(probe, timed) / 4
         return self.hit_s_per_s(frozenset((f,)), frozenset()) <= self.hit_s_per_s(probe, timed) / 4
 
-    def choose_marker(self, probe: frozenset[int], timed: frozenset[int]) -> int | None:
-        """The most-called probed function whose reference span costs at most a quarter of what the
+    def choose_marker(self, probe: frozenset[int], timed: frozenset[int],
+                      among: frozenset[int] = frozenset()) -> int | None:
+        """A reference first: the most-called function of `probe` or `among` (the other functions the
+        interval's windows probe: the one chosen is probed in this window too) whose probes take at
+        most REF_PROBE_MAX of its reference span. A window whose own functions are all dear to probe
+        (single-stepped, say) is then still read against one: on this project's CI host a window of
+        two stepped functions beside three cheap ones in a longer window of their own had none, its
+        rates rested on the exposure, and a 5-s attach read 0..46k calls/s for 16.7k.
+
+        Else the most-called probed function whose reference span costs at most a quarter of what the
         window does (called at least 100 times a second: fewer count too little to tell). Where
         none does because the window seems to cost the job all its time, the cheapest whose rate
         is a quarter of the window's at most: where the exposure is not measured yet, rates read
@@ -384,14 +400,20 @@ class Policy:
         called = [f for f, r in self.rates.items() if f in probe and r >= 100.0]
         # First the most-called whose probes take at most REF_PROBE_MAX of its reference span: the
         # estimator reads windows against it (estimator.reference_rates), whatever their probes cost.
-        ref = [(self.rates[f], f) for f in called if self.ref_share(f) <= REF_PROBE_MAX and self.repeats(f)]
-        if ref:
-            return max(ref)[1]
+        ref = self.reference(probe | among)
+        if ref is not None:
+            return ref
         ok = [(self.rates[f], f) for f in called if self.marker_fits(f, probe, timed)]
         if ok:
             return max(ok)[1]
         dear = [(self.marker_cost_per_s(f), f) for f in called if self.marker_fits(f, probe, timed, strict=False)]
         return min(dear)[1] if dear else None
+
+    def reference(self, among: frozenset[int]) -> int | None:
+        """The most-called function of `among` that can be a reference (`choose_marker`), None if none."""
+        ref = [(r, f) for f, r in self.rates.items()
+               if f in among and r >= 100.0 and self.ref_share(f) <= REF_PROBE_MAX and self.repeats(f)]
+        return max(ref)[1] if ref else None
 
     def affordable_s(self, probe: frozenset[int], timed: frozenset[int], marker: int | None, n: int,
                      intervals: int = 1, share: float = 1.0) -> float:
@@ -465,20 +487,26 @@ class Policy:
         # long window, seldom in the short ones beside hot functions.
         waits = probe & self.waiting if rare else frozenset()
         rare_timed = (rare if self.rare_held % self.retime_every == 0 else rare & self.untimed) | waits
-        rare_probe = rare | waits
+        # The rare window is read against a reference too where one is cheap enough (probed alone
+        # for as long before it, then in it): else its rates rest on the exposure.
+        rare_marker = self.reference(probe) if rare else None
+        rare_probe = rare | waits | ({rare_marker} if rare_marker is not None else set())
         rare_w, rare_k, share = 0.0, 1, 1.0
         if rare:
-            # The fewest intervals whose share pays for a window of RARE_MIN_S (capped by its slot).
-            cap = 0.8 * RARE_SLOT * self.interval_s
+            # The fewest intervals whose share pays for a window of RARE_MIN_S (capped by its slot,
+            # which holds its reference span too).
+            cap = (0.45 if rare_marker is not None else 0.8) * RARE_SLOT * self.interval_s
             while rare_k < RARE_MAX_EVERY and self.affordable_s(
-                    rare_probe, rare_timed, None, 1, self.every * rare_k, self.rare_share) < min(RARE_MIN_S, cap):
+                    rare_probe, rare_timed, rare_marker, 1, self.every * rare_k, self.rare_share) < min(RARE_MIN_S, cap):
                 rare_k += 1
             # The other windows need one of min_window_s: the rare window gives way to that (the hot
             # functions make most of the job's calls).
-            least = min(1.0, self.share_for(probe - rare, timed, self.choose_marker(probe - rare, timed),
+            m = self.choose_marker(probe - rare, timed, among=probe)
+            least = min(1.0, self.share_for((probe - rare) | ({m} if m is not None else set()), timed, m,
                                             self.min_window_s, self.every))
             share = max(1.0 - self.rare_share, least)
-            rare_w = min(cap, self.affordable_s(rare_probe, rare_timed, None, 1, self.every * rare_k, 1.0 - share))
+            rare_w = min(cap, self.affordable_s(rare_probe, rare_timed, rare_marker, 1, self.every * rare_k,
+                                                1.0 - share))
             if self.last_rare_s and self.max_growth:
                 rare_w = min(rare_w, self.max_growth ** max(1, self.rare_due + 1) * self.last_rare_s)
             if rare_w < self.min_window_s:
@@ -486,7 +514,8 @@ class Policy:
             else:
                 # What the rare window does not spend (it is capped) goes to the others: the set-aside
                 # is what it spends, spread over the intervals it comes every.
-                spend = rare_w * self.window_cost_per_s(rare_probe, rare_timed) + 2 * len(rare_probe) * WRITE_S
+                spend = (rare_w * (self.window_cost_per_s(rare_probe, rare_timed) + self.marker_cost_per_s(rare_marker))
+                         + 2 * (len(rare_probe) + (rare_marker is not None)) * WRITE_S)
                 allowed = PLAN_SHARE * self.budget * self.interval_s * self.every - self.extra_s
                 share = max(least, 1.0 - spend / rare_k / allowed) if allowed > 0 else least
         if rare:
@@ -495,8 +524,8 @@ class Policy:
             self.rare_due = 0  # (the interval that times every function holds the count over)
         # The first at once (a 5-s attach has three intervals for it), then every rare_k-th.
         held = bool(rare) and (self.rare_due >= rare_k or not self.last_rare_s)
-        hot = probe - rare
-        marker = self.choose_marker(hot, timed)
+        marker = self.choose_marker(probe - rare, timed, among=probe)
+        hot = (probe - rare) | ({marker} if marker is not None else set())
         w = self.affordable_s(hot, timed, marker, n, self.every, share)
         while n > 1 and w < self.min_window_s:
             n -= 1
@@ -545,9 +574,12 @@ class Policy:
             steps = self._step_fields(step or rare_step) | {"rare_steps": max(1, round(rare_w / rare_step[1]))}
         self.last_rare_s, self.rare_due = rare_w, 0
         self.rare_held += 1
-        at = span + self.rng.uniform(0.0, max(0.0, RARE_SLOT * self.interval_s - rare_w - wait))
+        if rare_step:
+            rare_marker = None  # (a step window measures what its probes cost the job itself)
+        lead = rare_w if rare_marker is not None else 0.0
+        at = span + lead + self.rng.uniform(0.0, max(0.0, RARE_SLOT * self.interval_s - lead - rare_w - wait))
         return Plan(True, windows, timed, hot, marker, rare=(at, rare_w), rare_probe=rare_probe,
-                    rare_timed=rare_timed, rare_set=rare, **steps)
+                    rare_timed=rare_timed, rare_set=rare, rare_marker=rare_marker, **steps)
 
     def whole_missed(self) -> None:
         """The last plan's whole-step window could not be one of whole steps (its step function
@@ -680,10 +712,12 @@ class Policy:
         return p if most >= p else w
 
     # --- what was measured --------------------------------------------------------------------
-    def observe(self, windows: int, rates: Mapping[int, float], called: Mapping[int, int]) -> None:
+    def observe(self, windows: int, rates: Mapping[int, float], called: Mapping[int, int],
+                low: Mapping[int, float] | None = None) -> None:
         """After an interval with `windows` windows: the functions' estimated untraced rates (every
-        function its windows probed) and their calls counted in the windows (`called`; probed
-        functions absent were not called)."""
+        function its windows probed), their calls counted in the windows (`called`; probed
+        functions absent were not called) and, `low`, their rates over the windows' counting time
+        (as if the probes took none of it: no more than the untraced ones)."""
         if windows <= 0:
             return
         first = self.windows == 0
@@ -692,6 +726,9 @@ class Policy:
             if f not in self.rates and not r:
                 continue  # never called: the scout probes every function, most of which no job calls
             self.rates[f] = r if first or f not in self.rates else 0.5 * (self.rates[f] + r)
+        for f, r in (low or {}).items():
+            if f in self.rates:
+                self.low_rates[f] = r if f not in self.low_rates else 0.5 * (self.low_rates[f] + r)
         for f in list(self.seen):
             if f in self.kept or f not in rates:
                 continue  # on the watch link (it costs only its calls), or not probed this interval
@@ -785,17 +822,25 @@ class AlignedPolicy(Policy):
     def marker_cost_per_s(self, f) -> float:
         return max((p.marker_cost_per_s(f) for p in self.members.values()), default=0.0)
 
-    def choose_marker(self, probe, timed) -> int | None:
-        """The function called most over all members whose reference costs each of them at most a
-        quarter of what its window does."""
+    def reference(self, among) -> int | None:
+        """The function of `among` called most over all members that can be a reference for each
+        (cheap enough for every one of them, repeated in one)."""
+        members = list(self.members.values())
+        called = {f for p in members for f, r in p.rates.items() if f in among and r >= 100.0}
+        ref = [(sum(p.rates.get(f, 0.0) for p in members), f) for f in called
+               if all(p.ref_share(f) <= REF_PROBE_MAX for p in members) and any(p.repeats(f) for p in members)]
+        return max(ref)[1] if ref else None
+
+    def choose_marker(self, probe, timed, among=frozenset()) -> int | None:
+        """As Policy.choose_marker, over all members: a reference first, else the function called
+        most whose reference costs each of them at most a quarter of what its window does."""
         members = list(self.members.values())
         if not members:
             return None
         called = {f for p in members for f, r in p.rates.items() if f in probe and r >= 100.0}
-        ref = [(sum(p.rates.get(f, 0.0) for p in members), f) for f in called
-               if all(p.ref_share(f) <= REF_PROBE_MAX for p in members) and any(p.repeats(f) for p in members)]
-        if ref:
-            return max(ref)[1]
+        ref = self.reference(probe | among)
+        if ref is not None:
+            return ref
         ok = [(sum(p.rates.get(f, 0.0) for p in members), f) for f in called
               if all(p.marker_fits(f, probe, timed) for p in members)]
         if ok:

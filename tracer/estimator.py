@@ -43,15 +43,25 @@ SMALL_UNIT = 0.5  # an interval whose windows counted less than this share of th
 # interval's counting time, stand for it without those it moves by more than LOOSE_REL (_Unit.trimmed).
 FIRM_REL = 0.2
 LOOSE_REL = 0.5
+# A window whose rate the exposure moves by all of it or more (its probes took most of it, at an
+# exposure not measured) gives a lower bound and nothing else: beside a firm rate it can agree with,
+# it is left out, and an interval of only such windows is stood for by the nearest firm one
+# (`_unvoided`). A 5-s attach whose scout's probes took 75% of it read 0..958k calls/s for 142k,
+# every later window read against a reference.
+VOID_REL = 1.0
+DISPERSION_DOF = 3
 FIRM_FACTOR = 5.0
 # A marker's reference spans stand for the job's untraced pace (`reference_rates`) where they
-# counted at least REF_MIN_CALLS of its calls (the reference's Poisson error then under 1.96/sqrt(20),
-# 44%, which the stated interval carries) and its probes took at most REF_PROBE_MAX of their time (so
-# that not knowing how much of it the job lost moves the rate by at most that much again); a window
-# is read against its marker where the marker made at least REF_MIN_IN calls in it (fewer: the
-# window's own count of the marker is the noise, and its counting time serves as well).
+# counted at least REF_MIN_CALLS of its calls (the reference's own Poisson error, under 1/sqrt(20) at
+# one sigma, is carried as a random error of its interval's windows) and its probes took at most
+# REF_PROBE_MAX of their time: not knowing how much of that the job lost (none to EXPOSURE_MAX times
+# it) moves the rate by up to 1.5 x REF_PROBE_MAX either way, 7.5%, carried as a bound. At 2% a job
+# whose every function is called above 43k/s had no reference on this project's CI host (0.46 us its
+# cheapest hit) and none of its rates was known. A window is read against its marker where the
+# marker made at least REF_MIN_IN calls in it (fewer: the window's own count of the marker is the
+# noise, and its counting time serves as well).
 REF_MIN_CALLS = 20
-REF_PROBE_MAX = 0.02
+REF_PROBE_MAX = 0.05
 REF_MIN_IN = 10
 # An interval whose step function (a step window's) was on the watch link for at least this share of
 # it gives that function's rate there (`_by_steps`).
@@ -186,7 +196,8 @@ class Reference:
     probed alone), and the 95% relative half-width of that rate."""
 
     rate_hz: float
-    rel: float
+    rel: float    # from its probes' share of its spans: the same for every window it reads
+    rand: float   # its count's own (Poisson) relative error, one sigma: its interval's alone
 
 
 def reference_rates(o: "Observation") -> dict[int | None, Reference]:
@@ -210,7 +221,7 @@ def reference_rates(o: "Observation") -> dict[int | None, Reference]:
             continue
         lo, hi = n / t, n / (t - EXPOSURE_MAX * probe)
         mid = (lo + hi) / 2
-        out[f] = Reference(mid, (hi - lo) / 2 / mid + 1.96 / math.sqrt(n))
+        out[f] = Reference(mid, (hi - lo) / 2 / mid, 1.0 / math.sqrt(n))
     return out
 
 
@@ -224,21 +235,23 @@ def referenced(w: "Window", refs: Mapping[int | None, Reference]) -> bool:
 
 
 def window_time(w: "Window", expo: Exposures, steps_hz: Mapping[int, float],
-                refs: Mapping[int | None, Reference] | None = None) -> tuple[float, float]:
-    """The untraced seconds window w stands for, and the relative error of a rate from it that the
-    exposure makes: a step window's steps at its step function's rate (`step_rates`), no error from
-    the exposure; a window with a marker, the marker's calls in it at the marker's rate in its
-    interval's reference spans (`reference_rates`): the job's slowdown inside the window cancels,
-    however much of it the probes took, and the error is the reference's; any other, its counting
-    time less the probes' share (`Exposure.effective_s`)."""
+                refs: Mapping[int | None, Reference] | None = None) -> tuple[float, float, float]:
+    """The untraced seconds window w stands for, the relative error of a rate from it that the
+    exposure or the reference's probes make (a bound, the same for every window read that way), and
+    the reference's own count's relative error (one sigma, random from one interval to the next): a
+    step window's steps at its step function's rate (`step_rates`), no error from the exposure; a
+    window with a marker, the marker's calls in it at the marker's rate in its interval's reference
+    spans (`reference_rates`): the job's slowdown inside the window cancels, however much of it the
+    probes took, and the error is the reference's; any other, its counting time less the probes'
+    share (`Exposure.effective_s`)."""
     if w.step_func is not None and w.steps > 0:
         r = steps_hz.get(w.step_func)
         if r:
-            return w.steps / r, 0.0
+            return w.steps / r, 0.0, 0.0
     m = w.marker
     if refs and m is not None and m.calls_in >= REF_MIN_IN and (ref := refs.get(m.func)) is not None:
-        return m.calls_in / ref.rate_hz, ref.rel
-    return expo.effective_s(w), expo.rel_err(w)
+        return m.calls_in / ref.rate_hz, ref.rel, ref.rand
+    return expo.effective_s(w), expo.rel_err(w), 0.0
 
 
 def exposure(windows: Iterable[Window], *, min_calls: int = 30) -> Exposure:
@@ -289,23 +302,25 @@ class _Unit:
     k: int = 0           # windows
     s2: float = 0.0      # sum of n^2 / e, for the windows' dispersion
     sys: float = 0.0     # sum of the exposure's relative error x e
+    rand: float = 0.0    # sum of the references' random relative error (one sigma) x e
     u: float = 0.0       # time off the watch link this unit stands for: its interval's and the windowless ones after it
     span: float = 0.0    # its interval's length
     alone: bool = False  # its only window is a discovery span
     exact: bool = False  # not windows: a whole interval's count on the watch link (`estimate`)
     counted: float = 0.0  # the windows' counting time (e is that less the probes' share)
     rates: list[float] = field(default_factory=list)
-    parts: list[tuple[int, float, float, float]] = field(default_factory=list)  # (n, e, rel, counted) each
+    parts: list[tuple[int, float, float, float, float]] = field(default_factory=list)  # (n, e, rel, counted, rand) each
 
-    def add(self, n: int, e: float, rel: float, counted: float) -> None:
+    def add(self, n: int, e: float, rel: float, counted: float, rand: float = 0.0) -> None:
         self.n += n
         self.e += e
         self.counted += counted
         self.k += 1
         self.s2 += n * n / e
         self.sys += rel * e
+        self.rand += rand * e
         self.rates.append(n / e)
-        self.parts.append((n, e, rel, counted))
+        self.parts.append((n, e, rel, counted, rand))
 
     def trimmed(self) -> "_Unit":
         """Without the windows whose rate rests on the exposure, where windows that do not make most
@@ -316,6 +331,11 @@ class _Unit:
         their rates can be the same rate (`_consistent`): windows that saw another phase of the job
         are not left out, whatever the exposure."""
         firm = [x for x in self.parts if x[2] <= FIRM_REL]
+        void = [x for x in self.parts if x[2] >= VOID_REL]
+        if firm and void and _consistent(_pooled(firm), _pooled(void)):
+            out = _pooled([x for x in self.parts if x[2] < VOID_REL])
+            out.u, out.span, out.alone = self.u, self.span, self.alone
+            return out.trimmed()
         if len(firm) == len(self.parts) or sum(x[3] for x in firm) < 0.5 * self.counted:
             return self
         keep = [x for x in self.parts if x[2] <= LOOSE_REL]
@@ -326,10 +346,10 @@ class _Unit:
         return out
 
 
-def _pooled(parts: Sequence[tuple[int, float, float, float]]) -> "_Unit":
+def _pooled(parts: Sequence[tuple[int, float, float, float, float]]) -> "_Unit":
     out = _Unit()
-    for n, e, rel, counted in parts:
-        out.add(n, e, rel, counted)
+    for part in parts:
+        out.add(*part)
     return out
 
 
@@ -341,7 +361,7 @@ def _rate_range(x: _Unit) -> tuple[float, float]:
     what inflates the dispersion."""
     z = 1.96 * math.sqrt(max(x.n, 1))
     lo = max(0.0, x.n - z) / x.counted if x.counted > 0 else 0.0
-    e_lo = sum(max(e * (1.0 - rel), EFFECTIVE_FLOOR * c) for _, e, rel, c in x.parts)
+    e_lo = sum(max(e * (1.0 - rel - 1.96 * rand), EFFECTIVE_FLOOR * c) for _, e, rel, c, rand in x.parts)
     hi = (x.n + z + 1.0) / e_lo if e_lo > 0 else math.inf
     return lo, hi
 
@@ -357,16 +377,18 @@ def _consistent(a: _Unit, b: _Unit) -> bool:
 
 def _dispersion(units: Sequence[_Unit]) -> tuple[float, int]:
     """How much more the windows' counts vary than Poisson counts would (phi, at least 1), and the
-    degrees of freedom behind it: from the windows inside each interval where it has two or more
-    (a change between intervals does not count); else from one interval to the next (a change of
-    phase counts once). A job whose calls come in bursts has phi about the burst's size, whatever
-    the windows' lengths: a short window that caught a burst is then no surprise."""
+    degrees of freedom behind it: from the windows inside each interval where they give
+    DISPERSION_DOF or more (a change between intervals does not count); else from those and from
+    one interval to the next (a change of phase counts once). A job whose calls come in bursts has
+    phi about the burst's size, whatever the windows' lengths: a short window that caught a burst is
+    then no surprise. (From one interval's two windows alone, t with one degree of freedom made a
+    95% interval 12.7 sigma wide: a 5-s attach's rate read 98k +- 74k where every window agreed.)"""
     chi, dof = 0.0, 0
     for a in units:
         if a.k >= 2 and a.n > 0:
             chi += a.s2 * a.e / a.n - a.n
             dof += a.k - 1
-    if dof == 0:
+    if dof < DISPERSION_DOF:
         for a, b in zip(units, units[1:]):
             n, e = a.n + b.n, a.e + b.e
             if n > 0:
@@ -430,6 +452,25 @@ def _absorb_loose(units: list[_Unit]) -> list[_Unit]:
     return out
 
 
+def _unvoided(units: list[_Unit]) -> list[_Unit]:
+    """An interval whose windows are all void (VOID_REL) is stood for by the nearest interval with a
+    firm rate that it can agree with (the next one where both are as near): its windows are left
+    out, its time goes to that one's, as a windowless interval's does."""
+    firm = [i for i, x in enumerate(units) if _firm(x)]
+    if not firm:
+        return units
+    out = list(units)
+    gone: set[int] = set()
+    for i, x in enumerate(units):
+        if x.alone or x.exact or not x.parts or any(p[2] < VOID_REL for p in x.parts):
+            continue
+        near = sorted((j for j in firm if _consistent(x, units[j])), key=lambda j: (abs(j - i), -j))
+        if near:
+            out[near[0]].u += x.u
+            gone.add(i)
+    return [x for i, x in enumerate(out) if i not in gone]
+
+
 def _merged(a: _Unit, b: _Unit) -> _Unit:
     """Two intervals' windows as one (sums field by field; a merged unit is never a discovery alone,
     and never an exact count: neither is merged)."""
@@ -472,7 +513,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         anchored = {f for w, ref, *_ in timing if ref for f in w.probed}
         acc: dict[int, _Unit] = {}
         last_resort: dict[int, _Unit] = {}
-        for w, ref, eff, rel in timing:
+        for w, ref, eff, rel, rand in timing:
             # (A referenced window's rate has no range from the probes' share: its time is its own.)
             counted = eff if ref else w.counted_s
             probed = w.probed if len(w.probed) <= 2 * len(funcs) else funcs.intersection(w.probed)
@@ -486,7 +527,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 a = into.get(f)
                 if a is None:
                     a = into[f] = _Unit()
-                a.add(calls.get(f, 0), eff, rel, counted)
+                a.add(calls.get(f, 0), eff, rel, counted, rand)
         for f, a in last_resort.items():
             if f not in acc:
                 a.alone = True
@@ -558,7 +599,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 else:
                     runs[-1].append(x)
             units = [x for r in runs if r for x in (r if r[0].alone or r[0].exact else _collapse(r))]
-            units = [x.trimmed() for x in _absorb_loose(units)]
+            units = _unvoided([x.trimmed() for x in _absorb_loose(units)])
             phi, dof = _dispersion([x for x in units if not x.alone])
             # The windows' rates from one to the next, each set standing for its span: how far an
             # interval's rate can be from the truth when the job changes between windows (a phase
@@ -573,6 +614,9 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 r = x.n / x.e
                 sampled += r * x.u
                 var += phi * max(x.n, 1) / (x.e * x.e) * x.u * x.u
+                # The reference's count: one error for the whole unit (its windows share it), none
+                # shared with another interval's (each has its own reference spans).
+                var += (x.rand / x.e * r * x.u) ** 2
                 rel_sys += x.sys / x.e * r * x.u
         measured = max(0.0, span - unmeasured)
         # After the loose units are absorbed, one window may be left standing for the whole span

@@ -455,8 +455,20 @@ class Probes:
         if rare is not None and not gone and rare[0] + rare[1] <= interval_s:
             # The rarer functions alone, in a longer window of their own.
             offset, length = rare
-            if self.waiting(wait, t_start + offset - time.monotonic()):
-                self._current = WindowSpan(0.0, plan.rare_probe, plan.rare_timed, None, 0.0, time.monotonic())
+            marker = plan.rare_marker
+            lead = length if marker is not None else 0.0
+            if self.waiting(wait, t_start + offset - lead - time.monotonic()):
+                t0 = time.monotonic()
+                outside = 0.0
+                if marker is not None:
+                    # Its reference, as before the other windows.
+                    self.marker_begin(marker)
+                    gone = not self.waiting(wait, lead)
+                    outside = self.outside_end()
+                    if gone:
+                        self.marker_end()
+                        return total
+                self._current = WindowSpan(0.0, plan.rare_probe, plan.rare_timed, marker, outside, t0)
                 why = self._why_not_steps(plan, 0.0, rare=True) if plan.rare_steps else "no step"
                 if why is None:
                     self._step_window(plan, plan.rare_steps * plan.period_s, plan.rare_probe, wait,

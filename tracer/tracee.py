@@ -294,17 +294,20 @@ class Tracee:
         if not self.exact:
             # The windows' own rates (untraced), for the next plan: not the estimate's whole work.
             rates: dict[int, list[float]] = {}
+            low: dict[int, list[float]] = {}
             steps_hz, refs = est.step_rates([obs]), est.reference_rates(obs)
             for w in windows:
                 eff = est.window_time(w, expo, steps_hz, refs)[0]
                 for f in w.probed:
                     rates.setdefault(f, []).append(w.calls.get(f, 0) / eff)
+                    low.setdefault(f, []).append(w.calls.get(f, 0) / w.counted_s)
             if self.policy.kept and span > 0:
                 # (Every kept function: one not called this interval has no row of gains, and its
                 # last rate stood, a burst of set-up calls taken for a job's step for the whole attach.)
                 self.policy.observe_kept({f: (gained[f].watched if f in gained else 0) / span for f in self.policy.kept})
             self.policy.observe(len(windows), {f: sum(r) / len(r) for f, r in rates.items()},
-                                {f: n for w in windows for f, n in w.calls.items()})
+                                {f: n for w in windows for f, n in w.calls.items()},
+                                {f: sum(r) / len(r) for f, r in low.items()})
             # Which have a per-call time yet: the rare window times those that have none.
             self.policy.untimed = frozenset(f for f in self.policy.seen
                                             if not ((t := self._since_start(f)) and t.timed))
