@@ -215,17 +215,23 @@ def test_export_serves_simcuda_workloads_traced_with_real_ebpf(tmp_path):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 fams = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
             # Both measured, their submission calls too: a class is counted from its first known rate
-            # on (a rate not known adds nothing, docs/exporter.md), which can come a scrape later.
+            # on, and the seconds its rate was not known go to a counter of their own (docs/exporter.md):
+            # one or the other grows for each. (Two busy launch loops on this 2-core host, a probe hit
+            # ~9 us, can stay not known for minutes: the exporter says so rather than count a guess.)
             pids = {s.labels["pid"] for s in samples(fams, "gputrace_process_driver_calls_total", **{"class": "submission"})
                     if s.value > 0}
-            if {str(j.pid) for j in jobs} <= pids or time.monotonic() > deadline:
+            unknown = {s.labels["pid"] for s in samples(fams, "gputrace_process_driver_calls_unknown_seconds_total",
+                                                         **{"class": "submission"}) if s.value > 0}
+            if {str(j.pid) for j in jobs} <= pids | unknown or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         states = {s.labels["state"]: s.value for s in fams["gputrace_processes"].samples}
-        assert {str(j.pid) for j in jobs} <= pids, (states, [j.poll() for j in jobs])
+        assert {str(j.pid) for j in jobs} <= pids | unknown, (states, [j.poll() for j in jobs])
         for j in jobs:
             sub = samples(fams, "gputrace_process_driver_calls_total", pid=str(j.pid), **{"class": "submission"})
-            assert sub and sub[0].value > 0
+            gap = samples(fams, "gputrace_process_driver_calls_unknown_seconds_total", pid=str(j.pid),
+                          **{"class": "submission"})
+            assert (sub and sub[0].value > 0) or (gap and gap[0].value > 0)
         kinds = {(s.labels["kind"], s.labels["call"]) for s in fams["gputrace_probe_cost_seconds"].samples}
         assert kinds == {("emulated", "counted"), ("emulated", "timed"), ("stepped", "counted"), ("stepped", "timed")}
         assert all(0 < s.value < 1e-3 for s in fams["gputrace_probe_cost_seconds"].samples)
