@@ -29,6 +29,10 @@
  *                 of those classes (submission, synchronization, state, query) or functions; alone,
  *                 what it does now and how many calls it has slowed
  *   keep          a suspension made through this connection outlives it (see below)
+ *   digest [digest=BYTES] [timeout=MS]
+ *                 with an fd: the live memory's digests into it, under a gate closed for the kernel
+ *                 alone (what a restore reads before it: only the chunks that differ)
+ *   release       the pinned pool and digest kernel kept between dumps and restores given back
  * A job of several processes (checkpointer/gang.py) is stopped in steps, each bounded, so that no
  * process waits on a peer stopped before it (see "Collectives" in shim.c):
  *   close [MS]    close the gate without waiting for the calls in flight (only for collective launches
@@ -398,6 +402,16 @@ static void command(struct client *cl, int idx, char *line)
         if (!gate_suspended())
             g_susp_holder = -1;
         reply_buf(cl, buf, n);
+    } else if (!strncmp(line, "digest", 6) && (line[6] == 0 || line[6] == ' ')) {
+        int fd = cl->passed;
+        cl->passed = -1;
+        size_t n = 0;
+        char *buf = dump_digest(line + 6, fd, g_pauser == idx, &n);
+        reply_buf(cl, buf, n);
+    } else if (!strcmp(line, "release")) {
+        size_t n = 0;
+        char *buf = dump_release_command(&n);
+        reply_buf(cl, buf, n);
     } else if (!strcmp(line, "keep")) {
         if (!gate_suspended())
             reply(cl, "{\"ok\": false, \"error\": \"not suspended\"}");
@@ -409,7 +423,7 @@ static void command(struct client *cl, int idx, char *line)
         }
     } else {
         reply(cl, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
-                      "restore, suspend, unsuspend, keep, rehome, emulate, close [MS], advance N [MS], drain [MS]\"}");
+                      "restore, suspend, unsuspend, keep, rehome, digest, release, emulate, close [MS], advance N [MS], drain [MS]\"}");
     }
 }
 

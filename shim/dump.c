@@ -202,6 +202,7 @@ static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 struct piece {
     uint64_t dev, off, len, ctx;
+    char *host; /* kept pinned memory to copy to or from directly (NULL: the image map, else staging) */
 };
 
 struct job {
@@ -301,15 +302,26 @@ static void *lane_run(void *arg)
             DRV(D.stream_create(&s[1], CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         }
         struct piece *p = &j->p[i];
-        if (j->map) { /* no staging, no CPU copy: the DMA engine reads or writes the image itself */
+        if (p->host || j->map) { /* no staging, no CPU copy: the DMA engine reads or writes pinned memory */
+            char *h = p->host ? p->host : j->map + p->off;
             if (j->restore)
-                DRV(D.h2d((CUdeviceptr)p->dev, j->map + p->off, p->len, s[b]), "cuMemcpyHtoDAsync(%#llx, %llu)",
+                DRV(D.h2d((CUdeviceptr)p->dev, h, p->len, s[b]), "cuMemcpyHtoDAsync(%#llx, %llu)",
                     (unsigned long long)p->dev, (unsigned long long)p->len);
             else
-                DRV(D.d2h(j->map + p->off, (CUdeviceptr)p->dev, p->len, s[b]), "cuMemcpyDtoHAsync(%#llx, %llu)",
+                DRV(D.d2h(h, (CUdeviceptr)p->dev, p->len, s[b]), "cuMemcpyDtoHAsync(%#llx, %llu)",
                     (unsigned long long)p->dev, (unsigned long long)p->len);
             b ^= 1;
             continue;
+        }
+        if (!j->restore && pend[b] != (size_t)-1) { /* buf[b] still holds a piece not written yet */
+            DRV(D.stream_sync(s[b]), "cuStreamSynchronize");
+            struct piece *q = &j->p[pend[b]];
+            int e = io_all(0, j->fd, L->buf[b], q->len, q->off);
+            if (e) {
+                job_fail(j, "writing the image: %s", strerror(e));
+                goto out;
+            }
+            pend[b] = (size_t)-1;
         }
         if (j->restore) {
             DRV(D.stream_sync(s[b]), "cuStreamSynchronize"); /* buf[b]'s last upload is done */
@@ -620,6 +632,7 @@ struct opts {
     int base;        /* dump: the fd holds the base image's header, entries and digests */
     int diff;        /* restore: copy only the chunks whose digest differs */
     int stage;       /* only prepare (map and pin the image, load the digests) and keep it for the next command */
+    uint64_t pin_cap; /* the most pinned memory kept between commands (0: the default) */
 };
 
 /* "lanes=N chunk=BYTES timeout=MS PATH" in any order; returns the path or NULL; -1 on a bad word. */
@@ -652,6 +665,11 @@ static int parse_opts(char *args, struct opts *o, char **path)
             o->diff = w[5] == '1';
         } else if (!strcmp(w, "stage=1")) {
             o->stage = 1;
+        } else if (!strncmp(w, "pin_cap=", 8)) {
+            unsigned long long v = strtoull(w + 8, &end, 10);
+            if (*end || w[8] == '-' || !v)
+                return -1;
+            o->pin_cap = v;
         } else if (!strncmp(w, "timeout=", 8)) {
             long v = strtol(w + 8, &end, 10);
             if (*end || v < 0 || v > 600000)
@@ -684,7 +702,7 @@ static void json_err(struct sbuf *b, const char *err, const char *detail)
 /* Cuts what is to be copied of the items into pieces of at most `chunk` bytes: all of each, or
  * (held non-NULL) the runs of chunks of `dchunk` bytes whose held[] is set, each item's in turn. */
 static struct piece *cut(const struct item *v, int n, size_t chunk, const unsigned char *held, uint64_t dchunk,
-                         size_t *np)
+                         const uint64_t *pre_off, char *pre_base, size_t *np)
 {
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -697,18 +715,25 @@ static struct piece *cut(const struct item *v, int n, size_t chunk, const unsign
         uint64_t at = 0;
         while (at < v[i].size) {
             uint64_t end = v[i].size; /* the run [at, end) */
+            char *host = NULL; /* where the run's chunks were read in before the freeze (consecutive there) */
             if (held) {
                 for (; at < v[i].size && !held[d]; at += dchunk)
                     d++;
                 if (at >= v[i].size)
                     break;
-                for (end = at; end < v[i].size && held[d]; end += dchunk)
+                if (pre_off && pre_off[d] != UINT64_MAX)
+                    host = pre_base + pre_off[d];
+                for (end = at; end < v[i].size && held[d]; end += dchunk) {
+                    if (host && (pre_off[d] == UINT64_MAX || pre_base + pre_off[d] != host + (end - at)))
+                        host = NULL; /* (never: a restore's differing chunks are all held, all read in) */
                     d++;
+                }
                 end = end < v[i].size ? end : v[i].size;
             }
             for (uint64_t o = at; o < end; o += chunk)
                 p[k++] = (struct piece){.dev = v[i].base + o, .off = v[i].off + o,
-                                        .len = end - o < chunk ? end - o : chunk, .ctx = v[i].ctx};
+                                        .len = end - o < chunk ? end - o : chunk, .ctx = v[i].ctx,
+                                        .host = host ? host + (o - at) : NULL};
             at = end;
         }
     }
@@ -716,30 +741,155 @@ static struct piece *cut(const struct item *v, int n, size_t chunk, const unsign
     return p;
 }
 
-static int lanes_alloc(struct lane *L, int nl, size_t chunk, uint64_t ctx)
+/* ------------------------------------------------------------------------------------------------
+ * What is kept between a job's commands, so that a checkpoint after the first pays none of it again:
+ * the digest kernel loaded in each context with its scratch (dg_open), and one pool of pinned host
+ * memory (cuMemHostAlloc, portable): each lane's two staging buffers at its start, then a *deferred*
+ * area into which the changed chunks of a dump are copied at the bus's speed under the gate and from
+ * which they are written into the image after it reopens (and into which a restore of some chunks
+ * reads them before it closes).  The pool is made at the first command that copies and grown only
+ * where a command copied more than its deferred area held (to 1.25x that, before the next freeze);
+ * it never exceeds the cap: `pin_cap=BYTES` on the command, else $GPUTRACE_SHIM_PIN_CAP, else
+ * PIN_CAP_DEFAULT.  `release` (control.c) gives all of it back; the process's exit does too. */
+#define PIN_CAP_DEFAULT (2ull << 30)
+#define DEFER_MIN (32ull << 20)
+
+static struct {
+    struct digester *dg;
+    uint64_t dg_ctxs[64];
+    size_t dg_caps[64];
+    int dg_nctx;
+    char *pool;
+    uint64_t pool_len, staging_len; /* staging_len: the lanes' part, at the start */
+    uint64_t want;                  /* deferred bytes the next command should have room for */
+    uint64_t pool_ctx;              /* the context it was allocated in: it goes with it */
+    uint64_t cap;                   /* the cap the last command gave */
+    unsigned long long dg_loads, pool_allocs, reused;
+} K;
+
+static uint64_t pin_cap_default(void)
 {
-    memset(L, 0, sizeof *L * (size_t)nl);
-    if (D.ctx_set((CUcontext)(uintptr_t)ctx) != CUDA_SUCCESS)
-        return -1;
-    for (int i = 0; i < nl; i++)
-        for (int k = 0; k < 2; k++)
-            if (D.host_alloc(&L[i].buf[k], chunk, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) {
-                L[i].buf[k] = NULL;
-                D.ctx_set(NULL);
-                return -1;
-            } else {
-                memset(L[i].buf[k], 0, chunk); /* fault it in now, not during the freeze */
-            }
-    D.ctx_set(NULL);
+    static uint64_t cap;
+    if (!cap) {
+        const char *e = getenv("GPUTRACE_SHIM_PIN_CAP");
+        char *end;
+        unsigned long long v = e ? strtoull(e, &end, 10) : 0;
+        cap = e && *e && !*end && v ? (uint64_t)v : PIN_CAP_DEFAULT;
+    }
+    return cap;
+}
+
+static int ctx_known(const struct collect *c, uint64_t ctx)
+{
+    for (int k = 0; k < c->nctx; k++)
+        if (c->ctxs[k] == ctx)
+            return 1;
     return 0;
 }
 
-static void lanes_free(struct lane *L, int nl)
+/* What was kept in a context the program has destroyed since went with it (the driver frees a
+ * context's pinned memory and modules): forgotten, never freed again. */
+static void keep_forget_gone(const struct collect *c)
 {
-    for (int i = 0; i < nl; i++)
-        for (int k = 0; k < 2; k++)
-            if (L[i].buf[k])
-                D.host_free(L[i].buf[k]);
+    if (K.pool && !ctx_known(c, K.pool_ctx)) {
+        K.pool = NULL;
+        K.pool_len = K.staging_len = 0;
+    }
+    for (int k = 0; K.dg && k < K.dg_nctx; k++)
+        if (!ctx_known(c, K.dg_ctxs[k])) {
+            K.dg = NULL; /* (its few bytes of host memory are left) */
+            K.dg_nctx = 0;
+        }
+}
+
+/* The kept digester, made again only where the contexts changed or the job's chunks outgrew it. */
+static struct digester *keep_digester(const uint64_t *ctxs, const size_t *need, int nctx, char *why, size_t wl)
+{
+    int same = K.dg && K.dg_nctx == nctx;
+    for (int k = 0; same && k < nctx; k++)
+        same = K.dg_ctxs[k] == ctxs[k] && K.dg_caps[k] >= need[k];
+    if (same) {
+        K.reused++;
+        return K.dg;
+    }
+    if (K.dg)
+        dg_close(K.dg);
+    size_t caps[64];
+    for (int k = 0; k < nctx; k++)
+        caps[k] = need[k] + need[k] / 4 + 64; /* room for what the job allocates meanwhile, and later */
+    K.dg = dg_open(ctxs, caps, nctx, why, wl);
+    if (K.dg) {
+        K.dg_loads++;
+        K.dg_nctx = nctx;
+        memcpy(K.dg_ctxs, ctxs, sizeof *ctxs * (size_t)nctx);
+        memcpy(K.dg_caps, caps, sizeof *caps * (size_t)nctx);
+    }
+    return K.dg;
+}
+
+static void keep_drop_digester(void)
+{
+    if (K.dg)
+        dg_close(K.dg);
+    K.dg = NULL;
+}
+
+/* The pool with room for `staging` bytes of lane buffers and, within the cap, for the deferred area
+ * this job wants (initially `initial` bytes); made or grown only where it is smaller. 0, or -1 where
+ * the staging alone exceeds the cap or the driver cannot pin it. */
+static int keep_pool(uint64_t staging, uint64_t initial, uint64_t cap, uint64_t ctx)
+{
+    if (staging > cap)
+        return -1;
+    if (!K.want)
+        K.want = initial;
+    uint64_t defer = K.want < cap - staging ? K.want : cap - staging;
+    if (K.pool && K.staging_len == staging && K.pool_len >= staging + defer && K.pool_len <= cap)
+        return 0;
+    if (K.pool) {
+        D.host_free(K.pool);
+        K.pool = NULL;
+        K.pool_len = 0;
+    }
+    uint64_t len = round_up(staging + defer, IMG_ALIGN);
+    void *m = NULL;
+    if (D.ctx_set((CUcontext)(uintptr_t)ctx) != CUDA_SUCCESS)
+        return -1;
+    CUresult r = D.host_alloc(&m, (size_t)len, CU_MEMHOSTALLOC_PORTABLE);
+    D.ctx_set(NULL);
+    if (r != CUDA_SUCCESS || !m)
+        return -1;
+    memset(m, 0, (size_t)len); /* faulted in now, never during a freeze */
+    K.pool = m;
+    K.pool_ctx = ctx;
+    K.pool_len = len;
+    K.staging_len = staging;
+    K.pool_allocs++;
+    return 0;
+}
+
+/* Everything kept, given back (no command is running: they run on the control thread, as this). */
+void dump_release(struct sbuf *b)
+{
+    dump_unstage(-1);
+    uint64_t bytes = K.pool_len;
+    int had_dg = K.dg != NULL;
+    keep_drop_digester();
+    if (K.pool)
+        D.host_free(K.pool);
+    K.pool = NULL;
+    K.pool_len = K.staging_len = K.want = 0;
+    sb_printf(b, "{\"ok\": true, \"released_pinned_bytes\": %llu, \"released_digester\": %s}",
+              (unsigned long long)bytes, had_dg ? "true" : "false");
+}
+
+/* Its part of the status JSON: what is kept, and how often it was made. */
+void dump_kept_json(struct sbuf *b)
+{
+    sb_printf(b, "\"kept\": {\"pinned_bytes\": %llu, \"staging_bytes\": %llu, \"pin_cap\": %llu, "
+                 "\"digester\": %s, \"digester_loads\": %llu, \"pool_allocs\": %llu, \"reused\": %llu}",
+              (unsigned long long)K.pool_len, (unsigned long long)K.staging_len,
+              (unsigned long long)(K.cap ? K.cap : pin_cap_default()), K.dg ? "true" : "false", K.dg_loads, K.pool_allocs, K.reused);
 }
 
 /* Synchronizes every context the registry knows: work submitted before the gate closed finishes. */
@@ -988,10 +1138,13 @@ static uint64_t n_digests(const uint64_t *sizes, size_t stride, int n, uint64_t 
  * where it has none).  Every offset and size is checked without overflow against the file's size:
  * the image comes from outside the job, and a copy that runs past the mapped file would kill it.
  * head_only: the file holds only what comes before the data (a base for a dump). */
-static const char *read_image(int fd, int head_only, struct img_hdr *h, struct img_ent **ents, uint64_t **dig)
+static const char *read_image(int fd, int head_only, int partial_ok, struct img_hdr *h, struct img_ent **ents,
+                              uint64_t **dig, unsigned char **held)
 {
     *ents = NULL;
     *dig = NULL;
+    if (held)
+        *held = NULL;
     struct stat st;
     if (fstat(fd, &st) != 0)
         return "cannot stat the image";
@@ -1009,7 +1162,7 @@ static const char *read_image(int fd, int head_only, struct img_hdr *h, struct i
     if (h->count > (1u << 24) || h->data_offset < hsize + h->count * sizeof(struct img_ent) ||
         h->data_offset > fsize || (!head_only && h->data_bytes != fsize - h->data_offset))
         return "image header inconsistent with its size";
-    if (!head_only && (h->flags & IMG_PARTIAL))
+    if (!head_only && !partial_ok && (h->flags & IMG_PARTIAL))
         return "a partial image (one link of an incremental checkpoint's chain): it must be put together first";
     struct img_ent *e = calloc(h->count ? h->count : 1, sizeof *e);
     if (!e)
@@ -1030,6 +1183,8 @@ static const char *read_image(int fd, int head_only, struct img_hdr *h, struct i
     uint64_t dc = h->digest_chunk;
     if (!dc) {
         h->digest_count = 0;
+        if (!head_only && (h->flags & IMG_PARTIAL))
+            return "a partial image without digests";
         return NULL;
     }
     if (dc < MIN_CHUNK || dc > MAX_CHUNK || dc % IMG_ALIGN ||
@@ -1045,6 +1200,19 @@ static const char *read_image(int fd, int head_only, struct img_hdr *h, struct i
         return "image too short for its digests";
     }
     *dig = d;
+    if (held && (h->flags & IMG_PARTIAL)) { /* a restore of some chunks: which ones the image holds */
+        if (h->held_offset < h->digest_offset + h->digest_count * 16 || h->held_offset > h->data_offset ||
+            h->digest_count > h->data_offset - h->held_offset)
+            return "image held map inconsistent";
+        unsigned char *m = malloc(h->digest_count ? h->digest_count : 1);
+        if (!m)
+            return "out of memory";
+        if (h->digest_count && io_all(1, fd, m, h->digest_count, h->held_offset)) {
+            free(m);
+            return "image too short for its held map";
+        }
+        *held = m;
+    }
     return NULL;
 }
 
@@ -1062,6 +1230,11 @@ struct op {
     struct img_hdr h;
     struct img_ent *ents;
     uint64_t *idig;          /* restore: the image's digests */
+    unsigned char *iheld;    /* restore of a partial image: 1 where it holds the chunk (the others must not differ) */
+    uint64_t *pre_off;       /* ... where each held chunk was read into the pool's deferred area (UINT64_MAX: not) */
+    uint64_t preloaded, deferred, writeback_ns, stale;
+    int dg_lost;             /* the digester failed: closed after the gate reopens, not kept */
+    int reopened;            /* the gate reopened before the reply (a dump's deferred chunks written after) */
     struct img_hdr bh;       /* dump base=1: the base image's header, entries and digests */
     struct img_ent *bents;
     uint64_t *bdig;
@@ -1102,7 +1275,8 @@ static int op_open(struct op *op, char *args, int fd)
     op->fd = fd;
     op->own_fd = fd >= 0; /* a passed fd is ours to close (a suspend keeps it), even when the words are wrong */
     if (parse_opts(args, &op->o, &path) != 0 || (path && op->mode == M_UNSUSPEND)) {
-        snprintf(op->err, sizeof op->err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS] [direct=0|1] [stage=1]%s%s",
+        snprintf(op->err, sizeof op->err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS] [direct=0|1] [stage=1] "
+                 "[pin_cap=BYTES]%s%s",
                  mode_name[op->mode], op->mode == M_DUMP ? " [digest=BYTES|0] [base=0|1]"
                  : op->mode == M_RESTORE ? " [diff=0|1]" : "", op->mode == M_UNSUSPEND ? "" : " [/PATH] (or pass an fd)");
         return fail(op, op->err, NULL);
@@ -1132,13 +1306,14 @@ static int op_open(struct op *op, char *args, int fd)
     if (!drv_load())
         return fail(op, "the driver lacks a function the copy needs", NULL);
     if (op->restore) {
-        const char *e = read_image(op->fd, 0, &op->h, &op->ents, &op->idig);
+        const char *e = read_image(op->fd, 0, op->mode == M_RESTORE && op->o.diff, &op->h, &op->ents, &op->idig,
+                                   &op->iheld);
         if (e)
             return fail(op, "bad image", e);
     } else if (op->o.base) {
         if (!op->own_fd || path)
             return fail(op, "base=1 needs the base image's head in the fd passed with the command", NULL);
-        const char *e = read_image(op->fd, 1, &op->bh, &op->bents, &op->bdig);
+        const char *e = read_image(op->fd, 1, 0, &op->bh, &op->bents, &op->bdig, NULL);
         if (e)
             return fail(op, "bad base image", e);
     }
@@ -1168,14 +1343,14 @@ static void digests_prepare(struct op *op)
         snprintf(op->dg_why, sizeof op->dg_why, "the image has no digests");
     if (!op->dchunk || !c->n)
         return;
-    size_t caps[64] = {0};
+    size_t need[64] = {0};
     for (int i = 0; i < c->n; i++)
         for (int k = 0; k < c->nctx; k++)
             if (c->ctxs[k] == c->v[i].ctx)
-                caps[k] += (c->v[i].size + op->dchunk - 1) / op->dchunk;
+                need[k] += (c->v[i].size + op->dchunk - 1) / op->dchunk;
     for (int k = 0; k < c->nctx; k++)
-        caps[k] += caps[k] / 4 + 64;
-    op->dg = dg_open(c->ctxs, caps, c->nctx, op->dg_why, sizeof op->dg_why);
+        need[k] += need[k] / 8 + 16; /* what the job may allocate before the gate closes */
+    op->dg = keep_digester(c->ctxs, need, c->nctx, op->dg_why, sizeof op->dg_why);
     if (!op->dg && op->mode == M_DUMP)
         op->dchunk = 0; /* the image says it has none */
 }
@@ -1185,6 +1360,44 @@ static uint64_t head_bytes(int n, uint64_t nd, int partial)
 {
     uint64_t dig_at = round_up(sizeof(struct img_hdr) + (uint64_t)n * sizeof(struct img_ent), 16);
     return round_up(dig_at + nd * 16 + (partial ? nd : 0), IMG_ALIGN);
+}
+
+/* A restore of a partial image: the chunks it holds read into the pool's deferred area before the
+ * gate closes, where they all fit (else they are read under the gate, through the lanes' staging). */
+static void preload(struct op *op)
+{
+    uint64_t nd = op->h.digest_count, dc = op->h.digest_chunk, total = 0;
+    if (!(op->pre_off = malloc((nd ? nd : 1) * sizeof *op->pre_off)))
+        return;
+    for (uint64_t d = 0; d < nd; d++)
+        op->pre_off[d] = UINT64_MAX;
+    uint64_t d = 0;
+    for (uint64_t i = 0; i < op->h.count; i++)
+        for (uint64_t o = 0; o < op->ents[i].size; o += dc, d++)
+            if (op->iheld[d])
+                total += op->ents[i].size - o < dc ? op->ents[i].size - o : dc;
+    if (!total || total > K.pool_len - K.staging_len) {
+        if (total > K.pool_len - K.staging_len && total > K.want)
+            K.want = total + total / 4;
+        return;
+    }
+    char *area = K.pool + K.staging_len;
+    uint64_t at = 0;
+    d = 0;
+    for (uint64_t i = 0; i < op->h.count; i++)
+        for (uint64_t o = 0; o < op->ents[i].size; o += dc, d++) {
+            if (!op->iheld[d])
+                continue;
+            uint64_t n = op->ents[i].size - o < dc ? op->ents[i].size - o : dc;
+            if (io_all(1, op->fd, area + at, n, op->ents[i].offset + o)) {
+                for (uint64_t x = 0; x < nd; x++) /* read under the gate instead, where the error shows */
+                    op->pre_off[x] = UINT64_MAX;
+                return;
+            }
+            op->pre_off[d] = at;
+            at += n;
+        }
+    op->preloaded = at;
 }
 
 /* While the job still runs: what there is to copy, the image's space, the pinned memory. */
@@ -1199,32 +1412,57 @@ static int op_prepare(struct op *op)
         op->nl = 0;
         return fail(op, "unsupported", "device memory but no context to copy it in");
     }
+    keep_forget_gone(c);
     digests_prepare(op);
+    if (op->iheld && !op->dg)
+        return fail(op, "cannot compare", "the image holds only some chunks, and the digests that say which chunks "
+                    "differ cannot be taken here");
+    /* A dump given a base copies only what changed, into the kept pool: no space reserved for the
+     * whole image and nothing of it pinned (the data go into the file after the gate reopens). */
+    int sparse = (op->mode == M_DUMP && op->o.base && op->dg) || op->iheld;
+    uint64_t held_bytes = 0;
+    for (int i = 0; i < c->n; i++)
+        held_bytes += c->v[i].size;
     if (op->restore) {
         op->map_len = op->h.data_offset + op->h.data_bytes;
     } else if (c->n) {
-        /* Reserve the image's space while the job runs: page allocation (tmpfs, memfd) or block
-         * allocation (a disk) leaves the freeze, and a full filesystem fails here, before it. */
         uint64_t nd = n_digests(&c->v[0].size, sizeof *c->v, c->n, op->dchunk);
         op->map_len = head_bytes(c->n, nd + nd / 4 + 64, op->o.base);
         for (int i = 0; i < c->n; i++)
             op->map_len = round_up(op->map_len + c->v[i].size, IMG_ALIGN);
-        int e = posix_fallocate(op->fd, 0, (off_t)op->map_len);
+        /* Reserve a whole image's space while the job runs: page allocation (tmpfs, memfd) or block
+         * allocation (a disk) leaves the freeze, and a full filesystem fails here, before it. */
+        int e = sparse ? 0 : posix_fallocate(op->fd, 0, (off_t)op->map_len);
         if (e == ENOSPC || e == EDQUOT)
             return fail(op, "cannot reserve space for the image", strerror(e));
     }
     if (op->mode == M_UNSUSPEND && S.map) {
         op->map = S.map; /* pinned since the suspend */
         op->map_len = S.len;
-    } else if (op->nl && op->o.direct) { /* a suspension too: its image is the memfd kept until unsuspend */
+    } else if (op->nl && op->o.direct && !sparse) { /* a suspension too: its image is the memfd kept until unsuspend */
         op->map = direct_map(op->fd, op->map_len, c->ctxs[0]);
     }
     op->direct_used = op->map != NULL;
-    if (op->nl && !op->map && lanes_alloc(op->L, op->nl, op->o.chunk, c->ctxs[0]) != 0) {
-        lanes_free(op->L, op->nl);
-        op->nl = 0;
-        return fail(op, "cannot pin staging memory", "cuMemHostAlloc failed: try a smaller chunk= or fewer lanes=");
+    /* The pool: where the copies need staging or a dump's chunks are deferred, and at any dump, so
+     * that the next one (an incremental one) finds it made. */
+    if (op->nl && (!op->map || op->mode == M_DUMP)) {
+        K.cap = op->o.pin_cap ? op->o.pin_cap : pin_cap_default();
+        uint64_t staging = (uint64_t)op->nl * 2 * op->o.chunk;
+        uint64_t initial = held_bytes / 16 > DEFER_MIN ? held_bytes / 16 : DEFER_MIN;
+        if (keep_pool(staging, initial, K.cap, c->ctxs[0]) != 0) {
+            if (!op->map) {
+                op->nl = 0;
+                return fail(op, "cannot pin staging memory", "cuMemHostAlloc failed, or the lanes' buffers exceed "
+                            "pin_cap: try a smaller chunk= or fewer lanes=, or a larger pin_cap=");
+            }
+        } else {
+            for (int i = 0; i < op->nl; i++)
+                for (int k = 0; k < 2; k++)
+                    op->L[i].buf[k] = K.pool + ((uint64_t)i * 2 + (uint64_t)k) * op->o.chunk;
+        }
     }
+    if (op->iheld && op->nl && K.pool)
+        preload(op);
     op->t_gate = now_ns();
     op->t.setup = op->t_gate - t0;
     op->prepared = 1;
@@ -1348,8 +1586,12 @@ static int digests_compare(struct op *op)
                                        .len = c->v[i].size - o < op->dchunk ? c->v[i].size - o : op->dchunk};
     const char *e = dg_run(op->dg, sp, op->nd, op->dig, &op->t.digest, op->dg_why, sizeof op->dg_why);
     free(sp);
-    if (e)
+    if (e) {
+        if (op->dg == K.dg) /* made again next time (its context may be gone) */
+            K.dg = NULL, K.dg_nctx = 0;
+        op->dg_lost = 1;
         return 0;
+    }
     const uint64_t *want = op->restore ? op->idig : op->bdig;
     if (!want) { /* a dump without a base: every chunk */
         memset(op->held, 1, op->nd);
@@ -1396,13 +1638,38 @@ static int op_copy(struct op *op)
     if (!used && !op->restore && op->dchunk) { /* a dump whose digests failed: an image without any */
         op->h.digest_chunk = op->h.digest_count = op->h.held_offset = op->h.flags = 0;
     }
+    if (op->iheld) { /* a restore of some chunks: every chunk that differs must be one of them */
+        if (!used)
+            return fail(op, "cannot compare", op->dg_why[0] ? op->dg_why : "no digests");
+        for (uint64_t i = 0; i < op->nd; i++)
+            op->stale += op->held[i] && !op->iheld[i];
+        if (op->stale) {
+            snprintf(op->err, sizeof op->err, "%llu chunks differ from the checkpoint that the image given does not "
+                     "hold (they changed since their digests were taken); nothing was copied",
+                     (unsigned long long)op->stale);
+            return fail(op, "stale", op->err);
+        }
+    }
     if (!used)
         op->nd = 0;
     uint64_t t3 = now_ns();
-    if (!(op->pieces = cut(c->v, c->n, op->o.chunk, used ? op->held : NULL, op->dchunk, &op->np)))
+    if (!(op->pieces = cut(c->v, c->n, op->o.chunk, used ? op->held : NULL, op->dchunk, op->pre_off,
+                           K.pool ? K.pool + K.staging_len : NULL, &op->np)))
         return fail(op, "out of memory", NULL);
     for (size_t i = 0; i < op->np; i++)
         op->copied_bytes += op->pieces[i].len;
+    if (op->mode == M_DUMP && !op->map && K.pool) {
+        /* Copied at the bus's speed into the kept pool, as far as it holds them, and written into the
+         * image once the gate has reopened; the rest through the lanes' staging, under the gate. */
+        uint64_t room = K.pool_len - K.staging_len, at = 0;
+        for (size_t i = 0; i < op->np && at + op->pieces[i].len <= room; i++) {
+            op->pieces[i].host = K.pool + K.staging_len + at;
+            at += op->pieces[i].len;
+        }
+        op->deferred = at;
+        if (op->copied_bytes > room && op->copied_bytes > K.want) /* room for it next time, within the cap */
+            K.want = op->copied_bytes + op->copied_bytes / 4;
+    }
     for (uint64_t i = 0; used && i < op->nd; i++)
         op->copied_chunks += op->held[i];
     if (!op->restore && ftruncate(op->fd, (off_t)(op->h.data_offset + op->h.data_bytes)) != 0)
@@ -1432,14 +1699,39 @@ static int op_copy(struct op *op)
     return 0;
 }
 
-/* The gate reopened if this command closed it, and the reply's common part. */
-static void op_done(struct op *op)
+/* The gate reopened if this command closed it: the data is off the device (or back on it). */
+static void op_reopen(struct op *op)
 {
+    if (op->reopened)
+        return;
     if (op->paused) {
-        gputrace_shim_resume(); /* the data is off the device (or back on it): let the job go */
+        gputrace_shim_resume();
         op->paused = 0;
     }
     op->t.freeze = now_ns() - op->t_gate; /* from closing the gate to reopening it */
+    op->reopened = 1;
+}
+
+/* A dump's chunks copied into the kept pool, written into the image (the job runs meanwhile). */
+static int op_writeback(struct op *op)
+{
+    uint64_t t0 = now_ns();
+    for (size_t i = 0; i < op->np; i++) {
+        struct piece *p = &op->pieces[i];
+        if (!p->host)
+            continue;
+        int e = io_all(0, op->fd, p->host, p->len, p->off);
+        if (e)
+            return fail(op, "writing the image failed", strerror(e));
+    }
+    op->writeback_ns = now_ns() - t0;
+    return 0;
+}
+
+/* The gate reopened if this command closed it, and the reply's common part. */
+static void op_done(struct op *op)
+{
+    op_reopen(op);
     struct collect *c = &op->c;
     uint64_t bytes = 0;
     for (int i = 0; i < c->n; i++)
@@ -1458,6 +1750,10 @@ static void op_done(struct op *op)
               (unsigned long long)op->copied_chunks, (unsigned long long)op->copied_bytes,
               (op->h.flags & IMG_PARTIAL) && !op->restore ? "true" : "false");
     sb_printf(&op->b, ", \"staged\": %s", op->staged ? "true" : "false");
+    sb_printf(&op->b, ", \"deferred_bytes\": %llu, \"writeback_ns\": %llu, \"preloaded_bytes\": %llu, "
+              "\"kept_pinned_bytes\": %llu, \"digester_loads\": %llu, \"pool_allocs\": %llu",
+              (unsigned long long)op->deferred, (unsigned long long)op->writeback_ns,
+              (unsigned long long)op->preloaded, (unsigned long long)K.pool_len, K.dg_loads, K.pool_allocs);
     if (!used && op->dg_why[0]) {
         sb_printf(&op->b, ", \"digest_why\": \"");
         for (const char *p = op->dg_why; *p; p++)
@@ -1470,10 +1766,8 @@ static void op_done(struct op *op)
  * after a synchronization that did not return, that is done on a thread of its own, once the
  * device's work has ended, and never on the control thread, which must go on answering. */
 struct late_free {
-    char *map;
+    char *map, *pool;
     uint64_t map_len, ctx;
-    struct lane L[MAX_LANES];
-    int nl;
 };
 
 static void *late_free_run(void *arg)
@@ -1481,7 +1775,8 @@ static void *late_free_run(void *arg)
     struct late_free *f = arg;
     if (f->map)
         direct_unmap(f->map, f->map_len, f->ctx);
-    lanes_free(f->L, f->nl);
+    if (f->pool)
+        D.host_free(f->pool);
     free(f);
     return NULL;
 }
@@ -1494,8 +1789,11 @@ static int free_later(struct op *op)
     f->map = op->map;
     f->map_len = op->map_len;
     f->ctx = op->c.nctx ? op->c.ctxs[0] : 0;
-    memcpy(f->L, op->L, sizeof f->L);
-    f->nl = op->nl;
+    if (op->nl && K.pool) { /* the device may still copy into it: not kept for the next command */
+        f->pool = K.pool;
+        K.pool = NULL;
+        K.pool_len = K.staging_len = 0;
+    }
     int e = shim_spawn_detached(late_free_run, f, 0);
     if (e) {
         free(f);
@@ -1529,14 +1827,17 @@ static void op_close(struct op *op)
         direct_unmap(op->map, op->map_len, op->c.nctx ? op->c.ctxs[0] : 0);
     if (op->paused)
         gputrace_shim_resume();
-    lanes_free(op->L, op->nl);
     if (op->own_fd && op->fd >= 0)
         close(op->fd);
-    if (op->dg && !op->stuck) /* after the gate reopened; kept (a few bytes) where the device may still use it */
+    if (op->dg && op->dg == K.dg && op->stuck) /* the device may still use its scratch: never freed */
+        K.dg = NULL, K.dg_nctx = 0;
+    else if (op->dg && op->dg != K.dg && op->dg_lost && !op->stuck) /* after the gate reopened */
         dg_close(op->dg);
     free(op->pieces);
     free(op->ents);
     free(op->idig);
+    free(op->iheld);
+    free(op->pre_off);
     free(op->bents);
     free(op->bdig);
     free(op->dig);
@@ -1549,6 +1850,9 @@ static void op_close(struct op *op)
 static void cmd_dump(struct op *op)
 {
     if ((!op->prepared && op_prepare(op)) || op_freeze(op) || op_layout(op) || op_copy(op))
+        return;
+    op_reopen(op);
+    if (op->deferred && op_writeback(op))
         return;
     op_done(op);
     identity_json(&op->b, &op->c);
@@ -1815,4 +2119,120 @@ const char *dump_rehome(int fd)
     close(S.fd);
     S.fd = fd;
     return NULL;
+}
+
+/* `digest [digest=BYTES] [timeout=MS]` with an fd: the digests of the live memory, each allocation's
+ * chunks in address order, written into the fd (16 bytes a chunk) for a restore to choose which
+ * chunks of a checkpoint it must read: those whose digest differs.  The gate is closed while the
+ * kernel reads (no allocation can be freed under it) and reopened before the digests are written;
+ * the work the program had submitted is not waited for, so a chunk it writes meanwhile may read
+ * either way: the restore's own comparison, under its gate, is what decides (a chunk that then
+ * differs and was not read is refused there, "stale", and nothing is copied). */
+char *dump_digest(char *args, int fd, int have_pause, size_t *len)
+{
+    struct opts o;
+    char *path;
+    struct sbuf b = {0};
+    struct collect c = {0};
+    struct dg_span *sp = NULL;
+    uint64_t *dig = NULL, nd = 0;
+    char why[160] = "";
+    int paused = 0;
+    if (parse_opts(args, &o, &path) != 0 || path || fd < 0 || !o.digest) {
+        json_err(&b, "usage: digest [digest=BYTES] [timeout=MS], with the fd to write the digests into", NULL);
+        goto out;
+    }
+    if (gate_suspended()) {
+        json_err(&b, "suspended", "the process's device memory is off the GPU");
+        goto out;
+    }
+    if (!drv_load() || collect(&c) != 0) {
+        json_err(&b, "cannot digest", "the driver lacks a function the copy needs, or out of memory");
+        goto out;
+    }
+    size_t need[64] = {0};
+    for (int i = 0; i < c.n; i++)
+        for (int k = 0; k < c.nctx; k++)
+            if (c.ctxs[k] == c.v[i].ctx)
+                need[k] += (c.v[i].size + o.digest - 1) / o.digest;
+    for (int k = 0; k < c.nctx; k++)
+        need[k] += need[k] / 8 + 16;
+    keep_forget_gone(&c);
+    struct digester *dg = c.n ? keep_digester(c.ctxs, need, c.nctx, why, sizeof why) : NULL;
+    if (c.n && !dg) {
+        json_err(&b, "cannot digest", why);
+        goto out;
+    }
+    uint64_t t0 = now_ns();
+    if (!have_pause) {
+        int r = gputrace_shim_pause(o.timeout_ms);
+        if (r != 0) {
+            json_err(&b, r == -2 ? "already paused" : "busy", r == -2 ? "another client holds a pause of this process"
+                     : "driver calls still in flight at the timeout; the gate is open again");
+            goto out;
+        }
+        paused = 1;
+    }
+    free(c.v);
+    if (collect(&c) != 0) {
+        json_err(&b, "out of memory", NULL);
+        goto out;
+    }
+    nd = n_digests(c.n ? &c.v[0].size : NULL, sizeof *c.v, c.n, o.digest);
+    if (!(sp = calloc(nd ? nd : 1, sizeof *sp)) || !(dig = calloc(nd ? nd : 1, 16))) {
+        json_err(&b, "out of memory", NULL);
+        goto out;
+    }
+    uint64_t k = 0, digest_ns = 0;
+    for (int i = 0; i < c.n; i++)
+        for (uint64_t x = 0; x < c.v[i].size; x += o.digest)
+            sp[k++] = (struct dg_span){.ptr = c.v[i].base + x, .ctx = c.v[i].ctx,
+                                       .len = c.v[i].size - x < o.digest ? c.v[i].size - x : o.digest};
+    const char *e = nd ? dg_run(dg, sp, nd, dig, &digest_ns, why, sizeof why) : NULL;
+    if (paused) {
+        gputrace_shim_resume();
+        paused = 0;
+    }
+    uint64_t freeze_ns = now_ns() - t0;
+    if (e) {
+        if (dg == K.dg)
+            K.dg = NULL, K.dg_nctx = 0; /* made again next time; never freed while the device may use it */
+        json_err(&b, "cannot digest", e);
+        goto out;
+    }
+    int we = ftruncate(fd, (off_t)(nd * 16)) ? errno : io_all(0, fd, dig, nd * 16, 0);
+    if (we) {
+        json_err(&b, "writing the digests failed", strerror(we));
+        goto out;
+    }
+    sb_printf(&b, "{\"ok\": true, \"digest_chunk\": %llu, \"chunks\": %llu, \"allocations\": %d, \"digest_ns\": %llu, "
+              "\"freeze_ns\": %llu, \"digester_loads\": %llu}", (unsigned long long)o.digest, (unsigned long long)nd,
+              c.n, (unsigned long long)digest_ns, (unsigned long long)freeze_ns, K.dg_loads);
+out:
+    if (paused)
+        gputrace_shim_resume();
+    if (fd >= 0)
+        close(fd);
+    free(sp);
+    free(dig);
+    free(c.v);
+    if (b.oom || !b.p) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}
+
+/* `release`: what is kept between commands given back. */
+char *dump_release_command(size_t *len)
+{
+    struct sbuf b = {0};
+    dump_release(&b);
+    if (b.oom || !b.p) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
 }

@@ -1007,6 +1007,8 @@ char *shim_status_alloc(size_t *len)
     sb_printf(&b, "}, ");
     emul_status(&b);
     sb_printf(&b, ", ");
+    dump_kept_json(&b);
+    sb_printf(&b, ", ");
     reg_json(&b);
     sb_printf(&b, "}");
     if (b.oom) {

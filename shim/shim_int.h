@@ -133,6 +133,10 @@ enum dump_mode { M_DUMP, M_RESTORE, M_SUSPEND, M_UNSUSPEND };
 HIDDEN char *dump_command(int mode, char *args, int fd, int have_pause, int conn, size_t *len);
 HIDDEN void dump_unstage(int conn); /* drops a command `conn` staged (-1: whoever staged it) */
 HIDDEN const char *dump_rehome(int fd); /* NULL: the suspended image now lives in fd (taken over) */
+HIDDEN char *dump_digest(char *args, int fd, int have_pause, size_t *len); /* the live memory's digests into fd */
+HIDDEN char *dump_release_command(size_t *len); /* what is kept between commands (pinned pool, digester) freed */
+HIDDEN void dump_release(struct sbuf *b);
+HIDDEN void dump_kept_json(struct sbuf *b); /* its part of the status JSON */
 
 /* ---- vmm.c: cuMemAlloc_v2 through the VMM API when GPUTRACE_SHIM_VMM=1, so `suspend` can release
  * an allocation's memory and `unsuspend` map new memory at the same address. */

@@ -245,15 +245,16 @@ def test_where_the_digest_kernel_cannot_load_everything_is_copied_and_the_report
 
 def test_the_shim_refuses_a_partial_image_and_a_base_it_cannot_read(target, tmp_path):
     """The shim's own checks, under the checkpointer's: a link's image handed to restore as it is
-    stored (its chain not put together), and a base that is not an image, are refused with the
-    job untouched."""
+    stored (its chain not put together) is refused for a copy of everything and, where a chunk it
+    does not hold differs, for a copy of what differs ("stale": nothing copied); a base that is not
+    an image is refused; the job is untouched by all of them."""
     from gputrace.shim import client
 
     t = target(SIZE)
     checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
     t.cmd("touch 0 0 10 71")
     checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a")
-    before = t.sum()
+    before = t.cmd(f"touch 1 {2 * DC} 10 72")["sum"]  # a chunk the link does not hold
     link = tmp_path / "b" / "data.img"
     full = tmp_path / "b-as-image"
     h = head(tmp_path / "b")
@@ -263,8 +264,11 @@ def test_the_shim_refuses_a_partial_image_and_a_base_it_cannot_read(target, tmp_
     conn = client.Connection(t.pid)
     try:
         with open(full, "rb") as f:
-            r = conn.request("restore", fd=f.fileno())
+            r = conn.request("restore diff=0", fd=f.fileno())
         assert r["ok"] is False and r["error"] == "bad image" and "partial image" in r["detail"]
+        with open(full, "rb") as f:
+            r = conn.request("restore", fd=f.fileno())
+        assert r["ok"] is False and r["error"] == "stale" and "1 chunks differ" in r["detail"]
         with open(tmp_path / "junk", "wb+") as f:
             f.write(b"not an image at all" * 10)
             f.flush()
