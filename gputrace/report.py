@@ -296,7 +296,8 @@ class JobTextRenderer:
                 elif j.slowdown_upper is None:  # another rank's lower bound holds for the job
                     verdict = f"at least {fmt_pct(j.slowdown_lower)} (the upper bound is not known: a process was not measured)"
                 elif j.slowdown_lower is None:
-                    verdict = f"at most {fmt_pct(j.slowdown_upper)} (a wait was not measured){slowest}"
+                    verdict = (f"at most {fmt_pct(j.slowdown_upper)} (no rank's lower bound is known: a wait or a "
+                               f"calling thread's slack was not measured){slowest}")
                 else:
                     verdict = f"between {fmt_pct(j.slowdown_lower)} and {fmt_pct(j.slowdown_upper)}{slowest}"
                 w(f"  - {p.name}: intercepts {', '.join(sorted(c.value for c in p.classes))} at {fmt_ns(p.cost_ns)} "

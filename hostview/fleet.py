@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from gputrace.tracer.audit import Preset, audit
+from gputrace.tracer.audit import Preset
 
 from .model import ProcessRow
 from .recording import read_record
@@ -70,7 +70,7 @@ def summarize(jobs: list[Job], preset: Preset, threshold: float) -> list[Workloa
             groups.setdefault((j.workload, j.kind), []).append(j)
     out = []
     for (name, kind), js in groups.items():
-        audits = [audit(j.row.snapshot, preset) for j in js]
+        audits = [j.row.audit(preset) for j in js]
         lowers = [a.slowdown_lower for a in audits]
         lower = None if any(v is None for v in lowers) else max(lowers)
         upper = max(a.slowdown_upper for a in audits)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from gputrace.tracer.audit import Audit, Preset, audit
+from gputrace.tracer.audit import Audit, Preset
 from gputrace.tracer.calibrate import Calibration
 from gputrace.tracer.model import ProcessSnapshot
 
@@ -58,19 +58,23 @@ def _placeholder(pid: int, comm: str) -> ProcessSnapshot:
 
 def build(traced: Sequence[tuple[int, str, JobTag, ProcessSnapshot | None, bool]], presets: Sequence[Preset], *,
           selection: str, command: tuple[str, ...] = (), exit_status: int | None = None, options: dict,
-          calibration: Calibration | None, traced_s: float, notes: Sequence[str] = ()) -> JobReport:
-    """`traced`: (pid, libcuda path, job tag, snapshot over its span or None, exited) per process."""
+          calibration: Calibration | None, traced_s: float, notes: Sequence[str] = (),
+          threads: Mapping[int, tuple] | None = None) -> JobReport:
+    """`traced`: (pid, libcuda path, job tag, snapshot over its span or None, exited) per process;
+    `threads`: pid -> (the threads that made its calls with their slack, its busiest thread), where
+    measured (LiveSource.threads_of): each rank's lower bound is then per thread, as attach's."""
     rows = []
     for pid, lib, tag, snap, exited in traced:
         snap = snap if snap is not None else _placeholder(pid, "?")
-        rows.append((ProcessRow(pid, snap.comm, snap, False, library=lib, job=tag), exited))
+        ts, pacer = (threads or {}).get(pid, (None, None))
+        rows.append((ProcessRow(pid, snap.comm, snap, False, library=lib, job=tag, threads=ts, pacer=pacer), exited))
     keys = {r.job.key for r, _ in rows}
     key = keys.pop() if len(keys) == 1 and "" not in keys else selection
     jobs = tuple((p, job_of(key, [r for r, _ in rows], p)) for p in presets) if rows else ()
     order = {pid: i for i, (_, pid) in enumerate(jobs[0][1].ranks)} if jobs else {}
     ranks = tuple(sorted(
         (RankReport(r.pid, r.comm, r.job.rank, r.library, exited, r.snapshot,
-                    tuple(audit(r.snapshot, p) for p in presets)) for r, exited in rows),
+                    tuple(r.audit(p) for p in presets)) for r, exited in rows),
         key=lambda x: order.get(x.pid, 0)))
     worlds = {r.job.world for r, _ in rows if r.job.world is not None}
     return JobReport(key, selection, tuple(command), exit_status, options, calibration, traced_s, ranks, jobs,

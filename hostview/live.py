@@ -26,6 +26,8 @@ from gputrace.tracer.host import HostSession
 from gputrace.tracer.model import ProcessSnapshot
 from gputrace.tracer.session import Options, open_program
 from gputrace.tracer.targets import CudaScanner, LibcudaFile
+from gputrace.tracer.threads import ThreadSlack, ThreadWindow
+from gputrace.tracer.tracee import RECENT
 
 from .checkpoints import Checkpointer
 from .gpus import read_gpus
@@ -49,6 +51,11 @@ class _FileTracer:
         self._history_t: dict[int, tuple[float, ...]] = {}  # the same tuple until a point is added
         self.gone: set[int] = set()    # pids that exited while traced
         self.finished: dict[int, ProcessSnapshot] = {}  # cumulative: their last snapshot (the whole span)
+        # Which threads make each process's calls and the slack each has (tracer/threads.py), over the
+        # span its snapshot covers: its last RECENT intervals' reads, or (cumulative) from its first.
+        self._windows: dict[int, ThreadWindow] = {}
+        self.threads: dict[int, tuple[tuple[ThreadSlack, ...] | None, dict | None]] = {}
+        self._names: dict[int, str] | None = None
         self.error: str | None = None
         self._program = program
         self._lock = threading.Lock()
@@ -90,9 +97,35 @@ class _FileTracer:
             if prog is not None:
                 prog.close()
 
+    def _read_threads(self, snaps: dict[int, ProcessSnapshot]) -> dict[int, tuple]:
+        """(In the stepping thread, which owns the program.) A read of the threads of each process
+        that has a new snapshot (or none read yet): one batched read of `tstats` for all of them."""
+        s = self.session
+        todo = [pid for pid, snap in snaps.items() if pid not in self._windows or snap is not self.latest.get(pid)]
+        if not todo:
+            return {}
+        try:
+            rows = s.program.read_thread_stats_by_tgid()
+        except OSError:
+            return {}  # the slack stays as last read: not known is what a later audit says without it
+        if self._names is None:
+            self._names = {i: f.name for i, f in s.probes.ids.items()}
+        out = {}
+        for pid in todo:
+            w = self._windows.get(pid)
+            if w is None:
+                w = self._windows[pid] = ThreadWindow(pid, keep=None if self.cumulative else RECENT)
+            if w.read(rows.get(pid, {})):
+                out[pid] = w.slack(self._names)
+        return out
+
     def _publish(self, snaps: dict[int, ProcessSnapshot]) -> None:
         s = self.session
+        threads = self._read_threads(snaps)
         with self._lock:
+            for pid, ts in threads.items():
+                if ts[0] is not None or ts[1] is not None:
+                    self.threads[pid] = ts
             for pid, snap in snaps.items():
                 if snap is not self.latest.get(pid):  # the same one: no new measurement, no new point
                     h = self.history.setdefault(pid, collections.deque(maxlen=self.history_len))
@@ -105,6 +138,9 @@ class _FileTracer:
                     self.finished[pid] = snaps[pid]
                 self.latest.pop(pid, None)
                 self.history.pop(pid, None)
+                self._windows.pop(pid, None)
+                if not self.cumulative:
+                    self.threads.pop(pid, None)
                 self._history_t.pop(pid, None)
                 self.gone.add(pid)
 
@@ -112,6 +148,12 @@ class _FileTracer:
         """The latest snapshot and calls/s history of `pid`: the same objects until new ones come."""
         with self._lock:
             return self.latest.get(pid), self._history_t.get(pid, ())
+
+    def threads_of(self, pid: int) -> tuple[tuple[ThreadSlack, ...] | None, dict | None]:
+        """The threads that make `pid`'s calls and their slack, and its busiest thread, over the span
+        of its snapshot; (None, None): not measured (yet)."""
+        with self._lock:
+            return self.threads.get(pid, (None, None))
 
     def final(self, pid: int) -> tuple[ProcessSnapshot | None, bool]:
         """(Cumulative) `pid`'s snapshot over its whole traced span, and whether it has exited."""
@@ -234,14 +276,15 @@ class LiveSource:
             last = max(cks, key=lambda c: c.taken_at) if cks else None
         ident = self._identity.get(pid, Identity())
         job = self._job.get(pid, JobTag())
+        threads, pacer = ft.threads_of(pid)
         prev = self._rows.get(pid)
         if prev is not None and prev.snapshot is snap and prev.calls_history is hist and prev.shimmed == shimmed \
                 and prev.last_checkpoint == last and prev.library == lib.path and prev.identity == ident \
-                and prev.job == job:
+                and prev.job == job and prev.threads is threads:
             # Nothing new for this process (a refresh without a window): the same row, so what was
             # worked out from it (its audits, its cells on screen) stands.
             return prev
-        return ProcessRow(pid, snap.comm, snap, shimmed, last, hist, lib.path, ident, job)
+        return ProcessRow(pid, snap.comm, snap, shimmed, last, hist, lib.path, ident, job, threads, pacer)
 
     def snapshot(self) -> HostSnapshot:
         gpus, note = read_gpus()
@@ -268,6 +311,12 @@ class LiveSource:
             snap, exited = ft.final(pid)
             out.append((pid, lib, tag, snap, exited))
         return out
+
+    def threads_of(self, pid: int) -> tuple[tuple[ThreadSlack, ...] | None, dict | None]:
+        """(Cumulative) the threads that made `pid`'s calls over the span it was traced, with their
+        slack, and its busiest thread; (None, None): not measured."""
+        entry = self._traced.get(pid)
+        return entry[0].threads_of(pid) if entry is not None else (None, None)
 
     def errors(self) -> dict[int, str]:
         """Processes that could not be traced, and why."""

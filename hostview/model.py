@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gputrace.tracer.audit import PRESETS, Audit, Preset, audit
 from gputrace.tracer.model import ProcessSnapshot
+from gputrace.tracer.threads import ThreadSlack, slack_dict, slack_from_dict
 
 from .jobs import JobTag
 from .pods import Identity
@@ -52,13 +53,21 @@ class ProcessRow:
     library: str = ""
     identity: Identity = Identity()         # its container and pod, where it runs in one
     job: JobTag = JobTag()                  # the distributed job it is a rank of, where it is one
+    # The threads that make its calls, with their slack, over the snapshot's span (tracer/threads.py),
+    # and its busiest thread: the audit's lower bound is then per thread (`lower_basis` "threads").
+    # None: not measured (a recording made before they were), and the process is taken as one thread.
+    threads: tuple[ThreadSlack, ...] | None = None
+    pacer: dict | None = None
 
-    def audit(self, preset: str) -> Audit:
-        # Asked for three times a row and refresh (sort key, cell, header): kept on the row.
+    def audit(self, preset: str | Preset) -> Audit:
+        """`preset`: a preset's name (kept on the row: asked for three times a row and refresh, sort
+        key, cell and header), or a Preset (attach's, whose --cost-ns may differ)."""
+        if not isinstance(preset, str):
+            return audit(self.snapshot, preset, self.threads, self.pacer)
         cache = self.__dict__.setdefault("_audits", {})
         a = cache.get(preset)
         if a is None:
-            a = cache[preset] = audit(self.snapshot, PRESETS[preset])
+            a = cache[preset] = audit(self.snapshot, PRESETS[preset], self.threads, self.pacer)
         return a
 
 
@@ -121,7 +130,7 @@ def _largest_known(values: list[float | None]) -> float | None:
 def job_of(key: str, rows: list[ProcessRow], preset: str | Preset) -> Job:
     """`preset`: a preset's name (top's), or a Preset (attach's, whose --cost-ns may differ)."""
     rows = sorted(rows, key=lambda r: (r.job.rank is None, r.job.rank or 0, r.pid))
-    audits = [r.audit(preset) if isinstance(preset, str) else audit(r.snapshot, preset) for r in rows]
+    audits = [r.audit(preset) for r in rows]
     calls = [r.snapshot.shown_calls_hz for r in rows]
     uppers = [a.slowdown_upper for a in audits]
     upper = _worst(uppers)
@@ -151,6 +160,8 @@ def row_dict(r: ProcessRow) -> dict:
         "identity": dataclasses.asdict(r.identity),
         "job": dataclasses.asdict(r.job),
         "snapshot": r.snapshot.to_dict(),
+        "threads": None if r.threads is None else [slack_dict(t) for t in r.threads],
+        "pacer": r.pacer,
         "audits": {name: dataclasses.asdict(r.audit(name)) for name in PRESETS},
     }
 
@@ -161,6 +172,8 @@ def row_from_dict(d: dict) -> ProcessRow:
         pid=d["pid"], comm=d["comm"], snapshot=ProcessSnapshot.from_dict(d["snapshot"]), shimmed=bool(d["shimmed"]),
         last_checkpoint=Checkpoint(**ck) if ck else None, calls_history=tuple(d.get("calls_history", ())),
         library=d.get("library", ""), identity=Identity(**d.get("identity", {})), job=JobTag(**d.get("job", {})),
+        threads=None if d.get("threads") is None else tuple(slack_from_dict(t) for t in d["threads"]),
+        pacer=d.get("pacer"),
     )
 
 

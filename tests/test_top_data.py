@@ -224,14 +224,18 @@ def test_live_source_hands_the_same_row_until_its_process_has_something_new():
     src = LiveSource(discover=lambda hints: {})
     lib = LibcudaFile("/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1", 1, 2)
     snap = frame(0).processes[1].snapshot
-    ft = types.SimpleNamespace(take=lambda pid: (ft.snap, ft.hist))
-    ft.snap, ft.hist = snap, (1.0, 2.0)
+    ft = types.SimpleNamespace(take=lambda pid: (ft.snap, ft.hist), threads_of=lambda pid: ft.threads)
+    ft.snap, ft.hist, ft.threads = snap, (1.0, 2.0), (None, None)
     first = src._row(snap.pid, ft, lib)
     src._rows = {snap.pid: first}
     assert src._row(snap.pid, ft, lib) is first
     ft.hist = (1.0, 2.0, 3.0)  # a new point: a new measurement came
     second = src._row(snap.pid, ft, lib)
     assert second is not first and second.calls_history == (1.0, 2.0, 3.0) and second.snapshot is snap
+    src._rows = {snap.pid: second}
+    ft.threads = ((), {"tid": snap.pid, "comm": "x", "busy_s_per_s": 1.0})  # its threads read again
+    third = src._row(snap.pid, ft, lib)
+    assert third is not second and third.threads == () and third.pacer["tid"] == snap.pid
 
 
 def test_shares_read_at_a_glance():

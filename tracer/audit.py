@@ -20,10 +20,11 @@ the largest of these over the calling threads (`lower_basis` "threads"). The upp
 each thread's A_k by the share of its runnable time it got a CPU (run / (run + runq)): where the
 job's threads wait for CPUs, the layer's CPU time costs them more wall time than itself (on this
 project's shared 2-CPU test machine a worker thread that got a CPU a quarter of the time it wanted
-one was slowed by more than 1.5 x A_k). Without that measurement
-(host-wide sessions, recordings) the process is taken as one thread whose only slack is its wait
-(`lower_basis` "process"): right for a single-threaded job, too high where the calls are made by a
-thread that idles between requests (a runtime's worker thread).
+one was slowed by more than 1.5 x A_k). `attach -p`, `top`, `record` and job audits measure the threads
+(hostview/live.py reads them for host-wide sessions; rows and recordings carry them). Without that
+measurement (a recording made before it was) the process is taken as one thread whose only slack is
+its wait (`lower_basis` "process"): right for a single-threaded job, too high where the calls are made
+by a thread that idles between requests (a runtime's worker thread).
 """
 
 from __future__ import annotations

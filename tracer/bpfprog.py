@@ -247,6 +247,7 @@ class Program:
             raise BpfUnavailable(f"the BPF stats map holds {sorted(self._leaf_layout.fields)}, gputrace reads {sorted(want)}",
                                  "reinstall gputrace: its BPF program and its reader are out of step")
         self._batch: object = True  # True: not tried yet; None: unsupported; else the buffers
+        self._tbatch: object = True  # the same, for `tstats`
         self._rows: dict[tuple[int, int], tuple[bytes, RawStats]] = {}  # (tgid, func) -> last bytes read
         self._errors = self.maps["errors"]
         self._config = self.maps["config"]
@@ -417,6 +418,47 @@ class Program:
             if k.tgid == tgid:
                 out[(k.tid, k.func)] = (int(v.calls), int(v.kept), int(v.outer_ns))
         return out
+
+    def read_thread_stats_by_tgid(self) -> dict[int, dict[tuple[int, int], tuple[int, int, int]]]:
+        """Every process's `tstats` rows at once, by tgid (as read_thread_stats gives one process's):
+        for a host session, which reads them every interval. In batches where the kernel has them,
+        key by key where not."""
+        m = self.maps["tstats"]
+        out: dict[int, dict[tuple[int, int], tuple[int, int, int]]] = {}
+        if self._tbatch is not None:
+            try:
+                if self._tbatch is True:
+                    self._tbatch = ((m.key_type * _BATCH)(), (m.value_type * _BATCH)(), Layout.of(m.key_type),
+                                    Layout.of(m.value_type))
+                keys, vals, kl, vl = self._tbatch
+                ka, kb, kc = kl.index("tgid"), kl.index("tid"), kl.index("func")
+                va, vb, vc = vl.index("calls"), vl.index("kept"), vl.index("outer_ns")
+                token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
+                first = True
+                while True:
+                    n, err = m.lookup_batch(None if first else token_in, token_out, keys, vals, _BATCH)
+                    ks = kl.struct.iter_unpack(ctypes.string_at(keys, n * kl.struct.size))
+                    vs = vl.struct.iter_unpack(ctypes.string_at(vals, n * vl.struct.size))
+                    for k, v in zip(ks, vs):
+                        out.setdefault(k[ka], {})[(k[kb], k[kc])] = (v[va], v[vb], v[vc])
+                    if err:
+                        if err == errno.ENOENT:
+                            return out
+                        raise OSError(err, os.strerror(err))
+                    token_in.value, first = token_out.value, False
+            except OSError:
+                self._tbatch, out = None, {}  # no batch ops here: key by key from now on
+        for k, v in m.items():
+            out.setdefault(k.tgid, {})[(k.tid, k.func)] = (int(v.calls), int(v.kept), int(v.outer_ns))
+        return out
+
+    def outside_calls(self, tgid: int, func: int) -> int:
+        """Process tgid's calls of func counted on the marker's link between windows (`outside`),
+        cumulative: one map lookup, for a reference span's share read as it ends."""
+        key = self._stats.key_type()
+        key.tgid, key.func = tgid, func
+        v = self._stats.lookup(key)
+        return 0 if v is None else int(v.outside)
 
     def read_stats(self) -> dict[tuple[int, int], RawStats]:
         """Every row of the `stats` map, by (tgid, function)."""

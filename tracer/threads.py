@@ -33,12 +33,14 @@ class SchedSample:
     comms: dict[int, str] = field(default_factory=dict)
 
 
-def sched_sample(pid: int) -> SchedSample | None:
+def sched_sample(pid: int, comms: dict[int, str] | None = None) -> SchedSample | None:
     """The scheduler's times of every thread of `pid`; None where they cannot be read (the process
-    is gone, or the kernel keeps no schedstat: CONFIG_SCHED_INFO)."""
+    is gone, or the kernel keeps no schedstat: CONFIG_SCHED_INFO). `comms`: thread names already
+    read (tid -> name), read again only for threads not in it (and added to it): a caller that
+    samples a process every interval (`top`) reads one file a thread, not two."""
     base = f"/proc/{pid}/task"
     out: dict[int, tuple[int, int]] = {}
-    comms: dict[int, str] = {}
+    names: dict[int, str] = {}
     try:
         tids = os.listdir(base)
     except OSError:
@@ -46,14 +48,20 @@ def sched_sample(pid: int) -> SchedSample | None:
     t = time.monotonic()
     for name in tids:
         try:
+            tid = int(name)
             with open(f"{base}/{name}/schedstat") as f:
                 run, runq, *_ = f.read().split()
-            with open(f"{base}/{name}/comm") as f:
-                comms[int(name)] = f.read().strip()
+            known = None if comms is None else comms.get(tid)
+            if known is None:
+                with open(f"{base}/{name}/comm") as f:
+                    known = f.read().strip()
+                if comms is not None:
+                    comms[tid] = known
+            names[tid] = known
         except (OSError, ValueError):
             continue  # a thread that ended meanwhile
-        out[int(name)] = (int(run), int(runq))
-    return SchedSample(t, out, comms) if out else None
+        out[tid] = (int(run), int(runq))
+    return SchedSample(t, out, names) if out else None
 
 
 @dataclass(frozen=True)
@@ -135,3 +143,73 @@ def busiest(start: SchedSample | None, end: SchedSample | None) -> tuple[int, st
         if best is None or busy > best[2]:
             best = (tid, end.comms.get(tid, ""), busy)
     return best
+
+
+def slack_dict(t: ThreadSlack) -> dict:
+    return {"tid": t.tid, "comm": t.comm, "calls_share": dict(t.calls_share), "run_s_per_s": t.run_s_per_s,
+            "runq_s_per_s": t.runq_s_per_s, "off_s_per_s": t.off_s_per_s, "wait_share": t.wait_share,
+            "whole_span": t.whole_span}
+
+
+def slack_from_dict(d: dict) -> ThreadSlack:
+    return ThreadSlack(int(d["tid"]), d.get("comm", ""), dict(d.get("calls_share", {})), d.get("run_s_per_s"),
+                       d.get("runq_s_per_s"), d.get("off_s_per_s"), d.get("wait_share"), bool(d.get("whole_span", True)))
+
+
+TStatsRows = Mapping[tuple[int, int], tuple[int, int, int]]
+
+
+def rows_since(end: TStatsRows, start: TStatsRows) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """The `tstats` counts made between two reads of them. A row that went down was evicted (the map
+    is an LRU) and counted again from nothing since: its later count is what it made since it came
+    back, all that can be said for it."""
+    out = {}
+    for key, (c1, k1, o1) in end.items():
+        c0, k0, o0 = start.get(key, (0, 0, 0))
+        out[key] = (c1, k1, o1) if c1 < c0 or k1 < k0 or o1 < o0 else (c1 - c0, k1 - k0, o1 - o0)
+    return out
+
+
+class ThreadWindow:
+    """One process's threads over a moving span, for a tracer that reads them every interval (`top`,
+    a job's audit): the scheduler's times and the `tstats` counts at each read, the last `keep` + 1 of
+    them (None: every read from the first, the whole span), and the slack per thread (thread_slack)
+    between the oldest kept read and the latest.
+
+    Each read costs one schedstat file a thread (a thread's name is read when it is first seen, and
+    again every `rename_every` reads: threads often name themselves just after they start)."""
+
+    def __init__(self, pid: int, keep: int | None = None, rename_every: int = 10) -> None:
+        self.pid = pid
+        self.keep = keep
+        self.rename_every = rename_every
+        self._reads: list[tuple[SchedSample, TStatsRows]] = []
+        self._comms: dict[int, str] = {}
+        self._n = 0
+
+    def read(self, rows: TStatsRows, sample: SchedSample | None = None) -> bool:
+        """Adds a read: the process's `tstats` rows as read now, and its threads' scheduler times
+        (read here when not given). False where they could not be read (the process is gone)."""
+        self._n += 1
+        if self.rename_every and self._n % self.rename_every == 0:
+            self._comms.clear()
+        sample = sample if sample is not None else sched_sample(self.pid, self._comms)
+        if sample is None:
+            return False
+        self._reads.append((sample, dict(rows)))
+        if self.keep is not None and len(self._reads) > self.keep + 1:
+            del self._reads[:len(self._reads) - self.keep - 1]  # the oldest
+        elif self.keep is None and len(self._reads) > 2:
+            del self._reads[1:-1]  # the whole span: the first read and the latest
+        return True
+
+    def slack(self, names: Mapping[int, str]) -> tuple[tuple[ThreadSlack, ...] | None, dict | None]:
+        """(Every thread that made a counted call over the span, with its slack; the busiest thread
+        of the process, the likeliest to pace it, as {"tid", "comm", "busy_s_per_s"}): (None, None)
+        before two reads, and threads None where no call was counted in the span."""
+        if len(self._reads) < 2:
+            return None, None
+        (s0, r0), (s1, r1) = self._reads[0], self._reads[-1]
+        top = busiest(s0, s1)
+        pacer = None if top is None else {"tid": top[0], "comm": top[1], "busy_s_per_s": top[2]}
+        return thread_slack(s0, s1, rows_since(r1, r0), names), pacer

@@ -428,7 +428,8 @@ def trace_job(args: argparse.Namespace, budget: float, patterns: tuple[str, ...]
                    options={"interval_s": args.interval, "budget": budget, "exact": budget >= 1.0,
                             "functions": list(patterns), "attach_mode": args.attach_mode},
                    calibration=src.calibration, traced_s=traced_s,
-                   notes=[f"pid {p}: {m}" for p, m in sorted(src.errors().items())])
+                   notes=[f"pid {p}: {m}" for p, m in sorted(src.errors().items())],
+                   threads={pid: src.threads_of(pid) for pid, *_ in rows})
     renderer = rep.get("json" if args.json else "text", kind="job")
     if out is not None:
         with out:

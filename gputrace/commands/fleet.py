@@ -112,8 +112,6 @@ def _plots(jobs, rows, preset, threshold: float, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..tracer.audit import audit
-
     made = []
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
     names = [w.workload for w in rows][::-1]
@@ -132,7 +130,7 @@ def _plots(jobs, rows, preset, threshold: float, out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for host in sorted({j.host for j in jobs}):
-        pts = [(audit(j.row.snapshot, preset).intercepted_hz, audit(j.row.snapshot, preset).slowdown_upper)
+        pts = [(j.row.audit(preset).intercepted_hz, j.row.audit(preset).slowdown_upper)
                for j in jobs if j.host == host and j.row.snapshot.not_measured is None]
         if pts:
             ax.scatter([max(x, 1e-1) for x, _ in pts], [100 * y for _, y in pts], label=host, s=18)

@@ -60,8 +60,18 @@ def audit_text(row: ProcessRow, preset: str, now: float | None = None, gpus: tup
         t.append(f"intercepted rate not known ({a.not_known}); over that interval: ")
     else:
         t.append(f"{fmt_rate(a.intercepted_hz)} calls/s intercepted -> {fmt_ns(a.added_cpu_s_per_s * 1e9)} CPU per second; ")
-    t.append(f"predicted slowdown {fmt_share(a.slowdown_lower)} (hidden in the wait) – {fmt_share(a.slowdown_upper)} (exposed)",
-             style="bold")
+    if a.lower_basis == "threads":
+        low = "not known" if a.slowdown_lower is None else fmt_share(a.slowdown_lower)
+        t.append(f"predicted slowdown {low} (hidden in the calling threads' slack) – {fmt_share(a.slowdown_upper)} (exposed)",
+                 style="bold")
+        for th in sorted(a.threads or (), key=lambda th: -th.added_s_per_s)[:3]:
+            if th.added_s_per_s > 0:
+                slack = "slack not known" if th.headroom_s_per_s is None else f"slack {fmt_share(th.headroom_s_per_s)}"
+                t.append(f"\n  thread {th.tid} ({th.comm}): {100 * th.intercepted_share:.0f}% of the calls, "
+                         f"+{fmt_share(th.added_s_per_s)} of its time; {slack}")
+    else:
+        t.append(f"predicted slowdown {fmt_share(a.slowdown_lower)} (hidden in the wait) – {fmt_share(a.slowdown_upper)} (exposed)",
+                 style="bold")
     return t
 
 
