@@ -7,7 +7,13 @@ image).  Its manifest names its parent by path (absolute, and relative to itself
 together still resolves) and by the xxh3 of the parent's manifest, so a parent replaced or changed
 since makes the link invalid instead of restoring someone else's bytes.
 
-Restoring a link puts its whole image together, before the job is touched: every link's data.img
+Restoring reads what it copies (`Selective`): every link's manifest and head (header, entries,
+digests, held map), each checked against its manifest, then only the chunks whose digest differs
+from the live memory's, each from the newest link that holds it and checked against that link's
+checksum of that very chunk (the manifest's `data.pieces`), into an image of those chunks alone.
+
+With --verify-all, or for links written before `data.pieces`, a restore puts the whole image
+together instead, before the job is touched: every link's data.img
 read once and each piece checked against its checksum, oldest link first, each chunk written where
 the newest image keeps that allocation (a link's chunk is used only for an allocation of the same
 address and size), and every chunk of the result accounted for.  A damaged or missing earlier link
@@ -115,7 +121,7 @@ def _checked_pieces(link: Link, fd: int, f: Path, stop: int | None = None):
     for i, want in enumerate(d["chunks"]):
         if stop is not None and i * chunk >= stop:
             return
-        piece = os.pread(fd, min(chunk, size - i * chunk), i * chunk)
+        piece = store.read_at(fd, min(chunk, size - i * chunk), i * chunk)
         if len(piece) != min(chunk, size - i * chunk):
             raise CorruptCheckpoint(f"{f} ended early at chunk {i}", "the checkpoint is damaged; take a new one")
         if xxhash.xxh3_64_hexdigest(piece) != want:
@@ -226,3 +232,134 @@ def _scatter(h: image.Header, offs: list[int], img_off: int, data: memoryview, w
                 counts[k] += b - a
                 a = b
         data, img_off = data[n:], img_off + n
+
+
+def selectable(chain: list[Link]) -> bool:
+    """Whether a restore can read only what it copies: every link checksums its head and its chunks
+    one by one (`data.pieces`, written since such restores exist)."""
+    return all(isinstance(link.manifest["data"].get("pieces"), dict) for link in chain)
+
+
+class _Source:
+    """One link's data.img as the place chunks are read from: its head read and checked, where each
+    chunk of its image lies in the file, and which checksum holds it."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        pcs = link.manifest["data"]["pieces"]
+        self.sums = pcs["xxh3"]
+        self.fd, self.file = data_file(link)
+        try:
+            n = int(pcs["head_bytes"])
+            raw = store.read_at(self.fd, n, 0)
+            if len(raw) != n or xxhash.xxh3_64_hexdigest(raw) != self.sums[0]:
+                raise CorruptCheckpoint(f"the head of {self.file} (its first {n} bytes) fails its {store.HASH} "
+                                        "checksum", "the checkpoint is damaged; the process was not touched")
+            try:
+                self.head = image.parse(raw)
+            except image.BadImage as exc:
+                raise CorruptCheckpoint(f"{self.file}: {exc}", "the checkpoint is damaged; take a new one") from None
+            h = self.head
+            runs = link.runs
+            if h.data_offset != n or not h.digest_chunk or runs[0][0] != 0 or runs[0][1] < n or \
+                    (link.parent is not None) != h.partial or len(self.sums) != len(h.pieces()):
+                raise CorruptCheckpoint(f"{link.path / store.MANIFEST} does not describe {self.file}'s image (its "
+                                        "head, runs or checksums a chunk)", "the checkpoint is damaged; take a new one")
+            self.run_at = [o for o, _ in runs]
+            self.run_file, at = [], 0
+            for o, k in runs:
+                self.run_file.append(at)
+                at += k
+            self.runs = runs
+            self.by_base = {e.base: i for i, e in enumerate(h.entries)}
+            self.first = []  # each entry's first digest index
+            d = 0
+            for e in h.entries:
+                self.first.append(d)
+                d += h.chunks(e)
+            self.rank = []  # digest index -> its piece's index (-1: not held here)
+            k = 1
+            for d in range(h.digest_count):
+                if not h.partial or h.held[d]:
+                    self.rank.append(k)
+                    k += 1
+                else:
+                    self.rank.append(-1)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def locate(self, base: int, size: int, k: int) -> tuple[int, int, int] | None:
+        """(file offset, length, piece index) of chunk k of the allocation at `base` of `size` bytes,
+        where this link holds it."""
+        i = self.by_base.get(base)
+        if i is None or self.head.entries[i].size != size:
+            return None
+        d = self.first[i] + k
+        if self.rank[d] < 0:
+            return None
+        h, e = self.head, self.head.entries[i]
+        off, n = e.offset + k * h.digest_chunk, min(h.digest_chunk, e.size - k * h.digest_chunk)
+        r = bisect.bisect_right(self.run_at, off) - 1
+        if r < 0 or off + n > self.runs[r][0] + self.runs[r][1]:
+            raise CorruptCheckpoint(f"{self.link.path / store.MANIFEST}'s data.runs do not hold a chunk its image "
+                                    "says it holds", "the checkpoint is damaged; take a new one")
+        return self.run_file[r] + off - self.runs[r][0], n, self.rank[d]
+
+    def read(self, where: tuple[int, int, int], what: str) -> bytes:
+        off, n, idx = where
+        raw = store.read_at(self.fd, n, off)
+        if len(raw) != n:
+            raise CorruptCheckpoint(f"{self.file} ended early", "the checkpoint is damaged; take a new one")
+        if xxhash.xxh3_64_hexdigest(raw) != self.sums[idx]:
+            raise CorruptCheckpoint(f"{what} in {self.file} (bytes {off}-{off + n - 1}) fails its {store.HASH} "
+                                    "checksum", "the checkpoint is damaged; the process was not touched")
+        return raw
+
+
+class Selective:
+    """A chain (newest first) read for a restore of some chunks: every link's head now, each chunk
+    when asked for, from the newest link that holds it."""
+
+    def __init__(self, chain: list[Link]) -> None:
+        self.sources: list[_Source] = []
+        try:
+            for link in chain:
+                self.sources.append(_Source(link))
+        except BaseException:
+            self.close()
+            raise
+        self.final = self.sources[0].head
+        if len(chain) > 1 and not self.final.partial:
+            self.close()
+            raise CorruptCheckpoint(f"{chain[0].path} names an earlier link but its image is whole",
+                                    "the checkpoint is damaged or was not written by gputrace; take a new one")
+        self.spans = self.final.chunk_spans()
+        self.where = [(self.final.entries[i].base, self.final.entries[i].size) for i, _, _ in self.spans]
+        self.first = self.sources[0].first
+
+    def close(self) -> None:
+        for src in self.sources:
+            src.close()
+        self.sources = []
+
+    def __enter__(self) -> "Selective":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def chunk(self, d: int) -> bytes:
+        """Digest chunk d of the newest image, read from the newest link that holds it and checked."""
+        i = self.spans[d][0]
+        base, size = self.where[d]
+        k = d - self.first[i]
+        for src in self.sources:
+            at = src.locate(base, size, k)
+            if at is not None:
+                return src.read(at, f"chunk {k} of the allocation at {base:#x}")
+        raise CorruptCheckpoint(f"{self.sources[0].link.path}'s chain holds no data for chunk {k} of the allocation at "
+                                f"{base:#x}", "the chain is incomplete; restore an earlier complete checkpoint")

@@ -67,6 +67,25 @@ class Header:
         """How many digests entry `e` has."""
         return -(-e.size // self.digest_chunk) if self.digest_chunk else 0
 
+    def chunk_spans(self) -> list[tuple[int, int, int]]:
+        """(entry index, offset in the image, length) of every digest chunk, in the image's order."""
+        out = []
+        for i, e in enumerate(self.entries):
+            for k in range(self.chunks(e)):
+                at = k * self.digest_chunk
+                out.append((i, e.offset + at, min(self.digest_chunk, e.size - at)))
+        return out
+
+    def pieces(self) -> list[tuple[int, int]]:
+        """(offset, length) in the image of what a checkpoint checksums one by one, so that a restore
+        reads and checks only the chunks it copies: the head, then each digest chunk the image holds
+        (all of them for a full image), in order.  Empty without digests."""
+        if not self.digest_chunk:
+            return []
+        spans = self.chunk_spans()
+        return [(0, self.data_offset)] + [(off, n) for d, (_, off, n) in enumerate(spans)
+                                          if not self.partial or self.held[d]]
+
     def held_runs(self) -> list[tuple[int, int]]:
         """(offset, length) in the image of the data it holds, in order, adjacent chunks merged:
         every allocation's whole data for a full image, its held chunks' for a partial one."""
@@ -149,3 +168,28 @@ def saved_allocations(status: dict) -> list[tuple[int, int, int]]:
             continue
         out.append((a["base"], a["size"], a["device"]))
     return sorted(out)
+
+
+KIND_NUMBERS = {v: k for k, v in KIND_NAMES.items()}
+
+
+def partial_head(h: Header, held: bytes) -> tuple[bytes, list[int], int]:
+    """The head of an image of some of `h`'s chunks (`held`: 1 where it holds the chunk), laid out as
+    the shim lays out a partial image: (head bytes, each entry's offset, the image's size).  The
+    shim restores from it what differs from its digests, and refuses where a chunk it lacks does."""
+    n, nd = len(h.entries), h.digest_count
+    doff = -(-(_HDR.size + n * _ENT.size) // 16) * 16
+    hoff = doff + 16 * nd
+    data_offset = -(-(hoff + nd) // 4096) * 4096
+    offs, at = [], data_offset
+    for e in h.entries:
+        offs.append(at)
+        at = -(-(at + e.size) // 4096) * 4096
+    buf = bytearray(data_offset)
+    _HDR.pack_into(buf, 0, MAGIC, n, data_offset, at - data_offset, h.chunk, h.digest_chunk, doff, nd, hoff, PARTIAL)
+    for i, e in enumerate(h.entries):
+        kind = KIND_NUMBERS.get(e.kind) or int(e.kind[4:])
+        _ENT.pack_into(buf, _HDR.size + i * _ENT.size, e.base, e.size, offs[i], e.device, kind)
+    buf[doff:doff + 16 * nd] = h.digests
+    buf[hoff:hoff + nd] = held
+    return bytes(buf), offs, at

@@ -55,6 +55,11 @@ class CheckpointReport:
     stored_bytes: int = 0  # written to the directory (the image, or a link's head and changed chunks)
     parent: str | None = None  # the checkpoint this one holds only the changes since
     digest_why: str | None = None
+    durable_ns: int = 0    # from the call to data, manifest and directory fsynced and renamed into place
+    fsync_ns: int = 0      # ... of which waiting for fsync
+    setup_ns: int = 0      # the shim's preparation before the gate closed (pinning, the digest kernel)
+    writeback_ns: int = 0  # the shim writing chunks kept in its pinned pool into the image, gate open
+    kept_pinned_bytes: int = 0  # the shim's pinned pool, kept for the job's next checkpoints
 
     @property
     def copy_gbps(self) -> float | None:
@@ -88,10 +93,15 @@ class RestoreReport:
     bytes_copied: int = 0
     links: int = 1        # checkpoints read: this one and the earlier links of its chain
     digest_why: str | None = None
+    verified: str = "all"  # "used": the manifests, heads and chunks copied; "all": every byte of the chain
+    bytes_read: int = 0    # of the chain's data files
+    prepass_ns: int = 0    # the live memory's digests taken before reading (gate closed for the kernel alone)
+    verify_why: str | None = None  # why every byte was read, where fewer were asked for
 
     @property
     def verify_gbps(self) -> float:
-        return self.bytes / self.verify_ns if self.verify_ns else 0.0
+        """What was read of the checkpoint, over the time reading and checking it took."""
+        return self.bytes_read / self.verify_ns if self.verify_ns else 0.0
 
     @property
     def copy_gbps(self) -> float | None:
@@ -250,7 +260,8 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
                 manifest["schema"] = store.SCHEMA_LINK
                 manifest["parent"] = chain.parent_ref(parent, out)
                 runs = [(0, hdr.data_offset), *hdr.held_runs()]
-            m = store.write(out, memfd, nbytes, manifest, progress, runs)
+            m = store.write(out, memfd, nbytes, manifest, progress, runs, hdr.pieces())
+            durable = time.monotonic_ns() - t0
         finally:
             os.close(memfd)
     t = m["timings"]
@@ -258,7 +269,8 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
                             t["copy_ns"], t["freeze_ns"], t["write_ns"], time.monotonic_ns() - t0, r.get("direct", False),
                             r.get("digest_ns", 0), r.get("chunks", 0), r.get("chunks_copied", 0),
                             r.get("bytes_copied", r["bytes"]), m["data"]["bytes"],
-                            str(parent) if hdr.partial else None, _digest_why(r, since))
+                            str(parent) if hdr.partial else None, _digest_why(r, since), durable, t["fsync_ns"],
+                            r.get("setup_ns", 0), r.get("writeback_ns", 0), r.get("kept_pinned_bytes", 0))
 
 
 def _checked_pause(s: ShimSession, pid: int, path: Path, manifest: dict, timeout_ms: int, quiet_s: float) -> bool:
@@ -351,7 +363,8 @@ def manifest_of(pid: int, status: dict, r: dict, memfd: int, nbytes: int) -> tup
         "allocations": [{"base": e.base, "size": e.size, "device": e.device, "kind": e.kind, "offset": e.offset}
                         for e in hdr.entries],
         "bytes": r["bytes"],
-        "timings": {k: r.get(k, 0) for k in ("setup_ns", "drain_ns", "sync_ns", "digest_ns", "copy_ns", "freeze_ns")},
+        "timings": {k: r.get(k, 0) for k in ("setup_ns", "drain_ns", "sync_ns", "digest_ns", "copy_ns", "freeze_ns",
+                                             "writeback_ns")},
         "shim": {"lanes": r["lanes"], "chunk": r["chunk"], "direct": r.get("direct", False),
                  "skipped_unmapped_vmm": r.get("skipped", 0)},
         "digests": {"algorithm": digest.ALGO, "chunk_bytes": hdr.digest_chunk, "chunks": hdr.digest_count,
@@ -420,10 +433,49 @@ def verified_image(path: Path, manifest: dict, fd: int, progress: store.Progress
     return nbytes
 
 
+def _live_digests(s: ShimSession, dchunk: int, timeout_ms: int) -> tuple[bytes | None, int]:
+    """The live memory's digests (16 bytes a chunk, in address order) and how long the gate was
+    closed for them; None where the shim cannot take them (the restore then reads everything)."""
+    fd = os.memfd_create("gputrace-digests", os.MFD_CLOEXEC)
+    try:
+        r = s.request(f"digest digest={dchunk} timeout={timeout_ms}", fd=fd, timeout_s=copy_timeout(0))
+        if not r.get("ok"):
+            return None, 0
+        raw = os.pread(fd, 16 * int(r["chunks"]), 0)
+    finally:
+        os.close(fd)
+    return raw, int(r.get("freeze_ns", 0))
+
+
+def _selected_image(sel: chain.Selective, live: bytes, fd: int, progress: store.Progress | None) -> int:
+    """An image of the chunks of `sel`'s newest checkpoint whose digest differs from `live`'s, each
+    read from its link and checked, in `fd` (image.partial_head's layout); its size."""
+    final = sel.final
+    nd, dc = final.digest_count, final.digest_chunk
+    want = [d for d in range(nd) if live[16 * d:16 * d + 16] != final.digests[16 * d:16 * d + 16]]
+    held = bytearray(nd)
+    for d in want:
+        held[d] = 1
+    head, offs, size = image.partial_head(final, bytes(held))
+    os.ftruncate(fd, 0)
+    os.ftruncate(fd, size)
+    os.pwrite(fd, head, 0)
+    total = sum(sel.spans[d][2] for d in want)
+    done = 0
+    for d in want:
+        i = sel.spans[d][0]
+        data = sel.chunk(d)
+        os.pwrite(fd, data, offs[i] + (d - sel.first[i]) * dc)
+        done += len(data)
+        if progress:
+            progress("verify", done, total)
+    return size
+
+
 def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
             timeout_ms: int = 5000, direct: bool = True, progress: store.Progress | None = None,
             other_process: bool = False, diff: bool = True, checked: bool = False,
-            quiet_s: float = 0.2) -> RestoreReport:
+            quiet_s: float = 0.2, verify_all: bool = False) -> RestoreReport:
     """Rolls the device memory of shimmed process `pid` back to the checkpoint in `path`.
     `checked`: refuse (rollback.UnsafeRollback) wherever the process shows that a rollback of its
     device memory alone is unsafe (checkpointer/rollback.py): its status is read, then again `quiet_s`
@@ -434,7 +486,14 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
     A checkpoint of another process (pid and start time) is refused unless `other_process`: the
     allocations may match by chance, and the data are that process's.  `diff`: where the checkpoint
     has digests, the shim hashes the live memory under the gate and copies back only the chunks that
-    differ (False: every byte)."""
+    differ (False: every byte).
+    What is read and checked: with `diff` and a chain whose links checksum each chunk (chain.selectable),
+    the manifests, every link's head and the chunks whose digest differs from the live memory's (taken
+    by the shim under a gate closed for its kernel alone), each checked against its own checksum
+    before the process is touched; should a chunk change between those digests and the restore's
+    own, under its gate, the shim refuses (nothing copied) and this is done again, then whole.
+    `verify_all` (or a chain without those checksums, or `diff` False): every byte of every link read
+    and checked, the whole image put together."""
     t0 = time.monotonic_ns()
     path = Path(path).absolute()
     manifest = store.read_manifest(path)
@@ -446,6 +505,9 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
                                      "put that process's data into this one (its allocations must match); "
                                      "nothing was changed")
     links = chain.links(path, manifest)  # an incremental checkpoint's earlier links, each checked
+    read0 = store.READS.bytes
+    why = None if diff and not verify_all and chain.selectable(links) and manifest.get("digests") else \
+        "asked to" if verify_all else "every byte is copied" if not diff else "its chain checksums no chunk alone"
     with ShimSession(pid, "restore") as s:
         status = s.request("status")
         _refuse_suspended(status, pid, "restore its device memory")
@@ -461,20 +523,46 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
             raise _mismatch(pid, path, diffs)
         memfd = os.memfd_create(f"gputrace-restore-{pid}", os.MFD_CLOEXEC)
         paused = False
+        verify_ns = prepass_ns = 0
+        r: dict = {}
         try:
-            tv = time.monotonic_ns()
-            nbytes = verified_image(path, manifest, memfd, progress, links)
-            verify_ns = time.monotonic_ns() - tv
-            if checked:
-                paused = _checked_pause(s, pid, path, manifest, timeout_ms, quiet_s)
-            if progress:
-                progress("freeze", 0, manifest["bytes"])
-            r = s.request(f"restore lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)} "
-                          f"diff={int(diff)}", fd=memfd, timeout_s=copy_timeout(nbytes))
+            sel = chain.Selective(links) if why is None else None
+            try:
+                for attempt in (1, 2, 3):
+                    tv = time.monotonic_ns()
+                    if sel is not None and attempt < 3:
+                        live, pre = _live_digests(s, sel.final.digest_chunk, timeout_ms)
+                        prepass_ns += pre
+                        if live is None or len(live) != 16 * sel.final.digest_count:
+                            why = "the shim could not take the live memory's digests"
+                            continue
+                        nbytes = _selected_image(sel, live, memfd, progress)
+                    else:
+                        if sel is not None and why is None:
+                            why = "chunks kept changing between the digests and the restore"
+                        os.ftruncate(memfd, 0)
+                        nbytes = verified_image(path, manifest, memfd, progress, links)
+                    verify_ns += time.monotonic_ns() - tv
+                    if checked:
+                        paused = _checked_pause(s, pid, path, manifest, timeout_ms, quiet_s)
+                    if progress:
+                        progress("freeze", 0, manifest["bytes"])
+                    r = s.request(f"restore lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)} "
+                                  f"diff={int(diff)}", fd=memfd, timeout_s=copy_timeout(nbytes))
+                    if paused:
+                        s.request("resume")  # the restore found the gate held and left it so
+                        paused = False
+                    if r.get("error") not in ("stale", "cannot compare") or why is not None:
+                        break
+                    if r.get("error") == "cannot compare":
+                        why = f"the shim cannot compare: {r.get('detail')}"
+            finally:
+                if sel is not None:
+                    sel.close()
         finally:
             os.close(memfd)
             if paused:
-                s.request("resume")  # the restore found the gate held and left it so
+                s.request("resume")
         if not r.get("ok"):
             if r.get("error") == "mismatch":
                 d = [f"{x['what']} allocation at {x['base']:#x} (checkpoint {x['checkpoint_size']} bytes, "
@@ -485,4 +573,6 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
                          r["copy_ns"], r["freeze_ns"], time.monotonic_ns() - t0, r.get("direct", False),
                          r.get("digest_ns", 0), r.get("chunks", 0), r.get("chunks_copied", 0),
                          r.get("bytes_copied", r["bytes"]), len(links),
-                         None if r.get("digests") or not diff else r.get("digest_why"))
+                         None if r.get("digests") or not diff else r.get("digest_why"),
+                         "used" if why is None else "all", store.READS.bytes - read0, prepass_ns,
+                         None if why is None or why == "asked to" else why)

@@ -7,8 +7,10 @@ Manifest (schema 1): schema, format ("gputrace-checkpoint"), complete (true), cr
   target {pid, comm}, driver {path, version}, devices [{ordinal, name, uuid}],
   registry {the status totals: device_bytes, contexts, allocations, modules, streams, events, ...},
   allocations [{base, size, device, kind, offset}] (offset: in data.img),
-  data {file, bytes, chunk_bytes, hash ("xxh3_64"), chunks [hex digest of each chunk_bytes piece]},
-  timings {setup_ns, drain_ns, sync_ns, digest_ns, copy_ns, freeze_ns, write_ns, total_ns}, shim {lanes, chunk},
+  data {file, bytes, chunk_bytes, hash ("xxh3_64"), chunks [hex digest of each chunk_bytes piece of data.img],
+        pieces {hash, head_bytes, xxh3 [hex digest of the image's head, then of each digest chunk data.img
+        holds, in order]} (where the image has digests: what a restore checks of the chunks it reads)},
+  timings {setup_ns, drain_ns, sync_ns, digest_ns, copy_ns, freeze_ns, write_ns, fsync_ns}, shim {lanes, chunk},
   digests {algorithm, chunk_bytes, chunks, chunks_copied} or null (the image's own digests are in its head).
 Schema 2, a link of an incremental chain (chain.py): as schema 1, plus parent {path, relative,
   manifest_xxh3}, and data {image_bytes, runs [[offset, length] of the image that data.img holds, in order]}.
@@ -20,6 +22,7 @@ most a `.partial` directory, never a NAME with a manifest that is not backed by 
 
 from __future__ import annotations
 
+import bisect
 import errno
 import mmap
 import os
@@ -45,6 +48,28 @@ HASH = "xxh3_64"
 CHUNK_BYTES = 8 << 20
 
 Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class ReadStats:
+    """What has been read of checkpoints' data files (never of manifests): every read goes through
+    read_at, so a restore can say, and a test can hold it to, how much of a chain it read."""
+
+    bytes: int = 0
+    reads: int = 0
+
+    def snapshot(self) -> tuple[int, int]:
+        return self.bytes, self.reads
+
+
+READS = ReadStats()
+
+
+def read_at(fd: int, n: int, off: int) -> bytes:
+    b = os.pread(fd, n, off)
+    READS.bytes += len(b)
+    READS.reads += 1
+    return b
 
 
 def _digest(buf) -> str:
@@ -113,6 +138,16 @@ def check_target(out: Path) -> None:
         raise CheckpointError(f"{out.parent} is not a directory", "create it first, or choose another -o")
 
 
+class _Empty:
+    """Stands for the mmap of an empty image (mmap refuses length 0)."""
+
+    def __enter__(self) -> bytes:
+        return b""
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
 class PartialDir:
     """A checkpoint directory as it is written: .NAME.partial-PID beside `out`, ours alone (one that
     exists already is not ours to use or delete), renamed to `out` only once complete and synced,
@@ -171,33 +206,61 @@ def _pieces(runs: list[tuple[int, int]]):
             n -= take
 
 
+def _segments(runs: list[tuple[int, int]], cuts: list[int]):
+    """_pieces(runs) cut again at each image offset in `cuts` (sorted): (offset, length, ends a
+    CHUNK_BYTES chunk of the file)."""
+    for off, n, ends in _pieces(runs):
+        end = off + n
+        i = bisect.bisect_right(cuts, off)
+        while i < len(cuts) and cuts[i] < end:
+            yield off, cuts[i] - off, False
+            off = cuts[i]
+            i += 1
+        yield off, end - off, ends
+
+
 def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: Progress | None = None,
-          runs: list[tuple[int, int]] | None = None) -> dict:
+          runs: list[tuple[int, int]] | None = None, pieces: list[tuple[int, int]] | None = None) -> dict:
     """Hashes and writes the image in `image_fd` and the manifest (completed here with the data
-    section and write_ns) to `out`, atomically.  Returns the manifest as written.
+    section, write_ns and fsync_ns) to `out`, atomically and durably: when it returns, data, manifest
+    and directory are fsynced and renamed into place.  Returns the manifest as written.
     `runs`: (offset, length) of the parts of the image to keep, in order (an incremental link's head
     and changed chunks); data.img is then their concatenation, and the data section says where each
-    came from.  Default: the whole image, byte for byte."""
+    came from.  Default: the whole image, byte for byte.  `pieces`: (offset, length) in the image of
+    what is also checksummed one by one (image.Header.pieces: the head and each digest chunk kept),
+    each within the runs, in order."""
     part = PartialDir(out)
     t0 = time.monotonic_ns()
+    fsync_ns = 0
     chunks: list[str] = []
     whole = runs is None
     runs = [(0, image_bytes)] if whole else list(runs)
     size = sum(n for _, n in runs)
+    pieces = list(pieces or [])
+    cuts = sorted({x for o, n in pieces for x in (o, o + n)})
+    sums: list[str] = []
     tmp = part.create()
     try:
         fd = os.open(tmp / DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            with mmap.mmap(image_fd, image_bytes, prot=mmap.PROT_READ) as mm:
+            with mmap.mmap(image_fd, image_bytes, prot=mmap.PROT_READ) if image_bytes else _Empty() as mm:
                 mv = memoryview(mm)
-                h = xxhash.xxh3_64()
-                done = 0
+                h, ph = xxhash.xxh3_64(), xxhash.xxh3_64()
+                done, p = 0, 0
                 try:
-                    for off, n, ends in _pieces(runs):
+                    for off, n, ends in _segments(runs, cuts):
                         with mv[off:off + n] as piece:  # released even when a write fails
                             h.update(piece)
+                            while p < len(pieces) and pieces[p][0] + pieces[p][1] <= off:
+                                p += 1
+                            inside = p < len(pieces) and pieces[p][0] <= off
+                            if inside:
+                                ph.update(piece)
                             _write_all(fd, piece)
                         done += n
+                        if inside and off + n == pieces[p][0] + pieces[p][1]:
+                            sums.append(ph.hexdigest())
+                            ph.reset()
                         if ends:
                             chunks.append(h.hexdigest())
                             h.reset()
@@ -205,17 +268,26 @@ def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: 
                                 progress("write", done, size)
                 finally:
                     mv.release()
+            ts = time.monotonic_ns()
             os.fsync(fd)
+            fsync_ns += time.monotonic_ns() - ts
         finally:
             os.close(fd)
+        if len(sums) != len(pieces):
+            raise CheckpointError(f"{len(sums)} of {len(pieces)} pieces of the image were checksummed",
+                                  "this is a bug; nothing was kept")
         manifest = dict(manifest)
         manifest["data"] = {"file": DATA, "bytes": size, "chunk_bytes": CHUNK_BYTES, "hash": HASH,
                             "chunks": chunks}
+        if pieces:
+            manifest["data"]["pieces"] = {"hash": HASH, "head_bytes": pieces[0][1], "xxh3": sums}
         if not whole:
             manifest["data"].update(image_bytes=image_bytes, runs=[[o, n] for o, n in runs])
-        manifest["timings"] = dict(manifest["timings"], write_ns=time.monotonic_ns() - t0)
+        ts = time.monotonic_ns()
+        manifest["timings"] = dict(manifest["timings"], write_ns=ts - t0)
         part.write_file(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
         part.commit()
+        manifest["timings"]["fsync_ns"] = fsync_ns + time.monotonic_ns() - ts  # (not in the file: after it)
         return manifest
     except OSError as exc:
         raise disk_error(exc, out) from None
@@ -306,6 +378,8 @@ def verified_copy(path: Path, manifest: dict, out_fd: int, progress: Progress | 
         buf = bytearray(chunk)
         for i, want in enumerate(sums):
             n = src.readinto(buf)
+            READS.bytes += n
+            READS.reads += 1
             piece = memoryview(buf)[:n]
             if n != min(chunk, size - i * chunk):
                 raise CorruptCheckpoint(f"{f} ended early at chunk {i}", "the checkpoint is damaged; take a new one")

@@ -744,7 +744,8 @@ static struct piece *cut(const struct item *v, int n, size_t chunk, const unsign
 /* ------------------------------------------------------------------------------------------------
  * What is kept between a job's commands, so that a checkpoint after the first pays none of it again:
  * the digest kernel loaded in each context with its scratch (dg_open), and one pool of pinned host
- * memory (cuMemHostAlloc, portable): each lane's two staging buffers at its start, then a *deferred*
+ * memory (mapped here and registered with the driver, portable: a context the program destroys takes
+ * the registration with it, never the memory, which is then given back here): each lane's two staging buffers at its start, then a *deferred*
  * area into which the changed chunks of a dump are copied at the bus's speed under the gate and from
  * which they are written into the image after it reopens (and into which a restore of some chunks
  * reads them before it closes).  The pool is made at the first command that copies and grown only
@@ -779,6 +780,14 @@ static uint64_t pin_cap_default(void)
     return cap;
 }
 
+static void pool_unmap(char *m, uint64_t len, uint64_t ctx)
+{
+    D.ctx_set((CUcontext)(uintptr_t)ctx);
+    D.host_unregister(m); /* waits for copies still using it */
+    D.ctx_set(NULL);
+    munmap(m, (size_t)len);
+}
+
 static int ctx_known(const struct collect *c, uint64_t ctx)
 {
     for (int k = 0; k < c->nctx; k++)
@@ -791,7 +800,8 @@ static int ctx_known(const struct collect *c, uint64_t ctx)
  * context's pinned memory and modules): forgotten, never freed again. */
 static void keep_forget_gone(const struct collect *c)
 {
-    if (K.pool && !ctx_known(c, K.pool_ctx)) {
+    if (K.pool && !ctx_known(c, K.pool_ctx)) { /* registered no more: unmapped, made again when needed */
+        munmap(K.pool, (size_t)K.pool_len);
         K.pool = NULL;
         K.pool_len = K.staging_len = 0;
     }
@@ -847,19 +857,27 @@ static int keep_pool(uint64_t staging, uint64_t initial, uint64_t cap, uint64_t 
     if (K.pool && K.staging_len == staging && K.pool_len >= staging + defer && K.pool_len <= cap)
         return 0;
     if (K.pool) {
-        D.host_free(K.pool);
+        pool_unmap(K.pool, K.pool_len, K.pool_ctx);
         K.pool = NULL;
         K.pool_len = 0;
     }
     uint64_t len = round_up(staging + defer, IMG_ALIGN);
-    void *m = NULL;
-    if (D.ctx_set((CUcontext)(uintptr_t)ctx) != CUDA_SUCCESS)
+    if (!D.host_register || !D.host_unregister)
         return -1;
-    CUresult r = D.host_alloc(&m, (size_t)len, CU_MEMHOSTALLOC_PORTABLE);
-    D.ctx_set(NULL);
-    if (r != CUDA_SUCCESS || !m)
+    void *m = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
         return -1;
     memset(m, 0, (size_t)len); /* faulted in now, never during a freeze */
+    if (D.ctx_set((CUcontext)(uintptr_t)ctx) != CUDA_SUCCESS) {
+        munmap(m, (size_t)len);
+        return -1;
+    }
+    CUresult r = D.host_register(m, (size_t)len, CU_MEMHOSTALLOC_PORTABLE /* = CU_MEMHOSTREGISTER_PORTABLE */);
+    D.ctx_set(NULL);
+    if (r != CUDA_SUCCESS) {
+        munmap(m, (size_t)len);
+        return -1;
+    }
     K.pool = m;
     K.pool_ctx = ctx;
     K.pool_len = len;
@@ -876,7 +894,7 @@ void dump_release(struct sbuf *b)
     int had_dg = K.dg != NULL;
     keep_drop_digester();
     if (K.pool)
-        D.host_free(K.pool);
+        pool_unmap(K.pool, K.pool_len, K.pool_ctx);
     K.pool = NULL;
     K.pool_len = K.staging_len = K.want = 0;
     sb_printf(b, "{\"ok\": true, \"released_pinned_bytes\": %llu, \"released_digester\": %s}",
@@ -1656,8 +1674,13 @@ static int op_copy(struct op *op)
     if (!(op->pieces = cut(c->v, c->n, op->o.chunk, used ? op->held : NULL, op->dchunk, op->pre_off,
                            K.pool ? K.pool + K.staging_len : NULL, &op->np)))
         return fail(op, "out of memory", NULL);
-    for (size_t i = 0; i < op->np; i++)
+    int all_pinned = 1;
+    for (size_t i = 0; i < op->np; i++) {
         op->copied_bytes += op->pieces[i].len;
+        all_pinned &= op->pieces[i].host != NULL;
+    }
+    if (op->restore && op->preloaded && all_pinned)
+        op->direct_used = 1; /* straight from the pool it was read into before the freeze */
     if (op->mode == M_DUMP && !op->map && K.pool) {
         /* Copied at the bus's speed into the kept pool, as far as it holds them, and written into the
          * image once the gate has reopened; the rest through the lanes' staging, under the gate. */
@@ -1767,7 +1790,7 @@ static void op_done(struct op *op)
  * device's work has ended, and never on the control thread, which must go on answering. */
 struct late_free {
     char *map, *pool;
-    uint64_t map_len, ctx;
+    uint64_t map_len, ctx, pool_len, pool_ctx;
 };
 
 static void *late_free_run(void *arg)
@@ -1776,7 +1799,7 @@ static void *late_free_run(void *arg)
     if (f->map)
         direct_unmap(f->map, f->map_len, f->ctx);
     if (f->pool)
-        D.host_free(f->pool);
+        pool_unmap(f->pool, f->pool_len, f->pool_ctx);
     free(f);
     return NULL;
 }
@@ -1791,6 +1814,8 @@ static int free_later(struct op *op)
     f->ctx = op->c.nctx ? op->c.ctxs[0] : 0;
     if (op->nl && K.pool) { /* the device may still copy into it: not kept for the next command */
         f->pool = K.pool;
+        f->pool_len = K.pool_len;
+        f->pool_ctx = K.pool_ctx;
         K.pool = NULL;
         K.pool_len = K.staging_len = 0;
     }

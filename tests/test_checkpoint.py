@@ -101,9 +101,12 @@ def test_a_corrupted_chunk_is_refused_before_the_process_is_touched(target, tmp_
     m = read_manifest(tmp_path / "ck")
     assert len(m["data"]["chunks"]) >= 2
     _flip(tmp_path / "ck" / "data.img", m["data"]["chunk_bytes"] + 12345)
-    with pytest.raises(CorruptCheckpoint, match=r"chunk 1 of .* fails its xxh3_64 checksum") as e:
-        restore(t.pid, tmp_path / "ck")
+    with pytest.raises(CorruptCheckpoint, match=r"chunk 0 of the allocation at .* fails its xxh3_64 checksum") as e:
+        restore(t.pid, tmp_path / "ck")  # the chunk read, as every chunk differs now
     assert "not touched" in e.value.hint
+    assert t.sum() == now and t.gate_open()
+    with pytest.raises(CorruptCheckpoint, match=r"chunk 1 of .* fails its xxh3_64 checksum") as e:
+        restore(t.pid, tmp_path / "ck", verify_all=True)  # the file's chunk, read with all the others
     assert t.sum() == now and t.gate_open()
 
 

@@ -71,7 +71,8 @@ def test_cli_refuses_a_damaged_checkpoint(procs, shim_dir, tmp_path):
     with open(tmp_path / "ck" / "data.img", "r+b") as f:
         f.seek(5000)
         f.write(b"\0\1\2\3")
-    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"), "--device-only")
+    # Nothing differs from the checkpoint, so a restore reads (and checks) no chunk: --verify-all reads all.
+    r = gputrace("restore", "-p", str(p.pid), str(tmp_path / "ck"), "--device-only", "--verify-all")
     assert r.returncode == 10 and "fails its xxh3_64 checksum" in r.stderr
     assert "hint: the checkpoint is damaged; the process was not touched" in r.stderr
 

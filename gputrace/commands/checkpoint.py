@@ -187,6 +187,9 @@ def configure_restore(p: argparse.ArgumentParser) -> None:
                         "one; its allocations must still match")
     p.add_argument("--copy-all", dest="diff", action="store_false",
                    help="copy every byte back, not only the chunks whose GPU-computed digest differs")
+    p.add_argument("--verify-all", action="store_true",
+                   help="read and check every byte of the checkpoint (and of each earlier link of its chain) "
+                        "before the job is touched, not only the manifests, heads and chunks the restore copies")
     _tuning(p, direct=True)
     add_json(p)
 
@@ -240,6 +243,8 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
     _print_freeze(r)
     print(f"  write    {ms(r.write_ns)}, {fmt_bytes(r.stored_bytes)} at {gbps(r.stored_bytes, r.write_ns)} "
           "(job running)")
+    print(f"  durable  {ms(r.durable_ns)} after it began: data, manifest and directory fsynced "
+          f"({ms(r.fsync_ns)} of fsync)")
     print(f"  total    {ms(r.total_ns)}")
     return 0
 
@@ -316,7 +321,7 @@ def restore_cmd(args: argparse.Namespace) -> int:
     try:
         r = restore(args.pid, args.dir, lanes=args.lanes, chunk=args.chunk, timeout_ms=args.timeout_ms,
                     direct=args.direct, progress=prog, other_process=args.into_other_process, diff=args.diff,
-                    checked=not args.force)
+                    checked=not args.force, verify_all=args.verify_all)
     finally:
         prog.end()
     if args.json:
@@ -325,7 +330,9 @@ def restore_cmd(args: argparse.Namespace) -> int:
     print(f"restored pid {r.pid}'s device memory from {r.path}")
     print(f"  {r.allocations} allocation(s), {fmt_bytes(r.bytes)} of device memory")
     chain = f" ({r.links} links of an incremental chain)" if r.links > 1 else ""
-    print(f"  verify   {ms(r.verify_ns)} at {gbps(r.bytes, r.verify_ns)}{chain} (job running)")
+    what = "every byte" if r.verified == "all" else "the chunks copied, the heads and manifests"
+    why = f"; {r.verify_why}" if r.verify_why else ""
+    print(f"  verify   {ms(r.verify_ns)}, {fmt_bytes(r.bytes_read)} read: {what}{chain}{why} (job running)")
     if r.chunks:
         print(f"  copied   {r.chunks_copied} of {r.chunks} chunks differed: {fmt_bytes(r.bytes_copied)} copied back")
     elif r.digest_why:
