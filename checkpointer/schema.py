@@ -123,6 +123,14 @@ def device_checkpoint(m: dict, where: Path) -> None:
     for i, h in enumerate(sums):
         if not _hex16(h):
             raise c.fail(f"data.chunks[{i}]", "is not an xxh3_64 digest")
+    if "pieces" in data:  # the head and each digest chunk checksummed alone (chain.Selective reads them)
+        pcs = c.obj(data["pieces"], "data.pieces")
+        if c.str(pcs, "hash", "data.pieces") != "xxh3_64":
+            raise c.fail("data.pieces.hash", "is not xxh3_64")
+        c.int(pcs, "head_bytes", "data.pieces", 48, size)
+        for i, h in enumerate(c.list(pcs, "xxh3", "data.pieces", size // 4096 + 1)):
+            if not _hex16(h):
+                raise c.fail(f"data.pieces.xxh3[{i}]", "is not an xxh3_64 digest")
     if "runs" in data or "parent" in m:  # a link of an incremental chain: data.img holds parts of the image
         size = _link(c, m, data, size)
     c.int(m, "bytes", "manifest", 0, 1 << 62)
