@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""What an incremental checkpoint and its restore cost beyond the freeze: for a job holding SIZE, a
+whole checkpoint, then for each share changed (1%, 10%, 100% by default) an incremental checkpoint
+`--since` the whole one and a restore of it, to disk and to tmpfs, beside a plain fsynced write and a
+cold read of the same bytes on the same storage, and beside the driver's own checkpoint and restore
+(cuCheckpointProcess*, `gputrace checkpoint --backend driver`) of the same job.
+
+Per measurement: freeze_s (gate closed to gate open), durable_s (the checkpoint's start to its data,
+manifest and directory fsynced and renamed), total_s, back_s (the restore's start to the job running
+again with the data back), the bytes copied, stored and read, and whether the job's checksum after the
+restore is the one it had at the checkpoint.  The targets they are held to (the issue's): an
+incremental checkpoint's total within 0.3 s of changed bytes / the storage's write rate, its restore's
+within 0.3 s of changed bytes / its read rate; `within_0_3s` says whether each was.
+
+The job: bench/ckpt_job.py under `gputrace run --checkpointable` (a PyTorch process holding SIZE of
+seeded tensors; `write OFF N` changes N bytes), on the GPU; simcuda's `pattern` workload here (sizes in
+MiB; `touch` changes them).  The restore is `restore --device-only --force` of the incremental after
+the same bytes were changed again (so exactly the changed chunks differ).
+
+OUT/incremental-costs.json is rewritten (tmp, then renamed) after every measurement, so a run ended by
+its time limit keeps what it measured; --budget-s (default 480) stops starting new parts once passed.
+
+On the GPU machine (one call of at most 9 minutes; the sizes and parts are flags):
+    source bench/gpu-env.sh
+    python3 bench/incremental_costs_gpu.py --sizes 4,16 --storage disk,tmpfs --out /tmp/inc-costs
+Here (simcuda, sizes in MiB):
+    .venv/bin/python bench/incremental_costs_gpu.py --simcuda --sizes 4,16 --out /tmp/inc-costs-sim
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+SCHEMA = "gputrace.bench.incremental_costs/1"
+GIB, MIB = 1 << 30, 1 << 20
+ROOTS = {"disk": Path("/var/tmp/gtinc"), "tmpfs": Path("/dev/shm/gtinc")}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def gputrace_argv() -> list[str]:
+    exe = shutil.which("gputrace")
+    return [exe] if exe else [sys.executable, "-m", "gputrace"]
+
+
+def cli(*args: str) -> dict:
+    """A gputrace command with --json: its report, with wall_s; {"error": ...} where it failed."""
+    t0 = time.monotonic()
+    p = subprocess.run([*gputrace_argv(), *args, "--json"], capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    if p.returncode != 0:
+        return {"error": (p.stderr or p.stdout).strip()[-800:], "rc": p.returncode, "wall_s": wall}
+    d = json.loads(p.stdout)
+    d["wall_s"] = wall
+    return d
+
+
+class TorchJob:
+    """bench/ckpt_job.py under the shim."""
+
+    def __init__(self, nbytes: int) -> None:
+        env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
+        argv = [*gputrace_argv(), "run", "--checkpointable", "--", sys.executable, str(HERE / "ckpt_job.py")]
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self._read()["pid"]
+        self.cmd(f"hold {nbytes}")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the job exited (status {self.proc.wait()})")
+        return json.loads(line)
+
+    def cmd(self, line: str) -> dict:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        r = self._read()
+        if not r.get("ok"):
+            raise RuntimeError(f"job: {line}: {r}")
+        return r
+
+    def change(self, n: int, rnd: int) -> None:
+        self.cmd(f"write 0 {n}")  # adds 1 to each byte: changed again by the next call
+
+    def checksum(self) -> str:
+        return json.dumps(self.cmd("checksum")["checksum"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.cmd("quit")
+                self.proc.wait(timeout=60)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+class PatternJob:
+    """simcuda's pattern workload (--plain: SIZE and SIZE/2 + 4 bytes) under the shim."""
+
+    def __init__(self, nbytes: int) -> None:
+        from gputrace import shim, simcuda
+
+        self.size = nbytes
+        self.proc = subprocess.Popen(simcuda.workload("pattern") + ["--plain", "--size", str(nbytes)],
+                                     env=shim.preload_env(simcuda.env()), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        self.ready = json.loads(self.proc.stdout.readline())
+
+    def cmd(self, line: str) -> dict:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def change(self, n: int, rnd: int) -> None:
+        self.cmd(f"touch 0 0 {min(n, self.size)} {100 + rnd}")
+
+    def checksum(self) -> str:
+        return self.cmd("sum")["sum"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def plain_io(root: Path, nbytes: int) -> dict:
+    """A plain write of `nbytes` fsynced, then read back cold (its pages dropped): the storage's own
+    rates, on the same filesystem as the checkpoints."""
+    f = root / "plain.bin"
+    buf = os.urandom(1 << 20) * 8
+    t0 = time.monotonic()
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        left = nbytes
+        while left:
+            left -= os.write(fd, memoryview(buf)[:min(left, len(buf))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    w = time.monotonic() - t0
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        t0 = time.monotonic()
+        while os.read(fd, len(buf)):
+            pass
+        r = time.monotonic() - t0
+    finally:
+        os.close(fd)
+        f.unlink()
+    return {"bytes": nbytes, "write_s": w, "write_gb_s": nbytes / w / 1e9, "read_s": r,
+            "read_gb_s": nbytes / r / 1e9 if r else None}
+
+
+def s(ns) -> float | None:
+    return ns / 1e9 if isinstance(ns, (int, float)) else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="4,16", help="GiB a job holds, comma-separated (MiB with --simcuda)")
+    ap.add_argument("--changed", default="1,10,100", help="percent of it changed, comma-separated")
+    ap.add_argument("--storage", default="disk,tmpfs", help="disk, tmpfs or both")
+    ap.add_argument("--no-driver", action="store_true", help="leave out the driver's checkpoint of the job")
+    ap.add_argument("--simcuda", action="store_true", help="simcuda instead of a GPU (sizes in MiB)")
+    ap.add_argument("--budget-s", type=float, default=480, help="start no new part after this many seconds")
+    ap.add_argument("--out", type=Path, required=True, help="directory for incremental-costs.json")
+    a = ap.parse_args()
+    unit = MIB if a.simcuda else GIB
+    sizes = [int(x) for x in a.sizes.split(",")]
+    pcts = [float(x) for x in a.changed.split(",")]
+    storages = [x for x in a.storage.split(",") if x]
+    for st in storages:
+        if st not in ROOTS:
+            ap.error(f"--storage {st}: disk or tmpfs")
+    a.out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    doc = {"schema": SCHEMA, "command": "python3 bench/incremental_costs_gpu.py " + " ".join(sys.argv[1:]),
+           "simcuda": a.simcuda, "unit": "MiB" if a.simcuda else "GiB", "started_unix": time.time(),
+           "device": None, "parts": []}
+    try:
+        doc["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        pass
+    if a.simcuda:
+        doc["device"] = "simcuda"
+
+    def save() -> None:
+        doc["wall_s"] = time.monotonic() - t_start
+        tmp = a.out / "incremental-costs.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.rename(a.out / "incremental-costs.json")
+
+    def over() -> bool:
+        if time.monotonic() - t_start > a.budget_s:
+            doc["stopped"] = f"--budget-s {a.budget_s} passed"
+            return True
+        return False
+
+    for size in sizes:
+        nbytes = size * unit
+        for st in storages:
+            if over():
+                break
+            root = Path(tempfile.mkdtemp(prefix=f"{size}-", dir=_root(st, a.simcuda)))
+            part = {"size": size, "size_bytes": nbytes, "storage": st, "root": str(root), "changes": []}
+            doc["parts"].append(part)
+            job = None
+            try:
+                log(f"{size} {doc['unit']} to {st}: plain write and read")
+                part["plain"] = plain_io(root, max(nbytes // 10, 64 * MIB if not a.simcuda else MIB))
+                job = (PatternJob if a.simcuda else TorchJob)(nbytes)
+                base = root / "base"
+                log("whole checkpoint")
+                part["whole"] = cli("checkpoint", "-p", str(job.pid), "-o", str(base))
+                save()
+                for i, pct in enumerate(pcts):
+                    if over() or "error" in part["whole"]:
+                        break
+                    n = max(4096, int(nbytes * pct / 100))
+                    job.change(n, 2 * i)
+                    want = job.checksum()
+                    d = root / f"inc-{i}"
+                    log(f"{pct}% changed: incremental checkpoint")
+                    ck = cli("checkpoint", "-p", str(job.pid), "-o", str(d), "--since", str(base))
+                    job.change(n, 2 * i + 1)  # the same bytes changed again: exactly those differ
+                    log(f"{pct}% changed: restore")
+                    rs = cli("restore", "-p", str(job.pid), str(d), "--device-only", "--force")
+                    ok = job.checksum() == want
+                    c = {"pct": pct, "changed_bytes": n, "checkpoint": ck, "restore": rs, "data_right": ok}
+                    if "error" not in ck and "error" not in rs:
+                        wr, rd = part["plain"]["write_gb_s"], part["plain"]["read_gb_s"]
+                        c["summary"] = {
+                            "freeze_s": s(ck["freeze_ns"]), "durable_s": s(ck["durable_ns"]),
+                            "total_s": s(ck["total_ns"]), "bytes_copied": ck["bytes_copied"],
+                            "stored_bytes": ck["stored_bytes"], "setup_s": s(ck.get("setup_ns")),
+                            "restore_freeze_s": s(rs["freeze_ns"]), "back_s": s(rs["total_ns"]),
+                            "bytes_read": rs.get("bytes_read"), "restore_bytes_copied": rs["bytes_copied"],
+                            "target_checkpoint_s": ck["stored_bytes"] / (wr * 1e9),
+                            "target_restore_s": rs.get("bytes_read", 0) / (rd * 1e9) if rd else None,
+                        }
+                        sm = c["summary"]
+                        sm["within_0_3s"] = {
+                            "checkpoint": sm["total_s"] <= sm["target_checkpoint_s"] + 0.3,
+                            "restore": sm["target_restore_s"] is not None and
+                            sm["back_s"] <= sm["target_restore_s"] + 0.3}
+                    part["changes"].append(c)
+                    shutil.rmtree(d, ignore_errors=True)
+                    save()
+                if not a.no_driver and not over():
+                    log("the driver's checkpoint and restore of the same job")
+                    before = job.checksum()
+                    part["driver"] = cli("checkpoint", "-p", str(job.pid), "--backend", "driver")
+                    part["driver"]["data_right"] = job.checksum() == before
+                    save()
+            except Exception as exc:  # noqa: BLE001 (recorded; the next part runs)
+                part["error"] = f"{type(exc).__name__}: {exc}"
+                log(part["error"])
+            finally:
+                if job is not None:
+                    job.close()
+                shutil.rmtree(root, ignore_errors=True)
+                save()
+    save()
+    print(summary(doc))
+    return 0
+
+
+def _root(storage: str, sim: bool) -> Path:
+    r = ROOTS[storage]
+    r.mkdir(parents=True, exist_ok=True)
+    return r
+
+
+def summary(doc: dict) -> str:
+    out = [f"incremental checkpoint costs on {doc['device']} ({doc['command']})",
+           "size storage changed | freeze durable total (target) | restore freeze back (target) | "
+           "copied stored read | right"]
+    for p in doc["parts"]:
+        for c in p["changes"]:
+            sm = c.get("summary")
+            if not sm:
+                out.append(f"{p['size']}{doc['unit']} {p['storage']} {c['pct']}%: failed: "
+                           f"{c['checkpoint'].get('error') or c['restore'].get('error')}")
+                continue
+            out.append(f"{p['size']}{doc['unit']} {p['storage']} {c['pct']}% | {sm['freeze_s']:.4f} "
+                       f"{sm['durable_s']:.3f} {sm['total_s']:.3f} ({sm['target_checkpoint_s']:.3f}) | "
+                       f"{sm['restore_freeze_s']:.4f} {sm['back_s']:.3f} "
+                       f"({sm['target_restore_s'] if sm['target_restore_s'] is None else round(sm['target_restore_s'], 3)}) | "
+                       f"{sm['bytes_copied']} {sm['stored_bytes']} {sm['bytes_read']} | {c['data_right']}")
+        if "driver" in p:
+            d = p["driver"]
+            out.append(f"{p['size']}{doc['unit']} driver: " + (d.get("error", "")[:200] if "error" in d else
+                       f"freeze {s(d.get('freeze_ns'))} s, wall {d['wall_s']:.3f} s, right {d.get('data_right')}"))
+        if "error" in p:
+            out.append(f"{p['size']}{doc['unit']} {p['storage']}: {p['error']}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
