@@ -1511,3 +1511,89 @@ def test_an_audit_of_a_rate_not_known_gives_the_bounds_over_its_interval_and_no_
     assert d["intercepted_hz"] is None and d["added_cpu_s_per_s"] is None and d["slowdown_upper"] == a.slowdown_upper
     ok = audit(_snapshot([("cuLaunchKernel", 5000, 100_000.0, 10_000.0)], wait=0.0), make_preset("shim", cost_ns=1000.0))
     assert ok.not_known is None and ok.slowdown_upper == pytest.approx(0.1 * INDIRECT_MAX)
+
+
+def test_a_reference_whose_span_shows_its_probes_took_too_much_gives_way_to_a_spare():
+    """A window's marker is picked at the rates of the interval before; where the job's rates rose
+    since (an H100 job switching from its set-up to eager steps: its marker's probes took 22% of
+    their span) the estimator cannot read the window against it. The probes see that as the span
+    ends (its calls at their calibrated cost over its length) and probe, for as long, the first
+    spare that stays within half of REF_PROBE_MAX at the same rise; the window, and the interval's
+    next, are read against that one. A marker within REF_PROBE_MAX is kept."""
+    import time
+
+    from gputrace import simcuda
+    from gputrace.tracer import probes as pr
+    from gputrace.tracer.budget import Plan
+    from gputrace.tracer.estimator import REF_PROBE_MAX
+    from gputrace.tracer.symbols import read_functions
+
+    lib = str(simcuda.library_path())
+    functions = tuple(read_functions(lib))[:8]
+    entry_s = {}
+    rates_hz = {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}  # the job's true rates, set per case
+
+    class Prog:
+        def __init__(self) -> None:
+            self.marker: int | None = None
+            self.since = 0.0
+            self.out = {f: 0 for f in range(8)}
+
+        def set_hit_costs(self, *a) -> None:
+            pass
+
+        def seen_hits(self) -> int:
+            return 0
+
+        def kept_hits(self) -> int:
+            return 0
+
+        def outside(self) -> None:
+            self.since = time.monotonic()
+
+        def close_counting(self) -> None:
+            if self.marker is not None and self.since:
+                self.out[self.marker] += round(rates_hz[self.marker] * (time.monotonic() - self.since))
+            self.since = 0.0
+
+        def open(self) -> None:
+            pass
+
+        def outside_calls(self, tgid: int, f: int) -> int:
+            return self.out[f]
+
+    prog = Prog()
+    entry_s.update({f: c.entry_ns * 1e-9 for f, c in pr.Probes(lib, functions, prog, CALIBRATION).costs.items()})
+
+    class Link:
+        fds = [1]
+
+        def close(self) -> None:
+            pass
+
+    def attach(ids, cookies, retprobe):
+        if cookies and cookies[0] & pr.COOKIE_MARKER:
+            prog.marker = ids[0]
+        return Link()
+
+    def run(rates: dict[int, float], marker_share: float) -> pr.Probes:
+        rates_hz.update(rates)
+        p = pr.Probes(lib, functions, prog, CALIBRATION, pid=1)
+        p._attach = attach  # type: ignore[method-assign]
+        p.attach = lambda timed, probe=None: None  # type: ignore[method-assign]
+        p._finish_window = lambda: (p.log.windows.append(p._current), 0.0)[1]  # type: ignore[method-assign]
+        plan = Plan(True, ((0.03, 0.01), (0.09, 0.01)), frozenset(), frozenset({0, 1, 2, 3}), 0,
+                    marker_share=marker_share, spares=((1, 0.02), (2, 0.004), (3, 0.001)))
+        p.window(plan, 0.2, False, lambda s: (time.sleep(max(0.0, s)), True)[1])
+        return p
+
+    # The marker's probes take 4x the share the plan expected: the first spare within half of
+    # REF_PROBE_MAX at 4x is function 2 (function 1 would take 8%).
+    share = 0.04 * 4
+    p = run({0: share / entry_s[0], 1: 0.08 / entry_s[1], 2: 0.016 / entry_s[2], 3: 0.004 / entry_s[3]}, 0.04)
+    assert [w.marker for w in p.log.windows] == [2, 2], p.log.windows
+    assert p.log.references_repicked == 1
+    assert prog.out[2] > 0 and all(w.outside_s > 0.005 for w in p.log.windows)
+    # Within REF_PROBE_MAX: kept.
+    p = run({0: 0.8 * REF_PROBE_MAX / entry_s[0]}, 0.04)
+    assert [w.marker for w in p.log.windows] == [0, 0] and p.log.references_repicked == 0

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -117,6 +118,8 @@ WHOLE_MAX_EVERY = 3
 # and lost about 5 ms each: at five intervals, 17 of 23 GPT-2 5-s attaches of the fourteenth round
 # (runs 30-32) had none, and all the GPT-2 rates outside +-10% there were theirs.
 WHOLE_STEP_MAX_EVERY = 8
+# The spare references a plan carries (Plan.spares): a few, most-called first, are all a window tries.
+SPARES_MAX = 4
 # The time a step window's links are attached before its first call is due (Probes._step_window).
 STEP_ARM_S = 0.002
 # The share of each interval's budget that a window of the waits alone gets in the intervals a
@@ -152,6 +155,11 @@ class Plan:
     # time, and the policy is told (`Policy.whole_missed`).
     whole: bool = False
     step_hz: float = 0.0      # the step function's calls a second (untraced): when its next call is due
+    # The marker's expected share of its reference span (Policy.ref_share), and the other functions
+    # of `probe` that could be a reference, (function, expected share), most-called first: one stands
+    # in where the marker's span shows its probes took too much of it (Probes._spare_reference).
+    marker_share: float = 0.0
+    spares: tuple[tuple[int, float], ...] = ()
 
     @property
     def window_s(self) -> float:
@@ -415,6 +423,15 @@ class Policy:
                if f in among and r >= 100.0 and self.ref_share(f) <= REF_PROBE_MAX and self.repeats(f)]
         return max(ref)[1] if ref else None
 
+    def spares(self, marker: int, probe: frozenset[int]) -> tuple[tuple[int, float], ...]:
+        """The functions of `probe` other than `marker` that could stand in as the windows' reference
+        (Plan.spares): called often enough, and whose probes take at most half of REF_PROBE_MAX of a
+        reference span at their known rates, (function, that share), most-called first; SPARES_MAX."""
+        ok = [(r, f) for f, r in self.rates.items()
+              if f in probe and f != marker and r >= 100.0 and self.repeats(f)
+              and self.ref_share(f) <= REF_PROBE_MAX / 2]
+        return tuple((f, self.ref_share(f)) for _, f in sorted(ok, reverse=True)[:SPARES_MAX])
+
     def affordable_s(self, probe: frozenset[int], timed: frozenset[int], marker: int | None, n: int,
                      intervals: int = 1, share: float = 1.0) -> float:
         """The length of each of `n` windows (with their references) that `share` of `intervals`
@@ -450,6 +467,8 @@ class Policy:
 
     def plan(self) -> Plan:
         plan = self._plan()
+        if plan.marker is not None and not self.exact and (share := self.ref_share(plan.marker)) <= REF_PROBE_MAX:
+            plan = dataclasses.replace(plan, marker_share=share, spares=self.spares(plan.marker, plan.probe))
         if plan.attach and plan.windows and not plan.full_scan and not self.exact:
             all_timed = plan.timed == frozenset(self.classes)
             self.since_retime = 0 if all_timed else (self.since_retime or 0) + 1

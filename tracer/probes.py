@@ -29,6 +29,7 @@ from typing import Callable
 from . import links
 from .bpfprog import CLOSED, COOKIE_KEPT, COOKIE_MARKER, COOKIE_STEPPED, COOKIE_TIMED, COOKIE_WATCH, Program
 from .calibrate import Calibration, probe_kind
+from .estimator import REF_PROBE_MAX
 from .symbols import Function
 
 @dataclass
@@ -121,6 +122,7 @@ class IntervalLog:
     # moved into the windows: a sample of its rate, until a window has one.
     discovered: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
     whole_missed: bool = False  # a planned whole-step window could not be one, and was not run
+    references_repicked: int = 0  # windows whose reference gave way to a spare (Probes._spare_reference)
 
 
 class Probes:
@@ -147,6 +149,7 @@ class Probes:
         self.opened_at: float | None = None
         self.probed: frozenset[int] = frozenset()
         self.outside_since: float | None = None
+        self._outside_mark: int | None = None  # the marker's `outside` count when its span began
         self.log = IntervalLog()
         self.attach_s: list[float] = []
         self.detach_s: list[float] = []
@@ -395,6 +398,42 @@ class Probes:
         self.outside_since = None
         return s
 
+    def _reference_span(self, f: int, lead: float, wait: Callable[[float], bool]) -> float | None:
+        """f probed alone for `lead` seconds (its reference span, counted as `outside`); the span's
+        length, None where the target went meanwhile (the marker's link closed)."""
+        self._outside_mark = self.program.outside_calls(self.pid, f) if self.pid else None
+        self.marker_begin(f)
+        if not self.waiting(wait, lead):
+            self.outside_end()
+            self.marker_end()
+            return None
+        return self.outside_end()
+
+    def _spare_reference(self, plan, marker: int, span_s: float, latest: float) -> int | None:
+        """Where the reference span just ended (`span_s` of `marker`) had its probes take more than
+        REF_PROBE_MAX of it, at their calibrated cost, the estimator cannot read the window against
+        it (estimator.reference_rates) and its rates would rest on the exposure, which varies from
+        window to window several-fold: the first of the plan's spare references (most-called first)
+        whose share, scaled as much as the marker's rose above what the plan expected of it, stays
+        within half of REF_PROBE_MAX. None: the marker holds, there is no such spare, its span
+        would not end before `latest` (the last moment the window's reference may start), or the
+        span's calls cannot be read here (a host-wide session). On an H100 a job that switched from
+        a 10-s set-up to eager steps had its first windows' marker (picked at the set-up's rates)
+        take 22% of its span; read through the exposure, those windows said 600k calls/s for 270k."""
+        if not plan.spares or not self.pid or self._outside_mark is None or span_s <= 0:
+            return None
+        calls = self.program.outside_calls(self.pid, marker) - self._outside_mark
+        share = calls * self.costs[marker].entry_ns * 1e-9 / span_s
+        if share <= REF_PROBE_MAX:
+            return None
+        if time.monotonic() + span_s > latest:
+            return None
+        rose = max(1.0, share / plan.marker_share) if plan.marker_share > 0 else math.inf
+        for f, expected in plan.spares:
+            if f != marker and f in plan.probe and expected * rose <= REF_PROBE_MAX / 2:
+                return f
+        return None
+
     def window(self, plan, interval_s: float, exact: bool, wait: Callable[[float], bool]) -> float:
         """Runs one interval's windows as planned (waiting with `wait`, which returns False once
         there is no one left to trace); returns the span counted. What was done is in `log`."""
@@ -415,23 +454,34 @@ class Probes:
             return counted
         total = 0.0
         gone = False
+        marker = plan.marker
         for offset, length in plan.windows:
-            lead = length if plan.marker is not None else 0.0
+            lead = length if marker is not None else 0.0
             if not self.waiting(wait, t_start + offset - lead - time.monotonic()):
                 gone = True
                 break
             t0 = time.monotonic()
             outside = 0.0
-            if plan.marker is not None:
-                self.marker_begin(plan.marker)
-                if not self.waiting(wait, lead):
-                    self.outside_end()
-                    self.marker_end()
+            if marker is not None:
+                span = self._reference_span(marker, lead, wait)
+                if span is None:
                     gone = True
                     break
-                outside = self.outside_end()
+                outside = span
+                # A reference whose own probes took more of its span than the estimator allows
+                # (the job's rates rose since the plan): a cheaper one of the window's, for as long,
+                # where the interval has room; it stands for the rest of the interval's windows.
+                spare = self._spare_reference(plan, marker, outside, t_start + interval_s - lead - length)
+                if spare is not None:
+                    marker = spare
+                    self.log.references_repicked += 1
+                    span = self._reference_span(marker, lead, wait)
+                    if span is None:
+                        gone = True
+                        break
+                    outside = span
             probe = plan.probe | self.joined  # with the functions that moved off the watch link since the plan
-            self._current = WindowSpan(0.0, probe, plan.timed, plan.marker, outside, t0)
+            self._current = WindowSpan(0.0, probe, plan.timed, marker, outside, t0)
             why = self._why_not_steps(plan, length) if plan.step is not None else "no step"
             if why is None:
                 if not self._step_window(plan, length, probe, wait):
