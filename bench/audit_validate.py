@@ -115,16 +115,26 @@ def half_width(ci: dict) -> float | None:
     return max(ci["median"] - ci["lo"], ci["hi"] - ci["median"])
 
 
-def audit_at(report: dict, cost_ns: float) -> dict:
+def audit_at(report: dict, cost_ns: float, scale: float = 1.0, exact: bool = False) -> dict:
     """The shim preset's audit of an attach report, worked out again at `cost_ns` a call: the report's
     snapshot, and its calling threads as the report gives them (each one's share of the intercepted
-    calls, its times on and off a CPU, its wait), through tracer/audit.py's own `audit`."""
+    calls, its times on and off a CPU, its wait), through tracer/audit.py's own `audit`. `scale`
+    multiplies every function's rate (and its interval): the job's calls at another speed of it;
+    `exact`: the rates taken as exact (no interval), for the model's bounds at a rate known otherwise."""
+    import dataclasses
+
     from gputrace.tracer.audit import audit, make_preset
     from gputrace.tracer.model import ProcessSnapshot
     from gputrace.tracer.threads import ThreadSlack
 
     (a0,) = [a for a in report["audits"] if a["preset"] == "shim"]
     snap = ProcessSnapshot.from_dict(report["summary"])
+    if scale != 1.0 or exact:
+        snap = dataclasses.replace(snap, functions=tuple(
+            dataclasses.replace(f, rate_hz=f.rate_hz * scale, calls_estimated=f.calls_estimated * scale,
+                                rate_err_hz=0.0 if exact else None if f.rate_err_hz is None else f.rate_err_hz * scale,
+                                not_known=None if exact else f.not_known)
+            for f in snap.functions))
     threads = None
     if a0.get("lower_basis") == "threads" and a0.get("threads") is not None:
         wait = snap.wait_s_per_s
@@ -291,6 +301,20 @@ def run_workload(name: str, job: audit_gpu.Job, d: Path, a: argparse.Namespace, 
         if m["slowed_per_s"] and m["on_steps_per_s"] and m["off_steps_per_s"]:
             row["added_from_slowed_calls"] = m["slowed_per_s"] / m["on_steps_per_s"] * m["off_steps_per_s"] * float(c) * 1e-9
         row["verdict"] = verdict(m["median"], b)
+        # Two checks that tell a rate misread from a model that does not hold: the rates put at the
+        # alternation's speed (the job's speed drifts between the attach and the phases), and the
+        # intercepted rate replaced by the truth (the calls the layer slowed, at that speed).
+        k = (m["off_steps_per_s"] / doc["attach"]["session_steps_per_s"]
+             if m["off_steps_per_s"] and doc["attach"]["session_steps_per_s"] else None)
+        row["speed_scale"] = k
+        if k is not None:
+            bm = audit_at(rep, float(c), k)
+            row["at_alternation_speed"] = {x: bm[x] for x in keep[:7]} | {"verdict": verdict(m["median"], bm)}
+        a_read = audit_at(rep, float(c), exact=True)["added_cpu_s_per_s"]  # at the rates as read (a range's middle)
+        if row.get("added_from_slowed_calls") and a_read:
+            bt = audit_at(rep, float(c), row["added_from_slowed_calls"] / a_read, exact=True)
+            row["at_true_rate"] = {x: bt[x] for x in ("added_cpu_s_per_s", "slowdown_lower", "slowdown_upper")} | {
+                "verdict": verdict(m["median"], bt)}
         doc["bounds"][c] = row
         v = row["verdict"]
         print(f"  {name} {float(c) / 1000:g} us: audit {audit_gpu.fmt_pct(b['slowdown_lower'])}..."
@@ -333,6 +357,11 @@ def summarize(d: Path) -> dict:
                          "lower_basis": b.get("lower_basis"), "not_known": b.get("not_known"),
                          "inside_point": b.get("verdict", {}).get("point"),
                          "inside_ranged": b.get("verdict", {}).get("ranged"),
+                         "inside_at_alternation_speed": (b.get("at_alternation_speed") or {}).get("verdict", {}).get("ranged"),
+                         "true_added": b.get("added_from_slowed_calls"),
+                         "true_rate_lower": (b.get("at_true_rate") or {}).get("slowdown_lower"),
+                         "true_rate_upper": (b.get("at_true_rate") or {}).get("slowdown_upper"),
+                         "inside_at_true_rate": (b.get("at_true_rate") or {}).get("verdict", {}).get("point"),
                          "device": doc.get("device"), "commit": doc.get("commit")})
     return {"schema": SCHEMA + "/summary", "rows": rows}
 
@@ -341,18 +370,22 @@ def summary_md(s: dict) -> str:
     def pct(x):
         return "not known" if x is None else f"{100 * x:+.1f}%"
 
+    yes = {True: "yes", False: "NO", None: "not known"}
     out = ["| workload | cost | measured (95% CI) | pairs x phase | audit (rates as read) | with the rates' 95% intervals "
-           "| basis | inside (1 pt) |", "|---|---|---|---|---|---|---|---|"]
+           "| basis | inside (1 pt) | inside, rates at the phases' speed | the layer's true added time: bounds, inside |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in s["rows"]:
         if "failed" in r:
-            out.append(f"| {r['workload']} | | failed: {r['failed'][:120]} | | | | | |")
+            out.append(f"| {r['workload']} | | failed: {r['failed'][:120]} | | | | | | | |")
             continue
         ci = "" if r["ci"][0] is None else f" ({pct(r['ci'][0])}..{pct(r['ci'][1])})"
-        ok = {True: "yes", False: "NO", None: "not known"}[r["inside_ranged"]]
+        true = "not known" if r.get("true_added") is None else (
+            f"{pct(r['true_added'])}: {pct(r.get('true_rate_lower'))}..{pct(r.get('true_rate_upper'))}, "
+            f"{yes[r.get('inside_at_true_rate')]}")
         out.append(f"| {r['workload']} | {r['cost_ns'] / 1000:g} us | {pct(r['measured'])}{ci}"
                    f"{'' if r['resolved'] else ' (interval wider than +-1 pt)'} | {r['pairs']} x {1000 * r['phase_s']:.0f} ms "
                    f"| {pct(r['lower'])}..{pct(r['upper'])} | {pct(r['lower_min'])}..{pct(r['upper_max'])} "
-                   f"| {r['lower_basis']} | {ok} |")
+                   f"| {r['lower_basis']} | {yes[r['inside_ranged']]} | {yes[r.get('inside_at_alternation_speed')]} | {true} |")
     return "\n".join(out) + "\n"
 
 
@@ -435,12 +468,13 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(failed[w])
                 jobs[w].ready()
                 left = a.budget_s - (time.monotonic() - start)
-                share = min(a.workload_s, left / (len(todo) - todo.index(w)))
-                if share < a.min_workload_s:
+                # An equal share of what is left, at least --min-workload-s (the rest then resume in
+                # the next call) and at most --workload-s.
+                share = min(a.workload_s, max(a.min_workload_s, left / (len(todo) - todo.index(w))))
+                if share > left:
                     rest = len(pending())
-                    print(f"stopping before {w}: {max(left, 0):.0f} s of the budget left, {share:.0f} s for it "
-                          f"(at least {a.min_workload_s:.0f} s); {rest} workload(s) to go: run the same command again",
-                          flush=True)
+                    print(f"stopping before {w}: {max(left, 0):.0f} s of the budget left, and a workload takes at least "
+                          f"{a.min_workload_s:.0f} s; {rest} workload(s) to go: run the same command again", flush=True)
                     status = EXIT_MORE
                     break
                 print(f"{w}: starting ({left:.0f} s of the budget left, {share:.0f} s for it)", flush=True)

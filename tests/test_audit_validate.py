@@ -87,6 +87,16 @@ def test_the_attachs_audit_at_another_cost_is_the_audits_own(wait, cost):
         for k, v in fw.items():
             assert fg[k] == (pytest.approx(v) if isinstance(v, float) else v), k
         assert got["lower_basis"] == ("threads" if ts else "process")
+    # At another speed of the job (every rate x 2), and with the rates taken as exact.
+    fast = av.audit_at(report_of(snapshot(wait), threads, pacer), cost, 2.0, exact=True)
+    s2 = snapshot(wait)
+    s2 = s2.__class__(**{**s2.__dict__, "functions": tuple(
+        f.__class__(**{**f.__dict__, "rate_hz": 2 * f.rate_hz, "calls_estimated": 2 * f.calls_estimated,
+                       "rate_err_hz": 0.0}) for f in s2.functions)})
+    want = audit(s2, make_preset("shim", cost), threads, pacer)
+    assert fast["added_cpu_s_per_s"] == pytest.approx(2 * 100_000.0 * cost * 1e-9)
+    assert fast["slowdown_upper"] == pytest.approx(want.slowdown_upper)
+    assert fast["slowdown_lower"] == (None if want.slowdown_lower is None else pytest.approx(want.slowdown_lower))
 
 
 def test_the_verdict_and_the_summary(tmp_path):
@@ -107,5 +117,6 @@ def test_the_verdict_and_the_summary(tmp_path):
     assert [r["workload"] for r in s["rows"]] == ["jax", "graph"]
     assert s["rows"][1]["inside_ranged"] is True and s["rows"][1]["pairs"] == 64
     md = (tmp_path / "summary.md").read_text()
-    assert "| graph | 2 us | +10.0% (+9.5%..+10.4%) | 64 x 100 ms | +5.0%..+20.0% | +3.0%..+25.0% | threads | yes |" in md
+    assert "| graph | 2 us | +10.0% (+9.5%..+10.4%) | 64 x 100 ms | +5.0%..+20.0% | +3.0%..+25.0% | threads | yes " \
+        "| not known | not known |" in md
     assert "failed: no jax" in md
