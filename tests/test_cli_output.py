@@ -75,3 +75,45 @@ def test_a_bare_budget_fraction_is_echoed_as_a_percentage():
     assert "--budget 0.02 read as 2% of the job's time" in r.stderr
     r = gputrace("demo", "--budget", "2%", "-d", "1")
     assert r.returncode == 0 and "read as" not in r.stderr
+
+
+LOOP = """
+import ctypes, json, sys, threading, time
+lib = ctypes.CDLL("libcuda.so.1")
+lib.cuInit(0)
+dev = ctypes.c_int()
+print("ready", flush=True)
+sys.stdin.readline()
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+n, t0 = 0, time.perf_counter()
+while not done.is_set():
+    for _ in range(5):
+        lib.cuCtxGetDevice(ctypes.byref(dev))
+    time.sleep(0.0002)
+    n += 1
+print(json.dumps({"steps": n, "steps_per_s": n / (time.perf_counter() - t0)}), flush=True)
+"""
+
+
+def test_the_gpu_demo_attaches_to_its_loop_once_warm_and_ends_it_after(tmp_path):
+    """On a GPU the demo's PyTorch loop is attached to once it says it is warm (torch_step.py
+    --wait-stdin --seconds 0), so that the report is of its loop, not of PyTorch's start-up, and the
+    loop ends when its stdin closes after the attach. Here a stand-in loop of the same protocol on
+    simcuda: the report is of that pid, attached (no command), and the loop's own line follows it."""
+    loop = tmp_path / "loop.py"
+    loop.write_text(LOOP)
+    code = ("import argparse, sys; from gputrace.commands import attach as a; "
+            "ns = argparse.Namespace(pid=None, pids=None, tree=None, job=False, duration=None, interval=1.0, "
+            "budget='1%', exact=False, functions=[], preset='all', cost_ns=None, attach_mode='auto', output=None, "
+            "quiet=False, json=True, jsonl=False, command_argv=[]); "
+            f"sys.exit(a.trace_loop(ns, [sys.executable, {str(loop)!r}], 2.0))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=simcuda.env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = orjson.loads(r.stdout)
+    warm = next(line for line in r.stderr.splitlines() if "is warm: attaching" in line)
+    assert doc["pid"] == int(warm.split("(pid ")[1].split(")")[0]) and not doc["command"]
+    assert doc["summary"]["functions"], doc["summary"]
+    own = next(line for line in r.stderr.splitlines() if "the loop itself:" in line)
+    assert orjson.loads(own.split("the loop itself: ", 1)[1])["steps"] > 0
+    assert subprocess.run(["pgrep", "-f", str(loop)], capture_output=True).returncode == 1  # the loop ended

@@ -446,6 +446,11 @@ command("attach", "trace a CUDA job's driver calls and audit what interception w
 DEMO_EPILOG = """examples:
   gputrace demo                     the launch-bound demo workload, 10 s, on simcuda unless a GPU is present
   gputrace demo --workload gpu_bound --exact
+  gputrace demo --driver simcuda    on the simulated driver even where a GPU is present
+
+On simcuda the workload is traced from its start. On a GPU it is a PyTorch loop, attached to once it
+is warm (as `attach -p PID -d DURATION`), so that the audit is of its loop and not of PyTorch's start-up;
+its own steps a second are printed after the report.
 """
 
 
@@ -454,7 +459,7 @@ def configure_demo(p: argparse.ArgumentParser) -> None:
                    default="launch_bound", help="which bundled workload (default launch_bound)")
     p.add_argument("--driver", choices=["auto", "simcuda", "system"], default="auto",
                    help="simcuda (the simulated driver), the system's libcuda, or auto: system when one exists")
-    p.add_argument("-d", "--duration", type=number(above=True), default=10.0, help="seconds the workload runs (default 10)")
+    p.add_argument("-d", "--duration", type=number(above=True), default=10.0, help="seconds traced (default 10): the workload's whole run on simcuda, its warm loop on a GPU")
     p.add_argument("--exact", action="store_true", help="trace every call")
     p.add_argument("--budget", default="1%", help="tracer cost cap (default 1%%)")
     add_json(p)
@@ -482,7 +487,7 @@ def demo(args: argparse.Namespace) -> int:
             argv += ["--scale", "0.25", "--launch-ns", "30000"]
     else:
         # The simcuda workloads load a fake module image; on a real driver the demo is a PyTorch loop.
-        argv = torch_workload(args.workload, args.duration)
+        argv = torch_workload(args.workload)
     print(f"gputrace: demo workload {args.workload} on the {'simulated' if driver == 'simcuda' else 'system'} driver",
           file=sys.stderr)
     ns = argparse.Namespace(
@@ -490,10 +495,45 @@ def demo(args: argparse.Namespace) -> int:
         cost_ns=None, attach_mode="auto", output=None, quiet=False, json=args.json, jsonl=args.jsonl,
         command_argv=argv,
     )
-    return trace(ns)
+    if driver == "simcuda":
+        return trace(ns)
+    return trace_loop(ns, argv, args.duration)
 
 
-def torch_workload(kind: str, seconds: float) -> list[str]:
+def trace_loop(ns: argparse.Namespace, argv: list[str], duration: float) -> int:
+    """The PyTorch demo loop audited as a user audits a job: attached (`attach -p PID -d DURATION`)
+    once it is warm, so that the report is of its loop, not of its start-up (PyTorch's import and
+    CUDA's initialisation take longer than the loop's first seconds: traced from its start, the
+    report averaged them in). The loop runs until the attach has ended; its own steps a second are
+    printed after the report."""
+    import subprocess
+
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline() if child.stdout else ""
+        if line.strip() != "ready":
+            child.kill()
+            child.wait()
+            raise GputraceError(f"the demo's PyTorch loop did not start (exit status {child.returncode})",
+                                "its own error is above; `gputrace demo --driver simcuda` runs the demo without a GPU")
+        print(f"gputrace: the loop (pid {child.pid}) is warm: attaching for {duration:g} s", file=sys.stderr)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        ns.command_argv, ns.pid, ns.duration = [], child.pid, duration
+        rc = trace(ns)
+    finally:
+        if child.poll() is None:
+            try:
+                out, _ = child.communicate(timeout=60)  # (its stdin closed: the loop's end)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                out, _ = child.communicate()
+            if out and out.strip():
+                print(f"gputrace: the loop itself: {out.strip()}", file=sys.stderr)
+    return rc
+
+
+def torch_workload(kind: str) -> list[str]:
     from importlib import resources
     import importlib.util
 
@@ -504,7 +544,7 @@ def torch_workload(kind: str, seconds: float) -> list[str]:
         )
     script = str(resources.files("gputrace.simcuda") / "workloads" / "torch_step.py")
     mode = "gpu" if kind == "gpu_bound" else "launch"
-    return [sys.executable, script, "--mode", mode, "--seconds", str(seconds)]
+    return [sys.executable, script, "--mode", mode, "--seconds", "0", "--wait-stdin"]
 
 
 command("demo", "audit a bundled demo workload (simulated driver where no GPU is present)", DEMO_EPILOG)(configure_demo)(demo)

@@ -14,7 +14,8 @@ import time
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["launch", "gpu"], default="launch")
-    ap.add_argument("--seconds", type=float, default=5.0, help="run this long after warm-up")
+    ap.add_argument("--seconds", type=float, default=5.0,
+                    help="run this long after warm-up (0 with --wait-stdin: until stdin closes)")
     ap.add_argument("--steps", type=int, default=0, help="run exactly this many steps instead")
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--wait-stdin", action="store_true", help="read a line from stdin before starting to time")
@@ -75,6 +76,19 @@ def main() -> int:
     if args.wait_stdin:
         print("ready", flush=True)
         sys.stdin.readline()
+        if not args.seconds and not args.steps:
+            # Until stdin closes (the demo ends the loop when its attach has ended).
+            import threading
+
+            done = threading.Event()
+            threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+            n, t0 = 0, time.perf_counter()
+            while not done.is_set():
+                step()
+                n += 1
+            el = time.perf_counter() - t0
+            print(json.dumps({"mode": args.mode, "steps": n, "seconds": el, "steps_per_s": n / el}), flush=True)
+            return 0
     print(json.dumps(timed(args.seconds, args.steps)), flush=True)
     return 0
 
