@@ -42,6 +42,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import provenance  # noqa: E402
+
 SCHEMA = "gputrace.bench.incremental_costs/1"
 GIB, MIB = 1 << 30, 1 << 20
 ROOTS = {"disk": Path("/var/tmp/gtinc"), "tmpfs": Path("/dev/shm/gtinc")}
@@ -192,6 +194,7 @@ def main() -> int:
     t_start = time.monotonic()
     doc = {"schema": SCHEMA, "command": "python3 bench/incremental_costs_gpu.py " + " ".join(sys.argv[1:]),
            "simcuda": a.simcuda, "unit": "MiB" if a.simcuda else "GiB", "started_unix": time.time(),
+           "commit": provenance.commit(),
            "device": None, "parts": []}
     try:
         doc["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
