@@ -82,14 +82,10 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
         if held.get("suspended"):
             raise CheckpointError(f"process {pid} is already suspended", f"bring it back with: gputrace resume -p {pid}")
         nbytes = held.get("totals", {}).get("device_bytes", 0)
-        if image_file is None:
-            memfd = os.memfd_create(f"gputrace-suspend-{pid}", os.MFD_CLOEXEC)
-        else:
-            memfd = os.open(image_file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         write_ns, path = 0, None
+        r, memfd = _request(s, pid, f"suspend lanes={lanes} chunk={chunk} timeout={timeout_ms}", direct, nbytes,
+                            image_file)
         try:
-            r = s.request(f"suspend lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}", fd=memfd,
-                          timeout_s=copy_timeout(nbytes))
             if r.get("ok"):
                 stop_point("suspend:suspended")
             if r.get("ok") and out is not None:
@@ -119,6 +115,44 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
     return SuspendReport(pid, r["allocations"], r["bytes"], r["reserved_bytes"], r["drain_ns"], r["copy_ns"],
                          r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False), path, write_ns,
                          r.get("setup_ns", 0), r.get("freeze_ns", 0))
+
+
+BUSY_TRIES = 3  # a plan overtaken by the job's allocations: tried again, the last time through staging
+
+
+def _overtaken(r: dict) -> bool:
+    """Whether the shim refused because the job allocated between the plan (made while it ran) and the
+    freeze: the image mapped for the plan is too small for what the gate closed on. Nothing was copied
+    and the gate is open again."""
+    return r.get("error") == "busy" and "allocated device memory meanwhile" in str(r.get("detail", ""))
+
+
+def _request(s: ShimSession, pid: int, command: str, direct: bool, nbytes: int,
+             image_file: Path | None) -> tuple[dict, int]:
+    """The shim's suspend, with the descriptor it copies into (a new memfd, or `image_file` made
+    anew); the reply and that descriptor (the caller closes it).
+
+    A job that allocates and frees every step (a training loop's activations) can hold more at the
+    freeze than at the plan, made a moment before while it ran: the shim then refuses, busy, having
+    copied nothing. That is tried again on a fresh plan, and the last time through the staging
+    buffers, which take any size (the direct copy maps the image for the plan's)."""
+    for attempt in range(BUSY_TRIES):
+        staged = not direct or attempt == BUSY_TRIES - 1
+        if image_file is None:
+            memfd = os.memfd_create(f"gputrace-suspend-{pid}", os.MFD_CLOEXEC)
+        else:
+            memfd = os.open(image_file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            r = s.request(f"{command} direct={int(not staged)}", fd=memfd, timeout_s=copy_timeout(nbytes))
+        except BaseException:
+            os.close(memfd)
+            raise
+        if not _overtaken(r) or attempt == BUSY_TRIES - 1:
+            return r, memfd
+        os.close(memfd)
+        if image_file is not None:
+            image_file.unlink(missing_ok=True)
+    raise AssertionError("unreachable")
 
 
 def _unsupported_hint(pid: int, detail: str) -> str:
