@@ -366,6 +366,11 @@ def test_a_reference_whose_probes_take_too_much_of_its_span_is_no_reference():
     assert 10_000 < ref.rate_hz < 10_000 / (1 - est.EXPOSURE_MAX * est.REF_PROBE_MAX / 2)
     assert est.window_time(ok, est.UNMEASURED, {}, {1: ref}) == (100 / ref.rate_hz, ref.rel, ref.rand)
     assert ref.rand == pytest.approx(0.1)  # its 100 calls' own error, one sigma: random, not a bound
+    # Both in one interval: the span that took too much is left out, not pooled (pooled, their
+    # share would rule out both windows); each window is read against the interval's good span.
+    both = est.reference_rates(est.Observation(1.0, (w, ok), {}, {0: 1.0, 1: 1.0}))
+    assert both[1] == ref
+    assert est.window_time(w, est.UNMEASURED, {}, both) == (100 / ref.rate_hz, ref.rel, ref.rand)
 
 
 def test_unmeasured_exposure_widens_the_interval_to_cover_both_ends():

@@ -1069,11 +1069,13 @@ def test_every_command_that_takes_a_budget_echoes_a_bare_fraction(capsys):
 
 # --- step windows ----------------------------------------------------------------------------------------------------
 
-def test_the_step_function_is_kept_beyond_the_kept_share_and_the_windows_are_whole_steps_without_a_marker():
+def test_the_step_function_is_kept_beyond_the_kept_share_and_the_windows_are_whole_steps_with_a_marker():
     """A job whose once-a-step function costs more to count than the kept share allows (but within
     STEP_KEEP_SHARE) keeps it anyway: it is the step. Windows then come as whole steps of it
-    (period 1 / its rate, stretched by the window's cost), armed on it, with no marker, each no longer
-    than what the budget pays for; without step windows the same job gets windows of time with one."""
+    (period 1 / its rate, stretched by the window's cost), armed on it, each no longer than what the
+    budget pays for, with the marker the budget paid for: a step window read by its steps needs none,
+    but one that cannot be whole steps when due runs as a window of time, and is read against it;
+    without step windows the same job gets windows of time with one."""
     from gputrace.tracer.budget import PLAN_SHARE, STEP_KEEP_SHARE
 
     classes = {0: SUB, 1: QUERY, 2: STATE}
@@ -1089,7 +1091,8 @@ def test_the_step_function_is_kept_beyond_the_kept_share_and_the_windows_are_who
     p.observe(2, {0: 75e3, 1: 15e3}, {0: 300, 1: 60})
     p.observe_kept({2: 250.0})
     plan = p.plan()
-    assert plan.step == 2 and plan.step_hz == 250.0 and plan.marker is None
+    assert plan.step == 2 and plan.step_hz == 250.0 and plan.marker is not None
+    assert plan.marker == p.choose_marker(plan.probe, plan.timed, plan.probe)
     f, period = p.step_of(p.window_cost_per_s(plan.probe, plan.timed))
     assert f == 2 and period > 1 / 250.0
     afford = p.affordable_s(plan.probe, plan.timed, p.choose_marker(plan.probe, plan.timed), len(plan.windows))
@@ -1597,3 +1600,23 @@ def test_a_reference_whose_span_shows_its_probes_took_too_much_gives_way_to_a_sp
     # Within REF_PROBE_MAX: kept.
     p = run({0: 0.8 * REF_PROBE_MAX / entry_s[0]}, 0.04)
     assert [w.marker for w in p.log.windows] == [0, 0] and p.log.references_repicked == 0
+
+
+def test_a_reference_is_picked_with_room_to_spare_where_one_has_it():
+    """The marker is the most-called function whose probes take at most half of REF_PROBE_MAX of its
+    span, where one does (its share is judged at a rate that may read low, and rates move), else the
+    most-called within REF_PROBE_MAX; the plan carries the others that have room as spares."""
+    from gputrace.tracer.estimator import REF_PROBE_MAX
+
+    classes = {0: QUERY, 1: QUERY, 2: SUB}
+    costs = {f: CHEAP for f in classes}
+    hit = CHEAP.cost_ns(False) * 1e-9
+    hz = {0: 0.9 * REF_PROBE_MAX / hit, 1: 0.3 * REF_PROBE_MAX / hit, 2: 0.1 * REF_PROBE_MAX / hit}
+    p = scouted(classes, costs, {f: max(20, int(r * 0.004)) for f, r in hz.items()}, scout_s=0.004)
+    p.rates.update(hz)
+    assert p.reference(frozenset(classes)) == 1
+    assert p.reference(frozenset({0, 2})) == 2
+    hz[2] = 0.8 * REF_PROBE_MAX / hit
+    p.rates.update(hz)
+    assert p.reference(frozenset({0, 2})) == 0  # none with room: the most-called within REF_PROBE_MAX
+    assert p.spares(1, frozenset(classes)) == ()  # 0 and 2 take more than half of it
