@@ -42,8 +42,10 @@ class SuspendReport:
     direct: bool = False  # copied straight into the pinned image (no staging)
     path: str | None = None  # -o: the checkpoint directory the data now live in (host memory given back)
     write_ns: int = 0  # -o: hashing and writing it, while the job stayed suspended
-    setup_ns: int = 0  # pinning the image (and staging), while the job still ran
+    setup_ns: int = 0  # pinning the image (and staging), while the job still ran; ~0 where the kept one served
     freeze_ns: int = 0  # from the gate closing to the memory released: the job's stop inside the suspend
+    image_kept: bool = False  # copied into the shim's own image, kept mapped and pinned between suspensions
+    image_allocs: int = 0  # how often the shim has made that image for the job (stays 1 while it is reused)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,6 +61,7 @@ class ResumeReport:
     suspended_ns: int  # how long the job was held
     total_ns: int
     direct: bool = False
+    image_kept: bool = False  # the image stays mapped and pinned in the job for its next suspension
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,7 +87,7 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
         nbytes = held.get("totals", {}).get("device_bytes", 0)
         write_ns, path = 0, None
         r, memfd = _request(s, pid, f"suspend lanes={lanes} chunk={chunk} timeout={timeout_ms}", direct, nbytes,
-                            image_file)
+                            image_file, keep=out is None)
         try:
             if r.get("ok"):
                 stop_point("suspend:suspended")
@@ -104,7 +107,8 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
                     raise CheckpointError(f"the shim of process {pid} would not keep the suspension: {k.get('error')}",
                                           "the job is given back (unsuspended) as this command exits")
         finally:
-            os.close(memfd)  # the shim holds its own descriptor of it (or of the file) now
+            if memfd >= 0:
+                os.close(memfd)  # the shim holds its own descriptor of it (or of the file) now
     if not r.get("ok"):
         if image_file is not None:
             image_file.unlink(missing_ok=True)
@@ -114,7 +118,8 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
         raise shim_failure(r, pid, "suspend")
     return SuspendReport(pid, r["allocations"], r["bytes"], r["reserved_bytes"], r["drain_ns"], r["copy_ns"],
                          r["release_ns"], time.monotonic_ns() - t0, r.get("direct", False), path, write_ns,
-                         r.get("setup_ns", 0), r.get("freeze_ns", 0))
+                         r.get("setup_ns", 0), r.get("freeze_ns", 0), bool(r.get("image_kept")),
+                         r.get("suspend_image_allocs", 0))
 
 
 BUSY_TRIES = 3  # a plan overtaken by the job's allocations: tried again, the last time through staging
@@ -128,9 +133,14 @@ def _overtaken(r: dict) -> bool:
 
 
 def _request(s: ShimSession, pid: int, command: str, direct: bool, nbytes: int,
-             image_file: Path | None) -> tuple[dict, int]:
+             image_file: Path | None, keep: bool = False) -> tuple[dict, int]:
     """The shim's suspend, with the descriptor it copies into (a new memfd, or `image_file` made
-    anew); the reply and that descriptor (the caller closes it).
+    anew); the reply and that descriptor (the caller closes it; -1 where there is none).
+
+    `keep` (the data wait in host memory, not in a file: no -o, no image_file): a direct copy goes
+    into the shim's own image (`keep=1`), which it keeps mapped and pinned between the job's
+    suspensions within its cap (GPUTRACE_SHIM_PIN_CAP), so that pinning it is paid once per job, not
+    at every suspend, and resume unpins nothing.
 
     A job that allocates and frees every step (a training loop's activations) can hold more at the
     freeze than at the plan, made a moment before while it ran: the shim then refuses, busy, having
@@ -138,6 +148,11 @@ def _request(s: ShimSession, pid: int, command: str, direct: bool, nbytes: int,
     buffers, which take any size (the direct copy maps the image for the plan's)."""
     for attempt in range(BUSY_TRIES):
         staged = not direct or attempt == BUSY_TRIES - 1
+        if keep and image_file is None and not staged:
+            r = s.request(f"{command} direct=1 keep=1", timeout_s=copy_timeout(nbytes))
+            if not _overtaken(r):
+                return r, -1
+            continue
         if image_file is None:
             memfd = os.memfd_create(f"gputrace-suspend-{pid}", os.MFD_CLOEXEC)
         else:
@@ -202,4 +217,4 @@ def resume(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK, 
                               + (f" ({r['detail']})" if r.get("detail") else ""),
                               "the job stays suspended (its data are kept); free GPU memory and try again")
     return ResumeReport(pid, r["allocations"], r["bytes"], r["remap_ns"], r["copy_ns"], r["suspended_ns"],
-                        time.monotonic_ns() - t0, r.get("direct", False))
+                        time.monotonic_ns() - t0, r.get("direct", False), bool(r.get("image_kept")))

@@ -396,6 +396,7 @@ static struct {
     uint64_t since_ns;
     char *map;
     uint64_t len, ctx;
+    int kept; /* the image is the shim's own kept one (K.simg): kept again at unsuspend, not freed */
 } S = {.fd = -1};
 
 struct vmm_walk {
@@ -633,6 +634,7 @@ struct opts {
     int diff;        /* restore: copy only the chunks whose digest differs */
     int stage;       /* only prepare (map and pin the image, load the digests) and keep it for the next command */
     uint64_t pin_cap; /* the most pinned memory kept between commands (0: the default) */
+    int keep;         /* suspend: into the shim's own image, kept mapped and pinned for the next suspension */
 };
 
 /* "lanes=N chunk=BYTES timeout=MS PATH" in any order; returns the path or NULL; -1 on a bad word. */
@@ -665,6 +667,8 @@ static int parse_opts(char *args, struct opts *o, char **path)
             o->diff = w[5] == '1';
         } else if (!strcmp(w, "stage=1")) {
             o->stage = 1;
+        } else if (!strcmp(w, "keep=1")) {
+            o->keep = 1;
         } else if (!strncmp(w, "pin_cap=", 8)) {
             unsigned long long v = strtoull(w + 8, &end, 10);
             if (*end || w[8] == '-' || !v)
@@ -766,7 +770,15 @@ static struct {
     uint64_t pool_ctx;              /* the context it was allocated in: it goes with it */
     uint64_t cap;                   /* the cap the last command gave */
     unsigned long long dg_loads, pool_allocs, reused;
-} K;
+    /* A suspension's image (`suspend keep=1`): a memfd of the shim's, mapped shared and registered, kept
+     * after unsuspend (where it fits the cap beside the pool) so that the next suspension copies
+     * straight into it, and resume unpins nothing.  In use while the job is suspended (S.kept). */
+    char *simg;
+    int simg_fd;
+    uint64_t simg_len, simg_ctx;
+    unsigned long long simg_allocs, simg_reused;
+    int simg_release; /* `release` came while it was in use: not kept at unsuspend */
+} K = {.simg_fd = -1};
 
 static uint64_t pin_cap_default(void)
 {
@@ -804,6 +816,13 @@ static void keep_forget_gone(const struct collect *c)
         munmap(K.pool, (size_t)K.pool_len);
         K.pool = NULL;
         K.pool_len = K.staging_len = 0;
+    }
+    if (K.simg && !S.kept && !ctx_known(c, K.simg_ctx)) {
+        munmap(K.simg, (size_t)K.simg_len);
+        close(K.simg_fd);
+        K.simg = NULL;
+        K.simg_fd = -1;
+        K.simg_len = 0;
     }
     for (int k = 0; K.dg && k < K.dg_nctx; k++)
         if (!ctx_known(c, K.dg_ctxs[k])) {
@@ -847,8 +866,14 @@ static void keep_drop_digester(void)
 /* The pool with room for `staging` bytes of lane buffers and, within the cap, for the deferred area
  * this job wants (initially `initial` bytes); made or grown only where it is smaller. 0, or -1 where
  * the staging alone exceeds the cap or the driver cannot pin it. */
+static void simg_drop(void);
+
 static int keep_pool(uint64_t staging, uint64_t initial, uint64_t cap, uint64_t ctx)
 {
+    if (K.simg && !S.kept && staging + K.simg_len > cap)
+        simg_drop(); /* the cap holds both: a suspension's kept image gives way to the lanes' staging */
+    if (K.simg && K.simg_len < cap)
+        cap -= K.simg_len;
     if (staging > cap)
         return -1;
     if (!K.want)
@@ -890,7 +915,11 @@ static int keep_pool(uint64_t staging, uint64_t initial, uint64_t cap, uint64_t 
 void dump_release(struct sbuf *b)
 {
     dump_unstage(-1);
-    uint64_t bytes = K.pool_len;
+    uint64_t bytes = K.pool_len + (K.simg && !S.kept ? K.simg_len : 0);
+    if (!S.kept)
+        simg_drop(); /* (in use by a suspension: given back at its unsuspend instead) */
+    else
+        K.simg_release = 1;
     int had_dg = K.dg != NULL;
     keep_drop_digester();
     if (K.pool)
@@ -905,9 +934,11 @@ void dump_release(struct sbuf *b)
 void dump_kept_json(struct sbuf *b)
 {
     sb_printf(b, "\"kept\": {\"pinned_bytes\": %llu, \"staging_bytes\": %llu, \"pin_cap\": %llu, "
-                 "\"digester\": %s, \"digester_loads\": %llu, \"pool_allocs\": %llu, \"reused\": %llu}",
+                 "\"digester\": %s, \"digester_loads\": %llu, \"pool_allocs\": %llu, \"reused\": %llu, "
+                 "\"suspend_image_bytes\": %llu, \"suspend_image_allocs\": %llu, \"suspend_image_reused\": %llu}",
               (unsigned long long)K.pool_len, (unsigned long long)K.staging_len,
-              (unsigned long long)(K.cap ? K.cap : pin_cap_default()), K.dg ? "true" : "false", K.dg_loads, K.pool_allocs, K.reused);
+              (unsigned long long)(K.cap ? K.cap : pin_cap_default()), K.dg ? "true" : "false", K.dg_loads, K.pool_allocs, K.reused,
+              (unsigned long long)K.simg_len, K.simg_allocs, K.simg_reused);
 }
 
 /* Synchronizes every context the registry knows: work submitted before the gate closed finishes. */
@@ -1099,6 +1130,50 @@ static void direct_unmap(char *m, uint64_t len, uint64_t ctx)
     munmap(m, (size_t)len);
 }
 
+/* The kept suspension image given back (never while a suspension uses it). */
+static void simg_drop(void)
+{
+    if (K.simg)
+        direct_unmap(K.simg, K.simg_len, K.simg_ctx);
+    if (K.simg_fd >= 0)
+        close(K.simg_fd);
+    K.simg = NULL;
+    K.simg_fd = -1;
+    K.simg_len = 0;
+    K.simg_release = 0;
+}
+
+/* The image a `suspend keep=1` copies into: the kept one where it holds `len` bytes and its context
+ * is `ctx`, else a new memfd of the shim's, its pages allocated, mapped and registered now (while the
+ * job runs; what every suspension without it pays).  0, or -1 with nothing kept. */
+static int keep_simg(uint64_t len, uint64_t ctx)
+{
+    if (K.simg && K.simg_len >= len && K.simg_ctx == ctx) {
+        K.simg_reused++;
+        return 0;
+    }
+    simg_drop();
+    len = round_up(len ? len + len / 16 : IMG_ALIGN, IMG_ALIGN); /* room for what the job allocates later */
+    int fd = memfd_create("gputrace-suspend", MFD_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (posix_fallocate(fd, 0, (off_t)len) != 0) {
+        close(fd);
+        return -1;
+    }
+    char *m = direct_map(fd, len, ctx);
+    if (!m) {
+        close(fd);
+        return -1;
+    }
+    K.simg = m;
+    K.simg_fd = fd;
+    K.simg_len = len;
+    K.simg_ctx = ctx;
+    K.simg_allocs++;
+    return 0;
+}
+
 struct timing {
     uint64_t setup, drain, sync, digest, copy, freeze;
 };
@@ -1275,6 +1350,7 @@ struct op {
     char err[320];
     int prepared; /* op_prepare has run (for a staged command: when it was staged) */
     int staged;   /* ... before the gate closed, by a `stage=1` command */
+    int simg;  /* suspend keep=1: the image is K.simg (op->fd, op->map are its, never closed or unmapped here) */
     int stuck; /* a synchronization did not return: the device may still use the pinned memory */
     int failed; /* the reply is an error: the device may be busy, even held (a collective's peer stopped) */
 };
@@ -1310,6 +1386,14 @@ static int op_open(struct op *op, char *args, int fd)
         op->have_pause = 1;  /* the gate has been closed since the suspend */
     } else if (gate_suspended()) {
         return fail(op, "suspended", "the process's device memory is off the GPU; unsuspend it first");
+    } else if (op->o.keep) {
+        if (op->mode != M_SUSPEND || path || !op->o.direct)
+            return fail(op, "keep=1 is for a direct suspend, without an image of its own", NULL);
+        if (fd >= 0)
+            close(fd);
+        op->fd = -1;
+        op->own_fd = 0;
+        op->simg = 1; /* the image is made or found in op_prepare, once its size is known */
     } else if (path) {
         if (fd >= 0)
             close(fd);
@@ -1323,7 +1407,17 @@ static int op_open(struct op *op, char *args, int fd)
     }
     if (!drv_load())
         return fail(op, "the driver lacks a function the copy needs", NULL);
-    if (op->restore) {
+    if (op->mode == M_SUSPEND && !op->simg && K.simg && !S.kept)
+        simg_drop(); /* a suspension into an image of its own (a file, -o): no second copy kept in memory */
+    if (op->mode == M_UNSUSPEND && S.kept) {
+        /* The kept image is larger than what it holds: its head says where the data end. */
+        struct stat st;
+        const char *e = read_image(op->fd, 1, 0, &op->h, &op->ents, &op->idig, NULL);
+        if (!e && (fstat(op->fd, &st) != 0 || op->h.data_offset + op->h.data_bytes > (uint64_t)st.st_size))
+            e = "image header inconsistent with its size";
+        if (e)
+            return fail(op, "bad image", e);
+    } else if (op->restore) {
         const char *e = read_image(op->fd, 0, op->mode == M_RESTORE && op->o.diff, &op->h, &op->ents, &op->idig,
                                    &op->iheld);
         if (e)
@@ -1450,11 +1544,24 @@ static int op_prepare(struct op *op)
             op->map_len = round_up(op->map_len + c->v[i].size, IMG_ALIGN);
         /* Reserve a whole image's space while the job runs: page allocation (tmpfs, memfd) or block
          * allocation (a disk) leaves the freeze, and a full filesystem fails here, before it. */
-        int e = sparse ? 0 : posix_fallocate(op->fd, 0, (off_t)op->map_len);
+        int e = sparse || op->simg ? 0 : posix_fallocate(op->fd, 0, (off_t)op->map_len);
         if (e == ENOSPC || e == EDQUOT)
             return fail(op, "cannot reserve space for the image", strerror(e));
     }
-    if (op->mode == M_UNSUSPEND && S.map) {
+    if (op->simg && !op->nl) { /* nothing to copy: an image of its own, a head alone, not kept */
+        op->simg = 0;
+        if ((op->fd = memfd_create("gputrace-suspend", MFD_CLOEXEC)) < 0)
+            return fail(op, "cannot make the suspension's image", strerror(errno));
+        op->own_fd = 1;
+    }
+    if (op->simg) {
+        if (keep_simg(op->map_len, c->nctx ? c->ctxs[0] : 0) != 0)
+            return fail(op, "cannot pin the suspension's image", "memfd_create, allocating its pages or "
+                        "cuMemHostRegister failed (host memory); a suspend without keep=1 copies through staging");
+        op->fd = K.simg_fd;
+        op->map = K.simg;
+        op->map_len = K.simg_len;
+    } else if (op->mode == M_UNSUSPEND && S.map) {
         op->map = S.map; /* pinned since the suspend */
         op->map_len = S.len;
     } else if (op->nl && op->o.direct && !sparse) { /* a suspension too: its image is the memfd kept until unsuspend */
@@ -1695,7 +1802,10 @@ static int op_copy(struct op *op)
     }
     for (uint64_t i = 0; used && i < op->nd; i++)
         op->copied_chunks += op->held[i];
-    if (!op->restore && ftruncate(op->fd, (off_t)(op->h.data_offset + op->h.data_bytes)) != 0)
+    /* (The kept image is never shrunk: its pages are pinned, and a page cut off would be another one
+     * when it came back.  Its head says where its data end.) */
+    if (!op->restore && !(op->simg && op->h.data_offset + op->h.data_bytes <= op->map_len) &&
+        ftruncate(op->fd, (off_t)(op->h.data_offset + op->h.data_bytes)) != 0)
         return fail(op, "cannot size the image file", strerror(errno));
     int failed = run_copy(op, op->restore);
     op->t.copy = now_ns() - t3;
@@ -1831,6 +1941,16 @@ static void op_close(struct op *op)
 {
     if (op->map && op->map == S.map) /* a failed unsuspend: the image stays pinned for the next try */
         op->map = NULL;
+    if (op->simg && op->map == K.simg && !S.kept) { /* a suspend that failed: the image stays kept */
+        if (op->stuck) { /* unless the device may still copy into it: freed once it has finished */
+            K.simg = NULL;
+            K.simg_len = 0;
+            close(K.simg_fd);
+            K.simg_fd = -1;
+        } else {
+            op->map = NULL;
+        }
+    }
     if ((op->stuck || op->failed) && op->paused) { /* first of all: the job goes on */
         gputrace_shim_resume();
         op->paused = 0;
@@ -1953,12 +2073,14 @@ static void cmd_suspend(struct op *op)
     S.map = op->map;
     S.len = op->map_len;
     S.ctx = c->ctxs[0];
+    S.kept = op->simg;
     op->map = NULL;   /* stays mapped and pinned until unsuspend */
     op->own_fd = 0;   /* the suspension's now */
     op->paused = 0;   /* not reopened here */
     op_done(op);
-    sb_printf(&op->b, ", \"reserved_bytes\": %llu, \"release_ns\": %llu", (unsigned long long)w.bytes,
-              (unsigned long long)release_ns);
+    sb_printf(&op->b, ", \"reserved_bytes\": %llu, \"release_ns\": %llu, \"image_kept\": %s, "
+              "\"suspend_image_allocs\": %llu, \"suspend_image_reused\": %llu", (unsigned long long)w.bytes,
+              (unsigned long long)release_ns, S.kept ? "true" : "false", K.simg_allocs, K.simg_reused);
     identity_json(&op->b, c);
     sb_printf(&op->b, "}");
 }
@@ -1992,13 +2114,24 @@ static void cmd_unsuspend(struct op *op)
     own_access_all(&own); /* the data are back: the program's own access flags again */
     own_free(&own);
     uint64_t suspended_ns = now_ns() - S.since_ns;
-    close(S.fd);
+    int kept = 0;
+    if (S.kept) { /* the shim's own image: kept for the next suspension where it fits the cap beside the pool */
+        uint64_t cap = K.cap ? K.cap : pin_cap_default();
+        kept = !K.simg_release && K.simg_len <= cap && K.pool_len <= cap - K.simg_len;
+        S.kept = 0;
+        if (kept)
+            op->map = NULL; /* neither unpinned nor unmapped */
+        else /* op_close unpins and unmaps it, after the gate reopened; the memfd goes with the mapping */
+            K.simg = NULL, K.simg_len = 0, K.simg_fd = -1, K.simg_release = 0;
+    }
+    if (!kept)
+        close(S.fd);
     S.fd = -1;
-    S.map = NULL; /* op->map: unpinned and unmapped by op_close, after the gate reopened */
+    S.map = NULL; /* op->map: unpinned and unmapped by op_close, after the gate reopened (unless kept) */
     gate_unsuspend();
     op_done(op);
-    sb_printf(&op->b, ", \"remap_ns\": %llu, \"suspended_ns\": %llu}", (unsigned long long)remap_ns,
-              (unsigned long long)suspended_ns);
+    sb_printf(&op->b, ", \"remap_ns\": %llu, \"suspended_ns\": %llu, \"image_kept\": %s}",
+              (unsigned long long)remap_ns, (unsigned long long)suspended_ns, kept ? "true" : "false");
     return;
 still_suspended:;
     struct vmm_walk w = {.remap = 0};
@@ -2142,6 +2275,13 @@ const char *dump_rehome(int fd)
         S.map = NULL;
     }
     close(S.fd);
+    if (S.kept) { /* the kept image was that memory: given back, as -o asks */
+        K.simg = NULL;
+        K.simg_fd = -1;
+        K.simg_len = 0;
+        K.simg_release = 0;
+        S.kept = 0;
+    }
     S.fd = fd;
     return NULL;
 }
