@@ -17,12 +17,21 @@ seeded tensors; `write OFF N` changes N bytes), on the GPU; simcuda's `pattern` 
 MiB; `touch` changes them).  The restore is `restore --device-only --force` of the incremental after
 the same bytes were changed again (so exactly the changed chunks differ).
 
+Suspend and resume (`--parts suspend`): the job started with `--suspendable` (its memory served through the
+VMM API) and `$GPUTRACE_SHIM_PIN_CAP` raised to hold its image (the shim keeps a suspension's image mapped and
+pinned between suspensions only within that cap), then `--cycles` times: data changed, `gputrace suspend`,
+`gputrace resume`, the checksum compared.  Per cycle: each command's total and its copy (the bus's part), the
+set-up (the image made and pinned: the first cycle only, where it was kept), the freeze, and whether suspend's
+and resume's totals together are within 0.3 s of their copies (issue 42's done-when; the first cycle, which
+makes the image, is reported apart).
+
 OUT/incremental-costs.json is rewritten (tmp, then renamed) after every measurement, so a run ended by
 its time limit keeps what it measured; --budget-s (default 480) stops starting new parts once passed.
 
 On the GPU machine (one call of at most 9 minutes; the sizes and parts are flags):
     source bench/gpu-env.sh
     python3 bench/incremental_costs_gpu.py --sizes 4,16 --storage disk,tmpfs --out /tmp/inc-costs
+    python3 bench/incremental_costs_gpu.py --parts suspend --sizes 16,4 --out /tmp/suspend-costs
 Here (simcuda, sizes in MiB):
     .venv/bin/python bench/incremental_costs_gpu.py --simcuda --sizes 4,16 --out /tmp/inc-costs-sim
 """
@@ -73,9 +82,10 @@ def cli(*args: str) -> dict:
 class TorchJob:
     """bench/ckpt_job.py under the shim."""
 
-    def __init__(self, nbytes: int) -> None:
-        env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
-        argv = [*gputrace_argv(), "run", "--checkpointable", "--", sys.executable, str(HERE / "ckpt_job.py")]
+    def __init__(self, nbytes: int, env_add: dict | None = None) -> None:
+        env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1", **(env_add or {}))
+        flags = ["--checkpointable"] + (["--suspendable"] if env_add and env_add.get("GPUTRACE_SHIM_VMM") else [])
+        argv = [*gputrace_argv(), "run", *flags, "--", sys.executable, str(HERE / "ckpt_job.py")]
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.pid = self._read()["pid"]
         self.cmd(f"hold {nbytes}")
@@ -113,12 +123,12 @@ class TorchJob:
 class PatternJob:
     """simcuda's pattern workload (--plain: SIZE and SIZE/2 + 4 bytes) under the shim."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, env_add: dict | None = None) -> None:
         from gputrace import shim, simcuda
 
         self.size = nbytes
         self.proc = subprocess.Popen(simcuda.workload("pattern") + ["--plain", "--size", str(nbytes)],
-                                     env=shim.preload_env(simcuda.env()), stdin=subprocess.PIPE,
+                                     env=dict(shim.preload_env(simcuda.env()), **(env_add or {})), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
         self.ready = json.loads(self.proc.stdout.readline())
@@ -178,6 +188,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="4,16", help="GiB a job holds, comma-separated (MiB with --simcuda)")
     ap.add_argument("--changed", default="1,10,100", help="percent of it changed, comma-separated")
     ap.add_argument("--storage", default="disk,tmpfs", help="disk, tmpfs or both")
+    ap.add_argument("--parts", default="incremental", help="incremental, suspend or both, comma-separated")
+    ap.add_argument("--cycles", type=int, default=4, help="suspend/resume cycles a size (the first makes the image)")
     ap.add_argument("--no-driver", action="store_true", help="leave out the driver's checkpoint of the job")
     ap.add_argument("--simcuda", action="store_true", help="simcuda instead of a GPU (sizes in MiB)")
     ap.add_argument("--budget-s", type=float, default=480, help="start no new part after this many seconds")
@@ -190,6 +202,10 @@ def main() -> int:
     for st in storages:
         if st not in ROOTS:
             ap.error(f"--storage {st}: disk or tmpfs")
+    parts = [x for x in a.parts.split(",") if x]
+    for x in parts:
+        if x not in ("incremental", "suspend"):
+            ap.error(f"--parts {x}: incremental or suspend")
     a.out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     doc = {"schema": SCHEMA, "command": "python3 bench/incremental_costs_gpu.py " + " ".join(sys.argv[1:]),
@@ -216,7 +232,18 @@ def main() -> int:
             return True
         return False
 
-    for size in sizes:
+    for size in sizes if "suspend" in parts else []:
+        if over():
+            break
+        part = {"size": size, "size_bytes": size * unit}
+        doc.setdefault("suspend", []).append(part)
+        try:
+            suspend_part(part, size * unit, a, save)
+        except Exception as exc:  # noqa: BLE001 (recorded; the next size runs)
+            part["error"] = f"{type(exc).__name__}: {exc}"
+            log(part["error"])
+        save()
+    for size in sizes if "incremental" in parts else []:
         nbytes = size * unit
         for st in storages:
             if over():
@@ -285,6 +312,39 @@ def main() -> int:
     return 0
 
 
+def suspend_part(part: dict, nbytes: int, a: argparse.Namespace, save) -> None:
+    """--cycles suspend/resume cycles of a job holding `nbytes`, its pin cap raised to keep the image."""
+    cap = nbytes + nbytes // 4 + (2 * GIB if not a.simcuda else 64 * MIB)
+    env = {"GPUTRACE_SHIM_VMM": "1", "GPUTRACE_SHIM_PIN_CAP": str(cap)}
+    part["pin_cap"] = cap
+    part["cycles"] = []
+    log(f"{part['size']} {'MiB' if a.simcuda else 'GiB'}: suspend and resume, {a.cycles} cycles")
+    job = (PatternJob if a.simcuda else TorchJob)(nbytes, env)
+    try:
+        for i in range(a.cycles):
+            job.change(nbytes, 40 + i)  # every byte: what the copies carry is the same either way
+            want = job.checksum()
+            sp = cli("suspend", "-p", str(job.pid))
+            rs = cli("resume", "-p", str(job.pid))
+            c = {"cycle": i, "suspend": sp, "resume": rs, "data_right": job.checksum() == want}
+            if "error" not in sp and "error" not in rs:
+                copies = sp["copy_ns"] + rs["copy_ns"]
+                total = sp["total_ns"] + rs["total_ns"]
+                c["summary"] = {
+                    "suspend_total_s": s(sp["total_ns"]), "suspend_copy_s": s(sp["copy_ns"]),
+                    "suspend_setup_s": s(sp.get("setup_ns")), "suspend_freeze_s": s(sp.get("freeze_ns")),
+                    "release_s": s(sp["release_ns"]), "resume_total_s": s(rs["total_ns"]),
+                    "resume_copy_s": s(rs["copy_ns"]), "remap_s": s(rs["remap_ns"]),
+                    "image_kept": sp.get("image_kept"), "image_allocs": sp.get("image_allocs"),
+                    "resume_kept": rs.get("image_kept"), "bytes": sp["bytes"], "reserved_bytes": sp["reserved_bytes"],
+                    "total_s": s(total), "copies_s": s(copies), "over_copies_s": s(total - copies),
+                    "within_0_3s": total - copies <= 0.3e9}
+            part["cycles"].append(c)
+            save()
+    finally:
+        job.close()
+
+
 def _root(storage: str, sim: bool) -> Path:
     r = ROOTS[storage]
     r.mkdir(parents=True, exist_ok=True)
@@ -295,6 +355,20 @@ def summary(doc: dict) -> str:
     out = [f"incremental checkpoint costs on {doc['device']} ({doc['command']})",
            "size storage changed | freeze durable total (target) | restore freeze back (target) | "
            "copied stored read | right"]
+    for p in doc.get("suspend", []):
+        for c in p.get("cycles", []):
+            sm = c.get("summary")
+            if not sm:
+                out.append(f"{p['size']}{doc['unit']} suspend cycle {c['cycle']}: failed: "
+                           f"{c['suspend'].get('error') or c['resume'].get('error')}")
+                continue
+            out.append(f"{p['size']}{doc['unit']} suspend cycle {c['cycle']} | suspend {sm['suspend_total_s']:.3f} "
+                       f"(copy {sm['suspend_copy_s']:.3f}, setup {sm['suspend_setup_s']:.3f}, kept {sm['image_kept']}, "
+                       f"made {sm['image_allocs']}) | resume {sm['resume_total_s']:.3f} (copy {sm['resume_copy_s']:.3f}) | "
+                       f"over the copies {sm['over_copies_s']:.3f} s, within 0.3 s {sm['within_0_3s']} | "
+                       f"right {c['data_right']}")
+        if "error" in p:
+            out.append(f"{p['size']}{doc['unit']} suspend: {p['error']}")
     for p in doc["parts"]:
         for c in p["changes"]:
             sm = c.get("summary")
