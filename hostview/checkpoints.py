@@ -40,6 +40,16 @@ class ActionUnavailable(NotYetAvailable):
     pass
 
 
+@dataclass(frozen=True)
+class ShimState:
+    """What a process's shim says of it, read before top asks anything: what cannot go right is refused
+    first (resuming a job that is not suspended, checkpointing one whose memory is off the GPU, acting on
+    one rank of a job whose peers top cannot see)."""
+
+    suspended: bool
+    collectives: int  # collectives (NCCL's) it has launched: more than 0, it is a rank of a job of several
+
+
 class Checkpointer(Protocol):
     """The actions `top` offers. A restore brings the whole process back (`restore_full`); rolling
     back device memory alone (`rollback`) is a separate action, refused where it is unsafe."""
@@ -60,13 +70,24 @@ class Checkpointer(Protocol):
         ...
     def suspend(self, pid: int, progress: Progress) -> ActionResult: ...
     def resume(self, pid: int, progress: Progress) -> ActionResult: ...
+    def suspend_job(self, pids: list[int], progress: Progress) -> ActionResult:
+        """Every rank of a job suspended together, at the same collective: `gputrace suspend -p A,B`."""
+        ...
+    def resume_job(self, pids: list[int], progress: Progress) -> ActionResult:
+        """Every suspended rank of a job back together: `gputrace resume -p A,B`."""
+        ...
     def list_checkpoints(self, pid: int) -> list[Checkpoint]: ...
+    def shim_state(self, pid: int) -> ShimState | None:
+        """The shim's word on `pid` (None: no shim, or it did not answer at once); quick, called on a key."""
+        ...
 
 
 ACTIONS = ("checkpoint_full", "restore_full", "list_full_checkpoints", "checkpoint", "rollback", "suspend", "resume",
-           "list_checkpoints")
+           "suspend_job", "resume_job", "list_checkpoints")
 # The actions that pick one of the process's checkpoints, and the lister of the ones each takes.
 PICKS = {"restore_full": "list_full_checkpoints", "rollback": "list_checkpoints"}
+# The actions on every rank of a job at once (the pids given), and the action on one process each stands for.
+JOB_ACTIONS = {"suspend": "suspend_job", "resume": "resume_job"}
 
 
 class FakeCheckpointer:
@@ -80,6 +101,7 @@ class FakeCheckpointer:
         self.size_bytes = size_bytes
         self.calls: list[tuple[str, int, str]] = []
         self.suspended: set[int] = set()
+        self.collectives: dict[int, int] = {}  # pid -> collectives its shim says it launched
         self.full: list[int] = []  # pids whole-job checkpointed, in order
         self._ckpts: dict[int, list[Checkpoint]] = {}
         self._full: dict[int, list[Checkpoint]] = {}
@@ -123,6 +145,19 @@ class FakeCheckpointer:
         self._do("resume", pid, progress)
         self.suspended.discard(pid)
         return ActionResult("resume", pid, "device memory back", 0.01)
+
+    def suspend_job(self, pids: list[int], progress: Progress) -> ActionResult:
+        self._do("suspend_job", pids[0], progress, ",".join(map(str, pids)))
+        self.suspended.update(pids)
+        return ActionResult("suspend_job", pids[0], f"{len(pids)} ranks' device memory released", 0.02)
+
+    def resume_job(self, pids: list[int], progress: Progress) -> ActionResult:
+        self._do("resume_job", pids[0], progress, ",".join(map(str, pids)))
+        self.suspended.difference_update(pids)
+        return ActionResult("resume_job", pids[0], f"{len(pids)} ranks' device memory back", 0.01)
+
+    def shim_state(self, pid: int) -> ShimState | None:
+        return ShimState(pid in self.suspended, self.collectives.get(pid, 0))
 
     def list_checkpoints(self, pid: int) -> list[Checkpoint]:
         with self._lock:
@@ -171,6 +206,15 @@ class NoCheckpointer:
     def resume(self, pid, progress):
         self._no("resume")
 
+    def suspend_job(self, pids, progress):
+        self._no("suspend")
+
+    def resume_job(self, pids, progress):
+        self._no("resume")
+
+    def shim_state(self, pid):
+        return None
+
     def list_checkpoints(self, pid):
         return []
 
@@ -196,15 +240,18 @@ class Operations:
     resume: Callable | None = None           # (pid) -> ResumeReport
     checkpoint_full: Callable | None = None  # (pid, out, *, leave_running=, progress=) -> FullCheckpointReport
     restore_full: Callable | None = None     # (pid, path, *, progress=) -> ReplaceReport
+    suspend_job: Callable | None = None      # (pids) -> JobReport (checkpointer/gang.py)
+    resume_job: Callable | None = None       # (pids) -> JobReport
 
 
 def checkpointer_operations() -> Operations:
     from gputrace import checkpointer
+    from gputrace.checkpointer import gang
     from gputrace.checkpointer.full import checkpoint_full
     from gputrace.checkpointer.replace import replace_full
 
     return Operations(checkpointer.checkpoint, checkpointer.restore, checkpointer.suspend, checkpointer.resume,
-                      checkpoint_full, replace_full)
+                      checkpoint_full, replace_full, gang.suspend, gang.resume)
 
 
 class CheckpointerAdapter:
@@ -221,7 +268,8 @@ class CheckpointerAdapter:
     # The checkpointer's function behind each action (a device-only rollback is ops.restore, checked).
     _OP = {"rollback": "restore"}
     _CLI = {"checkpoint_full": "checkpoint --full --leave-running", "restore_full": "restore",
-            "rollback": "restore --device-only"}
+            "rollback": "restore --device-only", "suspend_job": "suspend", "resume_job": "resume"}
+    STATE_TIMEOUT_S = 0.5  # a shim answers its status at once; one that does not (its job stopped) is not waited for
 
     def available(self, action: str) -> bool:
         return action in PICKS.values() or (action in ACTIONS and getattr(self.ops, self._OP.get(action, action)) is not None)
@@ -321,6 +369,34 @@ class CheckpointerAdapter:
         r, took = self._run("resume", pid, lambda fn: fn(pid))
         return ActionResult("resume", pid, f"{fmt_bytes(r.bytes)} back on the GPU in {took:.2f} s")
 
+    def suspend_job(self, pids: list[int], progress: Progress) -> ActionResult:
+        """`gputrace suspend -p A,B`: every rank's gate closed, the ranks behind run on to the same collective,
+        all suspended, or none (checkpointer/gang.py)."""
+        progress(0.0, f"stopping {len(pids)} ranks at the same collective")
+        r, took = self._run("suspend_job", pids[0], lambda fn: fn(list(pids)))
+        freed = sum(int(x.get("reserved_bytes", 0)) for x in r.ranks)
+        return ActionResult("suspend_job", pids[0], f"every rank ({', '.join(map(str, pids))}) suspended together: "
+                            f"{fmt_bytes(freed)} of GPU memory freed in {took:.2f} s", r.freeze_ns / 1e9)
+
+    def resume_job(self, pids: list[int], progress: Progress) -> ActionResult:
+        progress(0.0, f"bringing {len(pids)} ranks back")
+        r, took = self._run("resume_job", pids[0], lambda fn: fn(list(pids)))
+        back = sum(int(x.get("bytes", 0)) for x in r.ranks)
+        return ActionResult("resume_job", pids[0], f"every suspended rank ({', '.join(map(str, pids))}) running again: "
+                            f"{fmt_bytes(back)} back on the GPU in {took:.2f} s")
+
+    def shim_state(self, pid: int) -> ShimState | None:
+        from gputrace.shim import client
+
+        try:
+            with client.Connection(pid, timeout_s=self.STATE_TIMEOUT_S) as c:
+                st = c.status()
+        except (GputraceError, OSError):
+            return None
+        if not isinstance(st, dict) or "suspended" not in st:
+            return None
+        return ShimState(bool(st.get("suspended")), int(st.get("collectives") or 0))
+
     def list_checkpoints(self, pid: int) -> list[Checkpoint]:
         """The complete GPU-memory checkpoints of `pid` under the root (PID-TIME)."""
         return self._list(pid, f"{pid}-", device=True)
@@ -368,7 +444,8 @@ class CheckpointerAdapter:
 def label(action: str) -> str:
     """What the UI and its messages call an action, where not its name."""
     return {"checkpoint_full": "checkpoint", "restore_full": "restore", "checkpoint": "device-memory checkpoint",
-            "rollback": "device-only rollback"}.get(action, action)
+            "rollback": "device-only rollback", "suspend_job": "suspend of the job",
+            "resume_job": "resume of the job"}.get(action, action)
 
 
 def _reporter(progress: Progress, clock: Callable[[], float] = time.monotonic) -> Callable[[str, int, int], None]:

@@ -458,22 +458,28 @@ async def test_the_command_palette_has_gputraces_actions_and_a_screenshot_that_s
         assert notified[-1] == f"screenshot saved to {shot}"
 
 
-@pytest.mark.parametrize("key", ["c", "r", "s", "u", "C", "R"])
-async def test_every_key_on_a_rank_of_a_job_refuses_and_names_the_command_for_the_whole_job(tmp_path, key):
-    """One rank stopped, suspended or brought back alone would hold its peers in a collective or leave them
-    out of step: what top offers by one key either leaves the job running right or refuses, so on a rank
-    of a job of several processes it refuses, and nothing reaches the checkpointer."""
+def job_recording(tmp_path, world: int = 2) -> str:
+    """The replay with 4242 and 3333 ranks 0 and 1 of one torchrun job of `world` processes."""
     import dataclasses
 
     from gputrace.hostview.jobs import JobTag
 
-    job = {4242: JobTag("torchrun:1200", 0, 2), 3333: JobTag("torchrun:1200", 1, 2)}
+    job = {4242: JobTag("torchrun:1200", 0, world), 3333: JobTag("torchrun:1200", 1, world)}
     framed = [dataclasses.replace(f, processes=tuple(dataclasses.replace(r, job=job.get(r.pid, r.job))
                                                      for r in f.processes)) for f in frames(3)]
     path = tmp_path / "job.jsonl"
     write_record(str(path), framed)
+    return str(path)
+
+
+@pytest.mark.parametrize("key", ["c", "r", "C", "R"])
+async def test_a_key_on_a_rank_that_would_act_on_it_alone_refuses_and_names_the_command_for_the_whole_job(tmp_path,
+                                                                                                      key):
+    """One rank stopped, checkpointed or brought back alone would hold its peers in a collective or leave them
+    out of step: what top offers by one key either leaves the job running right or refuses, so on a rank of a
+    job of several processes c, r, C and R refuse, and nothing reaches the checkpointer."""
     fake = FakeCheckpointer()
-    app = app_for(str(path), fake)
+    app = app_for(job_recording(tmp_path), fake)
     async with app.run_test(size=(160, 30)) as pilot:
         await started(pilot)
         assert app.screen.selected().pid == 4242
@@ -481,5 +487,98 @@ async def test_every_key_on_a_rank_of_a_job_refuses_and_names_the_command_for_th
         await until(pilot, lambda: app.last_results)
         failed = app.last_results[-1]
         assert "is a rank of a job of 2 processes (with 3333)" in failed.error, failed.error
-        assert "--tree LAUNCHER" in failed.hint or "--full DIR" in failed.hint or "--force" in failed.hint
+        assert "--tree" in failed.hint or "--full DIR" in failed.hint or "--force" in failed.hint
+        assert fake.calls == [] and isinstance(app.screen, MainScreen)
+
+
+async def test_suspend_and_resume_on_a_rank_act_on_every_rank_of_its_job(tmp_path):
+    """s and u on a rank suspend and resume the whole job, every rank at once (gputrace suspend -p A,B); s on a
+    suspended job and u on a running one refuse, before asking."""
+    fake = FakeCheckpointer()
+    app = app_for(job_recording(tmp_path), fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        main = await started(pilot)
+        await pilot.press("u")  # nothing suspended
+        await until(pilot, lambda: app.last_results)
+        assert "no rank of the job of pid 4242 is suspended" in app.last_results[-1].error
+        assert "s suspends the whole job" in app.last_results[-1].hint and fake.calls == []
+        await pilot.press("s")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "whole job" in app.screen.question and "pids 4242, 3333" in app.screen.question, app.screen.question
+        await pilot.press("y")
+        await until(pilot, lambda: len(app.last_results) == 2)
+        assert fake.calls == [("suspend_job", 4242, "4242,3333")] and fake.suspended == {4242, 3333}
+        assert "suspend of the job of pid 4242 done" in str(main.query_one("#status").render())
+        assert not app.busy  # every rank free again
+        await pilot.press("s")  # again: refused
+        await until(pilot, lambda: len(app.last_results) == 3)
+        assert "is suspended already" in app.last_results[-1].error and "u resumes it" in app.last_results[-1].hint
+        fake.suspended.discard(3333)  # one rank resumed elsewhere (gputrace resume -p 3333): u brings back the other
+        await pilot.press("u")
+        assert isinstance(app.screen, ConfirmScreen) and "pids 4242," in app.screen.question, app.screen.question
+        await pilot.press("y")
+        await until(pilot, lambda: len(app.last_results) == 4)
+        assert fake.calls[-1] == ("resume_job", 4242, "4242") and not fake.suspended
+
+
+@pytest.mark.parametrize("key", ["s", "u"])
+async def test_suspend_and_resume_refuse_a_rank_whose_job_top_does_not_see_whole(tmp_path, key):
+    fake = FakeCheckpointer()
+    app = app_for(job_recording(tmp_path, world=4), fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await started(pilot)
+        await pilot.press(key)
+        await until(pilot, lambda: app.last_results)
+        failed = app.last_results[-1]
+        assert "is a rank of a job of 4 processes (with 3333) (top sees 2 of them)" in failed.error, failed.error
+        assert ("suspend --tree" if key == "s" else "resume --tree") in failed.hint and fake.calls == []
+
+
+async def test_what_a_suspended_or_running_process_cannot_take_is_refused_before_anything_is_asked(recording):
+    """u on a process not suspended, s on one suspended, c, C and R on one suspended: refused at the key, each
+    saying which key does what is wanted; r on a suspended one is asked, and says what becomes of it."""
+    fake = FakeCheckpointer()
+    app = app_for(recording, fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await started(pilot)
+        await pilot.press("c", "y")
+        await until(pilot, lambda: len(app.last_results) == 1)
+        await pilot.press("u")
+        await until(pilot, lambda: len(app.last_results) == 2)
+        assert "pid 4242 is not suspended: nothing to resume" in app.last_results[-1].error
+        assert app.last_results[-1].hint == "s suspends it" and isinstance(app.screen, MainScreen)
+        await pilot.press("s", "y")
+        await until(pilot, lambda: len(app.last_results) == 3)
+        assert fake.suspended == {4242}
+        for n, key in enumerate(["s", "c", "C", "R"], start=4):
+            await pilot.press(key)
+            await until(pilot, lambda: len(app.last_results) == n)
+            refused = app.last_results[-1]
+            assert isinstance(app.screen, MainScreen) and "pid 4242 is suspended" in refused.error, refused
+            assert refused.hint.startswith("u resumes it"), refused.hint
+        assert [c[0] for c in fake.calls] == ["checkpoint_full", "suspend"]
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RestoreScreen))
+        await pilot.press("enter")
+        assert "It is suspended now: the checkpoint's process runs in its place, not suspended" in app.screen.question
+        await pilot.press("n")
+        await pilot.press("u", "y")
+        await until(pilot, lambda: len(app.last_results) == 8)
+        assert fake.calls[-1][0] == "resume" and not fake.suspended
+
+
+@pytest.mark.parametrize("key", ["c", "r", "s", "u", "C", "R"])
+async def test_a_process_that_launches_collectives_is_a_rank_even_where_no_launcher_says_so(recording, key):
+    """Its shim counts the collectives it launched: a rank of a job whose peers top cannot tell. One key on it
+    alone would leave them waiting or out of step: refused, naming the job's command."""
+    fake = FakeCheckpointer()
+    fake.collectives[4242] = 12
+    app = app_for(recording, fake)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await started(pilot)
+        await pilot.press(key)
+        await until(pilot, lambda: app.last_results)
+        failed = app.last_results[-1]
+        assert "pid 4242 has launched 12 collectives" in failed.error, failed
+        assert "--tree LAUNCHER" in failed.hint or "--full DIR" in failed.hint or "--force" in failed.hint, failed.hint
         assert fake.calls == [] and isinstance(app.screen, MainScreen)

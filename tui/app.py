@@ -12,7 +12,8 @@ from textual.binding import Binding
 from gputrace.base.errors import GputraceError
 from gputrace.tracer.audit import DEFAULT_PRESET, PRESETS
 
-from gputrace.hostview.checkpoints import PICKS, ActionResult, Checkpointer, label
+from gputrace.base.procs import stat_fields
+from gputrace.hostview.checkpoints import JOB_ACTIONS, PICKS, ActionResult, Checkpointer, ShimState, label
 from .messages import ActionDone, ActionFailed, ActionProgress, FrameArrived, SourceEnded
 from gputrace.hostview.model import Checkpoint, HostSnapshot, ProcessRow
 from .screens.dialogs import ConfirmScreen, HelpScreen, RestoreScreen
@@ -32,15 +33,25 @@ QUESTIONS = {
                 "state goes on: if it allocated, freed or reused device memory since (a training loop does, every "
                 "step), the job may crash or compute with stale data. gputrace refuses where it sees that, but cannot "
                 "see everything; r (whole process) is the safe restore.",
-    "suspend": "Suspend pid {pid} ({comm})? Its device memory is moved off the GPU until you resume it.",
-    "resume": "Resume pid {pid} ({comm})? Its device memory is brought back to the GPU.",
+    "suspend": "Suspend pid {pid} ({comm})? Its device memory is moved off the GPU (into host memory) and the job "
+               "waits at its next GPU call until u resumes it; it stays suspended if top quits.",
+    "resume": "Resume pid {pid} ({comm})? Its device memory is brought back to the GPU and the job goes on from "
+              "where it waited.",
+    "suspend_job": "Suspend the whole job of pid {pid} ({comm}): its {n} ranks, pids {pids}? Every rank is stopped at "
+                   "the same collective and its device memory moved off the GPU; the job waits until u resumes it "
+                   "(it stays suspended if top quits).",
+    "resume_job": "Resume the job of pid {pid} ({comm}): its suspended ranks, pids {pids}, all at once? Their device "
+                  "memory comes back and the job goes on from the collective where it stopped.",
 }
+# Said before a restore of a process that is suspended now.
+SUSPENDED_RESTORE = (" It is suspended now: the checkpoint's process runs in its place, not suspended, and the "
+                     "suspended one's data are dropped.")
 # gputrace's actions in the command palette, with what each does.
 PALETTE_ACTIONS = (
     ("checkpoint_full", "Checkpoint the selected process whole, GPU and CPU state (CRIU), left running"),
     ("restore_full", "Bring the selected process back to a whole-process checkpoint (it replaces the running one)"),
-    ("suspend", "Move the selected process's device memory off the GPU"),
-    ("resume", "Bring a suspended process's device memory back"),
+    ("suspend", "Move the selected process's device memory off the GPU (a rank: every rank of its job)"),
+    ("resume", "Bring a suspended process's device memory back (a rank: every rank of its job)"),
     ("checkpoint", "Checkpoint only the selected process's device memory (for a device-only rollback)"),
     ("rollback", "UNSAFE for most jobs: roll back device memory alone, host state going on (refused where unsafe)"),
 )
@@ -48,6 +59,7 @@ PALETTE_ACTIONS = (
 NEEDS_SHIM = frozenset({"checkpoint", "rollback", "suspend", "resume"})
 # What a job of several processes (ranks) needs instead of one key on one rank: its peers would wait
 # in their collectives for a rank held alone, or run on out of step with one brought back alone.
+# s and u act on the whole job from top (JOB_ACTIONS); the others refuse and name these.
 JOB_COMMANDS = {
     "checkpoint_full": "gputrace checkpoint --full --tree LAUNCHER --leave-running -o DIR",
     "restore_full": "gputrace restore --full DIR (once the job has ended)",
@@ -56,6 +68,15 @@ JOB_COMMANDS = {
     "suspend": "gputrace suspend --tree LAUNCHER",
     "resume": "gputrace resume --tree LAUNCHER",
 }
+
+
+def job_command(action: str, pids: list[int]) -> str:
+    """JOB_COMMANDS[action] for these ranks: their launcher named where they have one parent."""
+    parents = {(stat_fields(p) or [b"", b"?"])[1] for p in pids if p > 0}
+    cmd = JOB_COMMANDS[action]
+    if len(parents) == 1 and (ppid := parents.pop()).isdigit() and int(ppid) > 1:
+        cmd = cmd.replace("LAUNCHER", ppid.decode())
+    return cmd
 
 
 class TopApp(App):
@@ -73,6 +94,7 @@ class TopApp(App):
         self.ended = False
         self.state = ""
         self.busy: dict[int, str] = {}               # pid -> the action running on it
+        self._holds: dict[int, list[int]] = {}       # a job's action: the row's pid -> every rank it holds busy
         self.last_results: list[ActionResult | ActionFailed] = []
         self._checkpoints: dict[int, Checkpoint] = {}  # taken here, until the source lists them
 
@@ -170,29 +192,49 @@ class TopApp(App):
                 screen.set_status(text)
 
     def request_action(self, action: str, row: ProcessRow) -> None:
-        """Checks, asks, then runs `action` on the row's process in a worker."""
+        """Checks, asks, then runs `action` on the row's process in a worker. What cannot go right is refused
+        here, before anything is asked or touched: s and u on a rank of a job act on every rank of it."""
         if not row.shimmed and action in NEEDS_SHIM:
             self.notify(f"pid {row.pid} ({row.comm}) runs without the shim; start it with "
                         "`gputrace run --checkpointable -- COMMAND` to checkpoint it", title=f"cannot {action}",
                         severity="warning")
             return
         peers = self._peers(row)
-        if peers:
-            self._failed(ActionFailed(row.pid, action, f"pid {row.pid} is a rank of a job of {len(peers) + 1} processes "
-                                      f"(with {', '.join(map(str, peers[:4]))}): {label(action)} of one rank alone would "
-                                      "leave the others waiting for it, or running on out of step with it",
-                                      f"act on the whole job from a shell: `{JOB_COMMANDS[action]}`"))
+        pids = [row.pid, *peers]
+        busy = [p for p in pids if p in self.busy]
+        if busy:
+            self.notify(f"pid {busy[0]} is busy: {label(self.busy[busy[0]])} in progress", severity="warning")
             return
-        if row.pid in self.busy:
-            self.notify(f"pid {row.pid} is busy: {label(self.busy[row.pid])} in progress", severity="warning")
+        if peers and (action not in JOB_ACTIONS or -1 in peers):
+            shown = [p for p in peers if p > 0]
+            of = f"{row.job.world}" if -1 in peers and row.job.world else f"{len(pids)}"
+            seen = f" (top sees {len(shown) + 1} of them)" if -1 in peers else ""
+            with_ = f" (with {', '.join(map(str, shown[:4]))})" if shown else ""
+            self._failed(ActionFailed(row.pid, action, f"pid {row.pid} is a rank of a job of {of} processes{with_}{seen}: "
+                                      f"{label(action)} of one rank alone would leave the others waiting for it, or "
+                                      "running on out of step with it",
+                                      f"act on the whole job from a shell: `{job_command(action, pids)}`"
+                                      + ("; s and u in top act on every rank once top sees them all" if action in
+                                         JOB_ACTIONS else "")))
             return
-        if not self.checkpointer.available(action):
+        if not self.checkpointer.available(JOB_ACTIONS[action] if peers else action):
             self._failed(ActionFailed(row.pid, action, f"{label(action)} is not available yet",
                                       "it arrives with the checkpointer (issue 5)"))
             return
+        states = self._states(pids) if row.shimmed else {}
+        refused = self._refusal(action, row, pids, states)
+        if refused is not None:
+            self._failed(ActionFailed(row.pid, action, *refused))
+            return
         fmt = {"pid": row.pid, "comm": row.comm}
+        if peers:
+            if action == "resume":  # the ranks suspended (those whose shim did not answer too: gang checks them)
+                pids = [p for p in pids if states.get(p) is None or states[p].suspended]
+            self._ask_job(JOB_ACTIONS[action], row, pids, fmt)
+            return
         if action in PICKS:
-            self._pick_checkpoint(action, row, fmt)
+            st = states.get(row.pid)
+            self._pick_checkpoint(action, row, {**fmt, "suspended": bool(st and st.suspended)})
             return
 
         def answered(yes: bool | None) -> None:
@@ -205,14 +247,60 @@ class TopApp(App):
             question += f" Into {dest}"
         self.push_screen(ConfirmScreen(question), answered)
 
+    def _ask_job(self, action: str, row: ProcessRow, pids: list[int], fmt: dict) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.start_action(action, row.pid, pids=pids)
+
+        self.push_screen(ConfirmScreen(QUESTIONS[action].format(n=len(pids), pids=", ".join(map(str, pids)), **fmt)),
+                         answered)
+
+    def _states(self, pids: list[int]) -> dict[int, ShimState | None]:
+        """Each shim's word on its process, read at the key (a shim answers at once; one that does not is
+        not known, and the action itself checks again)."""
+        read = getattr(self.checkpointer, "shim_state", None)
+        return {p: read(p) if read is not None else None for p in pids}
+
+    def _refusal(self, action: str, row: ProcessRow, pids: list[int], states: dict) -> tuple[str, str] | None:
+        """(error, hint) where `action` cannot go right on the process (or job) as its shim describes it."""
+        pid, st = row.pid, states.get(row.pid)
+        if len(pids) > 1:
+            suspended = [p for p in pids if states.get(p) is not None and states[p].suspended]
+            if action == "suspend" and suspended:
+                return (f"the job of pid {pid} is suspended already (pids {', '.join(map(str, suspended))})",
+                        "u resumes it")
+            if action == "resume" and not suspended and all(states.get(p) is not None for p in pids):
+                return (f"no rank of the job of pid {pid} is suspended (pids {', '.join(map(str, pids))}): nothing "
+                        "to resume", "s suspends the whole job")
+            return None
+        if st is None:
+            return None
+        if st.collectives and not row.job.key:
+            return (f"pid {pid} has launched {st.collectives} collectives: it is a rank of a job of several processes "
+                    f"whose peers top cannot tell (no launcher's RANK and WORLD_SIZE, nor GPUTRACE_JOB, in its "
+                    f"environment); {label(action)} of one rank alone would leave the others waiting for it, or running "
+                    "on out of step with it",
+                    f"act on the whole job from a shell: `{job_command(action, pids)}`; a single process that drives "
+                    f"several GPUs itself is a job of one: act on it from a shell with -p {pid}")
+        if action == "resume" and not st.suspended:
+            return f"pid {pid} is not suspended: nothing to resume", "s suspends it"
+        if action == "suspend" and st.suspended:
+            return f"pid {pid} is suspended already", "u resumes it"
+        if st.suspended and action in ("checkpoint_full", "checkpoint", "rollback"):
+            return (f"pid {pid} is suspended: its device memory is off the GPU, so no {label(action)} can be taken "
+                    "of it or made in it now", f"u resumes it first (the job goes on where it waited), then "
+                    f"{ {'checkpoint_full': 'c', 'checkpoint': 'C', 'rollback': 'R'}[action]}")
+        return None
+
     def _peers(self, row: ProcessRow) -> list[int]:
-        """The other processes of the job `row` is a rank of (empty: it is no rank of a job of several)."""
+        """The other processes of the job `row` is a rank of (empty: it is no rank of a job of several;
+        -1 among them: its launcher says there are more than top shows)."""
         if not row.job.key:
             return []
         peers = sorted(r.pid for r in (self.frame.processes if self.frame else ()) if r.job.key == row.job.key
                        and r.pid != row.pid)
-        if not peers and (row.job.world or 1) > 1:
-            return [-1]  # its launcher says there are more, not shown here
+        if (row.job.world or 1) > len(peers) + 1:
+            peers.append(-1)  # its launcher says there are more, not shown here
         return peers
 
     @work(thread=True, group="actions")
@@ -237,24 +325,33 @@ class TopApp(App):
 
         def picked(ck_id: str | None) -> None:
             if ck_id:
-                self.push_screen(ConfirmScreen(QUESTIONS[action].format(ckpt=ck_id, **fmt)),
-                                 lambda yes: confirmed(ck_id, yes))
+                question = QUESTIONS[action].format(ckpt=ck_id, **fmt)
+                if fmt.get("suspended"):
+                    question += SUSPENDED_RESTORE
+                self.push_screen(ConfirmScreen(question), lambda yes: confirmed(ck_id, yes))
 
         self.push_screen(RestoreScreen(row.pid, row.comm, cks, whole=action == "restore_full"), picked)
 
-    def start_action(self, action: str, pid: int, arg: str | None = None) -> None:
-        self.busy[pid] = action
+    def start_action(self, action: str, pid: int, arg: str | None = None, pids: list[int] | None = None) -> None:
+        """`action` on `pid` in a worker; a job's action (`pids`, its ranks, `pid` the row's) holds every rank busy."""
+        for p in pids or [pid]:
+            self.busy[p] = action
+        if pids:
+            self._holds[pid] = list(pids)
         self._status(f"{label(action)} of pid {pid}: starting ...")
-        self._action_worker(action, pid, arg)
+        self._action_worker(action, pid, arg, pids)
 
     @work(thread=True, group="actions")
-    def _action_worker(self, action: str, pid: int, arg: str | None) -> None:
+    def _action_worker(self, action: str, pid: int, arg: str | None, pids: list[int] | None = None) -> None:
         def progress(fraction: float, text: str) -> None:
             self.post_message(ActionProgress(pid, action, fraction, text))
 
         try:
             fn = getattr(self.checkpointer, action)
-            result = fn(pid, arg, progress) if action in PICKS else fn(pid, progress)
+            if pids is not None:
+                result = fn(pids, progress)
+            else:
+                result = fn(pid, arg, progress) if action in PICKS else fn(pid, progress)
         except GputraceError as exc:
             self.post_message(ActionFailed(pid, action, exc.msg, exc.hint))
             return
@@ -268,9 +365,14 @@ class TopApp(App):
         text = msg.text if "%" in msg.text else f"{100 * msg.fraction:.0f}% {msg.text}".rstrip()
         self._status(f"{label(msg.action)} of pid {msg.pid}: {text}")
 
+    def _unbusy(self, pid: int) -> None:
+        """`pid` and the ranks its action holds (a job's) free for the next."""
+        for p in self._holds.pop(pid, [pid]):
+            self.busy.pop(p, None)
+
     def on_action_done(self, msg: ActionDone) -> None:
         r = msg.result
-        self.busy.pop(r.pid, None)
+        self._unbusy(r.pid)
         self.last_results.append(r)
         if r.checkpoint is not None:
             self._checkpoints[r.pid] = r.checkpoint
@@ -285,7 +387,7 @@ class TopApp(App):
         self._failed(msg)
 
     def _failed(self, msg: ActionFailed) -> None:
-        self.busy.pop(msg.pid, None)
+        self._unbusy(msg.pid)
         self.last_results.append(msg)
         self._status(f"{label(msg.action)} of pid {msg.pid} FAILED: {msg.error}")
         self.notify(f"{msg.error}\n{msg.hint}" if msg.hint else msg.error, title=f"{label(msg.action)} failed",
