@@ -73,3 +73,19 @@ class OneJob:
 
     def close(self) -> None:
         self._stop.set()
+
+
+class Ranks(OneJob):
+    """OneJob for several processes (the ranks of a job), each row tagged with the job it is a rank of as the
+    live source tags it (from its environment: hostview/jobs.py)."""
+
+    def __init__(self, pids: list[int], comm: str = "rank") -> None:
+        import dataclasses
+        import threading
+
+        from gputrace.hostview.jobs import job_tag
+
+        f = frame(procs=[(pid, comm, 100.0, 1000.0, 0, True) for pid in pids])
+        self._frame = dataclasses.replace(f, processes=tuple(dataclasses.replace(r, job=job_tag(r.pid))
+                                                             for r in f.processes))
+        self._stop = threading.Event()
