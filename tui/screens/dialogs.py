@@ -87,10 +87,11 @@ HELP = """\
                shimmed or not (top takes its own probes off the job while CRIU copies it)
             r  restore: the running process replaced by a whole-process checkpoint of it
             on a shimmed process (started with `gputrace run --checkpointable`):
-            s  suspend     u  resume     C  checkpoint device memory only
+            s  suspend (--suspendable; the job waits)   u  resume   C  checkpoint device memory only
             R  roll back device memory alone (UNSAFE for jobs that reallocate; refused where seen)
-            a rank of a job of several processes: refused; the hint gives the command for the job
-[b]other[/b]       ?  this help      q  quit      escape  back      ctrl+s  screenshot (SVG)      ctrl+p  command palette
+            suspended (kept if top quits): c, C, R refused (u first); r brings it back running
+            a job's rank: s, u act on every rank at once; c, r, C, R refused, naming the job's command
+[b]other[/b]       ?  this help   q  quit   escape  back   ctrl+s  screenshot (SVG)   ctrl+p  command palette
 
 OVERHEAD is lower–upper: the predicted slowdown if the layer's added CPU time hides in the time the
 job waits for the GPU (lower), or shows in full (upper, with what a layer's code costs the caller's
