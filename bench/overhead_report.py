@@ -1,15 +1,26 @@
 #!/usr/bin/env python3
-"""docs/overhead-report.md and its plots, from the overhead suite's committed results (no GPU needed).
+"""docs/overhead-report.md and its plots, from committed results of GPU runs (no GPU needed).
 
-    .venv/bin/python bench/overhead_report.py bench/results/overhead-h200
-        writes docs/overhead-report.md and docs/overhead-report/*.png
-    .venv/bin/python bench/overhead_report.py DIR --md OUT.md --plots OUTDIR [--mtbf-h 24]
+The report as committed, one command (docs/overhead-report.md, docs/overhead-report/*.png):
+    .venv/bin/python bench/overhead_report.py bench/results/overhead-h200 \\
+        --audit bench/results/audit-validate-h100 --incremental bench/results/incremental-costs-h100 \\
+        --restore-whole bench/results/restore-whole-h100.json --rates bench/results/rates-h100-4
+Anywhere else:
+    .venv/bin/python bench/overhead_report.py DIR [--audit D] [...] --md OUT.md --plots OUTDIR [--mtbf-h 24]
 
-Every figure in the report is worked out here from DIR's JSON (bench/overhead_suite.py wrote it):
-steady-JOB.json (a workload native, under the shim, under the tracer, under the emulated layer),
-ckpt-SIZE-STORAGE.json (bench/ckpt_costs_gpu.py), app-SIZE.json (bench/appckpt_gpu.py), and
-DIR/notes.json, the one hand-written input: {"WORKLOAD": "why its prediction is off"}, quoted where
-the audit's bounds miss a measurement (a miss without a note says "not explained yet").
+Every figure in the report is worked out here from the inputs' JSON:
+  DIR (bench/overhead_suite.py --out): steady-JOB.json (a workload native, under the shim, under the
+      tracer, under the emulated layer), ckpt-SIZE-STORAGE.json (bench/ckpt_costs_gpu.py), app-SIZE.json
+      (bench/appckpt_gpu.py), and DIR/notes.json, a hand-written input: {"WORKLOAD": "why its prediction
+      is off"}, quoted where the audit's bounds miss a measurement (a miss without a note says "not
+      explained yet");
+  --audit (bench/audit_validate.py --out): WORKLOAD.json, the audit against the emulated layer switched
+      on and off in sub-second phases, read through audit_validate.summarize;
+  --incremental (bench/incremental_costs_gpu.py): incremental-costs.json, incremental checkpoints and
+      restores beside the driver's checkpoint of the same job;
+  --restore-whole (bench/restore_whole_gpu.py): whole-process checkpoint/restore cycles;
+  --rates (bench/rates_gpu.py): rates.json.xz, the tracer's rates against each job's exact calls.
+An input not given, or a stage, workload or part its results lack, reads "not measured" with why.
 """
 
 from __future__ import annotations
@@ -216,6 +227,360 @@ def failure_rows(app: dict, mtbf_h: float) -> list[dict]:
     return rows
 
 
+# --- the other committed inputs -----------------------------------------------------------------------------
+
+# Where a run's JSON names no commit, or names the device copy's HEAD rather than the tree that ran, the tree
+# as the README committed beside the results gives it (keyed by the input's name). Hand-written, like notes.json.
+README_TREES = {
+    "audit-validate-h100": ("375d37a", "its README: gputrace from a wheel of that tree; the JSON's commit, "
+                                       "5268b9d, is what the device's copy of the repository reported"),
+    "incremental-costs-h100": ("375d37a", "its README: gputrace from a wheel of that tree; the JSON names no commit"),
+    "rates-h100-4": ("dc8f35c", "its README: that working tree laid over the wheel; the JSON's commit, 5268b9d, "
+                                "is what the device's copy reported"),
+}
+# The suite's steady state waits on other work (issue 41, part 2): said wherever its stages are missing.
+STEADY_WHY = ("issue 41 runs them after the tracer-rates issue (38) and the audit-bounds issue (40) are resolved, "
+              "at that code; neither is yet, so none has run at the current code")
+
+
+def short(c: str | None) -> str:
+    return NOT if not c else str(c)[:10]
+
+
+def code_of(name: str, recorded: str | None, note: str | None = None) -> str:
+    """The code a run was made from: the README's tree where README_TREES names one, else the JSON's."""
+    if name in README_TREES:
+        tree, why = README_TREES[name]
+        return f"{tree} ({why})"
+    if recorded and note:
+        return f"{short(recorded)} ({note})"
+    return short(recorded) if recorded else f"{NOT} (the JSON names no commit)"
+
+
+def load_audit(d: Path | None) -> dict | None:
+    """bench/audit_validate.py's results: its summary's rows, made again from the workloads' files."""
+    if d is None:
+        return None
+    import audit_validate
+
+    if not d.is_dir():
+        return {"dir": d, "rows": [], "missing": list(audit_validate.WORKLOADS), "failed": [], "config": {}}
+    rows = audit_validate.summarize(d)["rows"]
+    have = {r["workload"] for r in rows}
+    cfg = {}
+    for w in audit_validate.WORKLOADS:
+        f = d / f"{w}.json"
+        if f.exists() and not cfg:
+            cfg = orjson.loads(f.read_bytes()).get("config") or {}
+    return {"dir": d, "rows": [r for r in rows if "failed" not in r], "config": cfg,
+            "failed": [r for r in rows if "failed" in r],
+            "missing": [w for w in audit_validate.WORKLOADS if w not in have]}
+
+
+def load_json(p: Path | None, inside: str | None = None) -> dict | None:
+    """A results file (or the named file inside a results folder); {} where it is absent."""
+    if p is None:
+        return None
+    if p.is_dir() and inside:
+        p = p / inside
+    if not p.exists():
+        return {}
+    raw = p.read_bytes()
+    if p.suffix == ".xz":
+        import lzma
+
+        raw = lzma.decompress(raw)
+    return orjson.loads(raw)
+
+
+def rates_counts(doc: dict) -> dict | None:
+    """The tracer's rates against the truth (each job's exact calls a step x its steps a second while
+    attached), every (attach, function) pair above 1k calls/s: known, inside their 95% intervals,
+    within 10%, not known."""
+    if not doc or not doc.get("jobs"):
+        return None
+    out = {"jobs": [], "pairs": 0, "known": 0, "inside": 0, "within_10pct": 0, "not_known": 0, "attaches": 0}
+    for j in doc.get("order") or list(doc["jobs"]):
+        jd = doc["jobs"][j]
+        cps = (jd.get("exact") or {}).get("calls_per_step") or {}
+        for a in jd.get("attaches") or []:
+            sps, nk = a.get("steps_per_s"), set(a.get("not_known") or [])
+            if not sps:
+                continue
+            out["attaches"] += 1
+            for f, c in cps.items():
+                truth = c * sps
+                if truth <= 1000:
+                    continue
+                out["pairs"] += 1
+                r = (a.get("rates") or {}).get(f)
+                if f in nk or not r or r[0] is None:
+                    out["not_known"] += 1
+                    continue
+                out["known"] += 1
+                out["within_10pct"] += abs(r[0] / truth - 1) <= 0.10
+                out["inside"] += r[1] is not None and abs(r[0] - truth) <= r[1]
+        out["jobs"].append(j)
+    return out
+
+
+def sources(data: dict, ext: dict) -> list[str]:
+    """Where each section's figures come from: the input, its device and the code it ran."""
+    rows = []
+    suite = data["steady"] + data["ckpt"] + data["app"]
+    if suite:
+        devs = sorted({str(x.get("device")) for x in suite})
+        commits = sorted({short(x.get("commit")) for x in suite})
+        rows.append((f"`{ext['dir']}`", "the suite's stages: " + ", ".join(sorted(stage_names(data))),
+                     ", ".join(devs), ", ".join(commits)))
+    a = ext.get("audit")
+    if a and a["rows"]:
+        r0 = a["rows"][0]
+        rows.append((f"`{a['dir']}`", "the audit against the emulated layer, sub-second alternation (bench/audit_validate.py)",
+                     str(r0.get("device")), code_of(Path(a["dir"]).name, r0.get("commit"))))
+    inc = ext.get("incremental")
+    if inc:
+        rows.append((f"`{ext['incremental_path']}`", "incremental checkpoints and restores, the driver's checkpoint "
+                     "of the same job (bench/incremental_costs_gpu.py)", str(inc.get("device")),
+                     code_of(Path(ext["incremental_path"]).name, inc.get("commit"))))
+    rw = ext.get("restore_whole")
+    if rw:
+        rows.append((f"`{ext['restore_whole_path']}`", "whole-process checkpoint/restore cycles from `gputrace top` "
+                     "(bench/restore_whole_gpu.py)", str(rw.get("device")),
+                     code_of(Path(ext["restore_whole_path"]).stem, rw.get("commit"), rw.get("commit_note"))))
+    rt = ext.get("rates")
+    if rt:
+        rows.append((f"`{ext['rates_path']}`", "the tracer's rates against each job's exact calls (bench/rates_gpu.py)",
+                     str(rt.get("device")), code_of(Path(ext["rates_path"]).name, rt.get("commit"))))
+    if not rows:
+        return []
+    return ["## Where the figures come from", "",
+            "| input | what | device | code |", "|---|---|---|---|",
+            *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows], ""]
+
+
+def stage_names(data: dict) -> set[str]:
+    out = set()
+    for x in data["steady"]:
+        out.add(f"steady:{x.get('job')}")
+    for c in data["ckpt"]:
+        out.add(f"ckpt:{c.get('size', c.get('size_gib'))}:{c.get('storage')}")
+    for a in data["app"]:
+        out.add(f"app:{a.get('size')}")
+    for f in data["failed"]:
+        out.add(str(f.get("stage")))
+    return out
+
+
+def missing_stages(data: dict) -> dict[str, list[str]]:
+    """The suite's stages with no result in DIR, by kind."""
+    import overhead_suite
+
+    have = stage_names(data)
+    out: dict[str, list[str]] = {}
+    for st in overhead_suite.stages():
+        if st.name not in have:
+            out.setdefault(st.kind, []).append(st.name)
+    return out
+
+
+def audit_section(a: dict | None, plot_rel: str, made: list[Path]) -> list[str]:
+    L = ["## The audit's prediction beside the measured slowdown", ""]
+    if a is None or not a["rows"]:
+        why = ("no audit-validation results given (--audit DIR, bench/audit_validate.py's)" if a is None
+               else f"no workload's results in {a['dir']}")
+        return L + [f"Not measured: {why}.", ""]
+    cfg = a["config"]
+    costs = ", ".join(f"{c / 1000:g}" for c in cfg.get("costs_ns") or sorted({r["cost_ns"] for r in a["rows"]}))
+    L += ["Each workload ran as one warm process under the shim. Its emulated layer (busy CPU time added to each "
+          "call of the functions the audit's `shim` preset counts) was switched on and off over the control "
+          f"socket in sub-second phases, {costs} µs a call interleaved in a seeded order; each phase with the "
+          "layer on is held against the mean rate of its two neighbours without it, and the slowdown is the "
+          "median of those pairs with its 95% interval (seeded bootstrap). The audit's bounds come from a "
+          f"{num(cfg.get('attach_s'), '{:g}')}-s `gputrace attach -p` of the same process with the layer off "
+          "(the rates it read and each calling thread's slack), worked out at each cost; beside them, the same "
+          "bounds with the rates' 95% intervals. *Inside*: the measured median within the bounds, within 1 point. "
+          "The last column is the layer's true added time (the calls the shim says it slowed, times the cost, a "
+          "second) with the bounds worked out at it.", ""]
+    rows = a["rows"]
+    inside = sum(1 for r in rows if r.get("inside_point"))
+    resolved = sum(1 for r in rows if r.get("resolved"))
+    lower0 = sum(1 for r in rows if r.get("lower") == 0)
+    L += [f"- Inside the bounds within 1 point: **{inside} of {len(rows)}** (workload, cost) pairs.",
+          f"- Medians whose 95% interval is within ±1 point: {resolved} of {len(rows)} (the rest had too little "
+          "time for it in one device call).",
+          f"- Lower bound 0 (the calling threads' slack exceeds what the layer adds): {lower0} of {len(rows)} pairs"
+          + (f"; at every cost for {', '.join(zero)}." if (zero := [w for w in dict.fromkeys(r['workload'] for r in rows)
+                                                              if all(r['lower'] == 0 for r in rows if r['workload'] == w)])
+             else "."), ""]
+    if any(p.name == "audit-vs-measured.png" for p in made):
+        L += [f"![the audit's bounds and the measured slowdown]({plot_rel}/audit-vs-measured.png)", ""]
+
+    def sp(x):
+        return NOT if x is None else f"{100 * x:+.1f}%"
+
+    yes = {True: "yes", False: "**no**", None: NOT}
+    L += ["| workload | layer | measured (95% interval) | pairs x phase | audit's bounds | with the rates' intervals | inside | the layer's true added time: bounds, inside |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = r.get("ci") or [None, None]
+        inter = "" if ci[0] is None else f" ({sp(ci[0])}..{sp(ci[1])})"
+        true = NOT if r.get("true_added") is None else (
+            f"{sp(r['true_added'])}: {sp(r.get('true_rate_lower'))}..{sp(r.get('true_rate_upper'))}, "
+            f"{yes[r.get('inside_at_true_rate')]}")
+        L.append(f"| {r['workload']} | {r['cost_ns'] / 1000:g} µs | {sp(r['measured'])}{inter} | "
+                 f"{r['pairs']} x {1000 * r['phase_s']:.0f} ms | {sp(r['lower'])}..{sp(r['upper'])} | "
+                 f"{sp(r.get('lower_min'))}..{sp(r.get('upper_max'))} | {yes[r.get('inside_point')]} | {true} |")
+    for r in a["failed"]:
+        L.append(f"| {r['workload']} | every cost | not measured: failed: {r['failed']} | | | | | |")
+    for w in a["missing"]:
+        L.append(f"| {w} | every cost | not measured: no {w}.json in {a['dir']} | | | | | |")
+    L += ["", "Driver calls per GPU-ms (whether the cost tracks them) are not measured here: this run timed no "
+          "GPU work; the suite's steady:* stages do (PyTorch's profiler), and they have not run (below).", ""]
+    return L
+
+
+def steady_missing_section(data: dict, rates: dict | None, rates_path: str | None) -> list[str]:
+    """What the suite's steady:* stages would measure and why they have not."""
+    miss = missing_stages(data).get("steady", [])
+    if not miss:
+        return []
+    L = ["## Running under the layer: the suite's steady state", "",
+         f"Not measured: {', '.join(miss)}. These stages give each workload's shim against a second native "
+         "process (the control), the tracer at its default budget against what it accounted, and driver calls "
+         f"per GPU-ms. Why: {STEADY_WHY}.", ""]
+    c = rates_counts(rates) if rates else None
+    if c:
+        L += [f"Where the tracer's rates stood at their last GPU run (`{rates_path}`, {rates.get('device')}): "
+              f"{c['attaches']} attaches of {', '.join(c['jobs'])}, {c['pairs']} (attach, function) pairs above "
+              f"1k calls/s: {c['known']} known ({c['inside']} inside their stated 95% intervals, "
+              f"{c['within_10pct']} within ±10% of the truth), {c['not_known']} not known.", ""]
+    elif rates is not None:
+        L += ["The tracer's rates: not measured (no rates results in the input given).", ""]
+    return L
+
+
+def incremental_section(inc: dict | None, path: str | None, plot_rel: str, made: list[Path]) -> list[str]:
+    L = ["### Incremental checkpoints and restores, and the driver's checkpoint of the same job", ""]
+    if not inc:
+        why = "no results given (--incremental)" if inc is None else f"no incremental-costs.json in {path}"
+        return L + [f"Not measured: {why}.", ""]
+    L += ["One PyTorch job a size and storage (`bench/ckpt_job.py` under `gputrace run --checkpointable`): a "
+          "whole checkpoint, then for each share changed an incremental `checkpoint --since` the whole one and "
+          "`restore --device-only --force` of it, and last NVIDIA's driver checkpoint of the same process "
+          "(`checkpoint --backend driver`: cuCheckpointProcess lock, checkpoint into the process's host "
+          "memory, restore, unlock; nothing stored). *Freeze*: the job stopped; *total*: the checkpoint "
+          "command's own total (interpreter start-up not included); *target*: the bytes stored over a plain "
+          "fsynced write's rate there (bytes read over a cold read's for the restore); *back*: the restore's "
+          "start to the job running with the data back; *right*: the job's checksum after the restore.", ""]
+    if any(p.name == "incremental-vs-driver.png" for p in made):
+        L += [f"![freeze: incremental, whole, driver]({plot_rel}/incremental-vs-driver.png)", ""]
+    L += ["| size | storage | checkpoint | freeze ms | total s | target s | restore freeze ms | back s | target s | right |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    right = {True: "yes", False: "**no**", None: NOT}
+    for part in inc.get("parts") or []:
+        size = f"{part['size']} {inc.get('unit', 'GiB')}"
+        plain = part.get("plain") or {}
+        w = part.get("whole") or {}
+        if w:
+            L.append(f"| {size} | {part['storage']} | whole | {num(w.get('freeze_ns') and w['freeze_ns'] / 1e6, '{:.1f}')} | "
+                     f"{num(w.get('total_ns') and w['total_ns'] / 1e9, '{:.3g}')} | "
+                     f"{num(plain.get('write_gb_s') and w.get('stored_bytes', 0) / (plain['write_gb_s'] * 1e9), '{:.3g}')} "
+                     f"| | | | |")
+        for ch in part.get("changes") or []:
+            s = ch.get("summary") or {}
+            if not s:
+                L.append(f"| {size} | {part['storage']} | {ch.get('pct'):g}% changed | not measured: "
+                         f"{ch.get('error') or 'no summary'} | | | | | | |")
+                continue
+            L.append(f"| {size} | {part['storage']} | {ch['pct']:g}% changed | {1e3 * s['freeze_s']:.1f} | "
+                     f"{s['total_s']:.3g} | {s['target_checkpoint_s']:.3g} | {1e3 * s['restore_freeze_s']:.1f} | "
+                     f"{s['back_s']:.3g} | {s['target_restore_s']:.3g} | {right[ch.get('data_right')]} |")
+        dr = part.get("driver") or {}
+        if dr.get("freeze_ns"):
+            L.append(f"| {size} | {part['storage']} | driver (lock to unlock) | {dr['freeze_ns'] / 1e6:.1f} | "
+                     f"{dr['checkpoint_ns'] / 1e9:.2f} (its checkpoint) | | | {dr['restore_ns'] / 1e9:.2f} (its restore) | "
+                     f"| {right[dr.get('data_right')]} |")
+        else:
+            L.append(f"| {size} | {part['storage']} | driver | not measured: {dr.get('error') or 'no result'} | | | | | | |")
+    L.append("")
+    for part in inc.get("parts") or []:
+        dr = (part.get("driver") or {}).get("freeze_ns")
+        one = next((c["summary"] for c in part.get("changes") or [] if c.get("pct") == 1.0 and c.get("summary")), None)
+        w = (part.get("whole") or {}).get("freeze_ns")
+        if dr and one:
+            L.append(f"- {part['size']} {inc.get('unit', 'GiB')}, {part['storage']}: the driver held the job "
+                     f"{dr / 1e9:.2f} s; the incremental at 1% changed froze it {1e3 * one['freeze_s']:.1f} ms "
+                     f"({dr / 1e9 / one['freeze_s']:.0f}x shorter)"
+                     + (f", the whole checkpoint {w / 1e6:.0f} ms ({dr / w:.0f}x shorter)" if w else "")
+                     + (f"; the whole checkpoint's total of {tot / 1e9:.1f} s holds {setup / 1e9:.2f} s of set-up "
+                        "(its image mapped and pinned), an incremental's "
+                        f"{1e6 * one['setup_s']:.0f} µs." if (tot := (part.get('whole') or {}).get('total_ns'))
+                        and (setup := (part.get('whole') or {}).get('setup_ns')) and one.get('setup_s') is not None
+                        else "."))
+    has_suspend = any(p.get("cycles") for p in inc.get("parts") or [])
+    if not has_suspend:
+        L += ["- Suspend and resume (`bench/incremental_costs_gpu.py --parts suspend`): not measured: that part "
+              "was not run in these results."]
+    L.append("")
+    return L
+
+
+def restore_whole_section(rw: dict | None, path: str | None) -> list[str]:
+    L = ["### Whole-process checkpoints and restores from `gputrace top`, cycle after cycle", ""]
+    if not rw:
+        why = "no results given (--restore-whole)" if rw is None else f"{path} holds no results"
+        return L + [f"Not measured: {why}.", ""]
+    L += ["Each job started as a user would (`gputrace run --checkpointable`), driven through `gputrace top`'s "
+          "keys: a whole-process checkpoint (the shim's part, NVIDIA's driver checkpoint of what is left, CRIU's "
+          "dump), the job left running, and a few steps later the running process replaced by the checkpoint's. "
+          "After every restore the job's log is compared with an uninterrupted run's. Medians, with ranges.", "",
+          "| job | cycles | alive after every restore | equal after every restore | freeze s | of it: driver checkpoint s | of it: CRIU dump s | held in all s | back s | of it: CRIU restore s | of it: driver restore s | image GB |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    yes = {True: "yes", False: "**no**", None: NOT}
+    for name, j in (rw.get("jobs") or {}).items():
+        s = j.get("summary") or {}
+        if not s:
+            L.append(f"| {name} | not measured: {'; '.join(map(str, j.get('errors') or [])) or 'no summary'} | | | | | | | | | | |")
+            continue
+
+        def ms(k, rng=None):
+            v = s.get(k)
+            if v is None:
+                return NOT
+            r = s.get(rng) if rng else None
+            return f"{v / 1e3:.2f}" + (f" ({r[0] / 1e3:.2f}-{r[1] / 1e3:.2f})" if r else "")
+
+        L.append(f"| {name} | {s.get('cycles')} | {yes[s.get('alive_after_every_restore')]} | "
+                 f"{yes[s.get('equal_after_every_restore')]} | {ms('freeze_ms_median', 'freeze_ms_range')} | "
+                 f"{ms('driver_checkpoint_ms_median')} | {ms('criu_dump_ms_median')} | {ms('held_ms_median')} | "
+                 f"{ms('back_ms_median', 'back_ms_range')} | {ms('criu_restore_ms_median')} | "
+                 f"{ms('driver_restore_ms_median')} | {num(s.get('image_bytes_median') and s['image_bytes_median'] / 1e9, '{:.2f}')} |")
+    L.append("")
+    return L
+
+
+def ckpt_vs_driver(ckpt: list[dict]) -> list[str]:
+    """The suite's checkpoint stages, gputrace's freeze against the driver's and the whole process's."""
+    out = []
+    for c in sorted(ckpt, key=lambda c: (c.get("size_gib", 0), str(c.get("storage")))):
+        if c.get("skipped"):
+            continue
+        p = c.get("paths") or {}
+        g, d, f = (p.get(k) if isinstance(p.get(k), dict) else {} for k in ("gputrace", "driver", "full"))
+        if g.get("freeze_s") and d.get("freeze_s"):
+            out.append(f"| {c.get('size', c.get('size_gib'))} {c.get('size_unit', 'GiB')} | {c.get('storage')} | "
+                       f"{g['freeze_s']:.3g} | {d['freeze_s']:.3g} | {d['freeze_s'] / g['freeze_s']:.0f}x | "
+                       f"{num(f.get('freeze_s'))} | {num(f.get('driver_checkpoint_s'))} |")
+    if not out:
+        return []
+    return ["gputrace's freeze against the driver's on the same job and size (the driver's: lock to unlock, its "
+            "restore included, since the job is stopped throughout), and the whole process's (gputrace's part, "
+            "the driver's checkpoint of what is left, CRIU's dump):", "",
+            "| size | storage | gputrace freeze s | driver freeze s | driver / gputrace | whole-process freeze s | of it: driver checkpoint s |",
+            "|---|---|---|---|---|---|---|", *out, ""]
+
+
 # --- the plots -----------------------------------------------------------------------------------------------
 
 
@@ -330,6 +695,74 @@ def plots(rows: list[dict], ckpt: list[dict], app: list[dict], out: Path) -> lis
     return made
 
 
+def ext_plots(ext: dict, out: Path) -> list[Path]:
+    """The audit's bounds beside the measured slowdown; the incremental freezes beside the driver's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made: list[Path] = []
+    a = ext.get("audit")
+    if a and a["rows"]:
+        out.mkdir(parents=True, exist_ok=True)
+        costs = sorted({r["cost_ns"] for r in a["rows"]})
+        works = list(dict.fromkeys(r["workload"] for r in a["rows"]))
+        fig, axes = plt.subplots(1, len(costs), figsize=(4 * len(costs), 4.5), squeeze=False)
+        for ax, c in zip(axes[0], costs):
+            for i, w in enumerate(works):
+                r = next((r for r in a["rows"] if r["workload"] == w and r["cost_ns"] == c), None)
+                if r is None:
+                    continue
+                if r["lower"] is not None and r["upper"] is not None:
+                    ax.bar(i, 100 * (r["upper"] - r["lower"]), bottom=100 * r["lower"], width=0.6, color="C0",
+                           alpha=0.3, label="the audit's bounds" if i == 0 else None)
+                if r["measured"] is not None:
+                    ci = r.get("ci") or [None, None]
+                    err = None if ci[0] is None else [[100 * (r["measured"] - ci[0])], [100 * (ci[1] - r["measured"])]]
+                    ax.errorbar(i, 100 * r["measured"], yerr=err, fmt="o", color="C3" if not r.get("inside_point") else "black",
+                                ms=4, capsize=3, label="measured (95% interval)" if i == 0 else None)
+            ax.set_xticks(range(len(works)))
+            ax.set_xticklabels(works, fontsize=8, rotation=30)
+            ax.set_title(f"{c / 1000:g} us a call", fontsize=10)
+            ax.set_ylabel("slowdown, %")
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle("The audit's prediction and the measured slowdown (emulated layer, sub-second phases)", fontsize=10)
+        fig.tight_layout()
+        path = out / "audit-vs-measured.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    inc = ext.get("incremental")
+    parts = [pt for pt in (inc or {}).get("parts") or [] if (pt.get("driver") or {}).get("freeze_ns")]
+    if parts:
+        out.mkdir(parents=True, exist_ok=True)
+        labels = [f"{pt['size']} {inc.get('unit', 'GiB')}\n{pt['storage']}" for pt in parts]
+        series = [(f"incremental, {pct_:g}% changed", [next((c["summary"]["freeze_s"] for c in pt["changes"]
+                                              if c.get("pct") == pct_ and c.get("summary")), None) for pt in parts])
+                  for pct_ in sorted({c["pct"] for pt in parts for c in pt.get("changes") or []})]
+        series.append(("whole checkpoint", [(pt.get("whole") or {}).get("freeze_ns", 0) / 1e9 or None for pt in parts]))
+        series.append(("driver (lock to unlock)", [pt["driver"]["freeze_ns"] / 1e9 for pt in parts]))
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        width = 0.8 / len(series)
+        for k, (name, ys) in enumerate(series):
+            have = [(i, y) for i, y in enumerate(ys) if y]
+            ax.bar([i - 0.4 + width * (k + 0.5) for i, _ in have], [y for _, y in have], width=width, label=name,
+                   color=f"C{k}")
+        ax.set_xticks(range(len(parts)))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("job stopped, s")
+        ax.set_title("Freeze: gputrace's incremental and whole checkpoints against the driver's, same job", fontsize=10)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / "incremental-vs-driver.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
 # --- the report ----------------------------------------------------------------------------------------------
 
 
@@ -339,26 +772,54 @@ def fm_assumptions(mtbf_h: float) -> str:
     return fm.assumptions(fm.FailureModel(mtbf_h=mtbf_h))
 
 
-def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) -> str:
+def render(data: dict, ext: dict, plot_rel: str, made: list[Path], mtbf_h: float, command: str) -> str:
     rows = [workload_figures(doc) for doc in data["steady"]]
-    devices = sorted({str(r["device"]) for r in rows} | {str(c.get("device")) for c in data["ckpt"] + data["app"]})
-    commits = sorted({str(x.get("commit")) for x in data["steady"] + data["ckpt"] + data["app"]})
+    a = ext.get("audit")
+    devices = sorted({str(r["device"]) for r in rows} | {str(c.get("device")) for c in data["ckpt"] + data["app"]}
+                     | ({str(a["rows"][0].get("device"))} if a and a["rows"] else set())
+                     | {str(x.get("device")).split(",")[0] for x in (ext.get("incremental"), ext.get("restore_whole")) if x})
     sim = devices == ["simcuda"]
+    miss = missing_stages(data)
     L = ["# What a GPU checkpointing layer costs: the overhead report", ""]
     if sim:
         L += ["**A dry run on simcuda, the simulated driver: no figure below is a GPU's.**", ""]
-    L += [f"Generated by `bench/overhead_report.py {d}` from the suite's results (`bench/overhead_suite.py`); "
-          f"device: {', '.join(devices) or NOT}; code at {', '.join(c[:10] for c in commits) or NOT}.", ""]
+    L += [f"Generated by `{command}` from the results it names (the command's docstring says how each was "
+          f"made); device: {', '.join(devices) or NOT}. Each section names its source; the table below gives "
+          "the code each ran. A figure the results lack reads \"not measured\", with why.", ""]
 
-    q3 = any(not c.get("skipped") for c in data["ckpt"])
-    q4 = any(not a.get("skipped") for a in data["app"])
+    q3 = any(not c.get("skipped") for c in data["ckpt"]) or bool(ext.get("incremental")) or bool(ext.get("restore_whole"))
+    q4 = any(not a_.get("skipped") for a_ in data["app"])
+    if rows and not sim:
+        q2 = "**Answered** below on " + ", ".join(devices) + "."
+    elif a and a["rows"]:
+        inside = sum(1 for r in a["rows"] if r.get("inside_point"))
+        works = list(dict.fromkeys(r["workload"] for r in a["rows"]))
+        q2 = (f"**In part.** On {a['rows'][0].get('device')}, what a layer of a known cost a call does to "
+              f"{len(works)} workloads ({', '.join(works)}), beside the audit's prediction: {inside} of "
+              f"{len(a['rows'])} (workload, cost) pairs inside its bounds within a point (below). **Not measured**: "
+              f"the shim's own steady-state cost and the tracer's at its default budget at the current code (the "
+              f"suite's steady:* stages): {STEADY_WHY}.")
+    else:
+        q2 = "**Not yet**: no steady-state (steady:*) stage has run on a GPU."
+    app_why = (f"`{ext['dir']}` has no result for " + ", ".join(miss.get("app", [])) + " (the suite's device calls stop at "
+               "their time budget and the next resumes where the last stopped; none has run them yet)")
     L += ["## The four questions", "",
-          "1. *What does the layer cost on a job that spans several GPUs?* **Not answered here**: every run "
-          "below is on one GPU (the multi-GPU part waits on a machine of several GPUs).",
-          f"2. *What does it cost on a current GPU?* {'**Answered** below on ' + ', '.join(devices) if rows and not sim else '**Not yet**: no steady-state (steady:*) stage has run on a GPU.'}",
-          f"3. *What does taking a checkpoint cost?* {'**Answered** below (freeze, time back, bytes, write throughput).' if q3 else '**Not yet**: no checkpoint-cost run is committed.'}",
-          f"4. *Checkpointing inside the application against below it?* {'**Answered** below.' if q4 else '**Not yet**: no application-level run is committed.'}",
+          "1. *What does the layer cost on a job that spans several GPUs?* **Not answered**: every run below is on "
+          "one GPU; no machine of several GPUs has been lent for these runs, so nothing here measures a job across "
+          "GPUs.",
+          f"2. *What does it cost on a current GPU?* {q2}",
+          "3. *What does taking a checkpoint cost, as against running under the layer?* "
+          + ("**Answered for the checkpoint** below: freeze, time back, bytes and write rate, against NVIDIA's "
+             "driver API on the same job. The comparison with running under the layer "
+             + ("is below." if rows and not sim else "waits on the shim's steady-state cost, not measured (question 2).")
+             if q3 else "**Not yet**: no checkpoint-cost run is committed."),
+          "4. *Checkpointing inside the application against below it?* "
+          + ("**Answered** below." if q4 else f"**Not yet**: not measured: {app_why}."),
           ""]
+    L += sources(data, ext)
+    L += audit_section(a, plot_rel, made)
+    if not rows:
+        L += steady_missing_section(data, ext.get("rates"), ext.get("rates_path"))
 
     if rows:
         L += ["## Running under the layer", "",
@@ -370,6 +831,8 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
               "accounted cost. Medians with their 95% interval.", "",
               "| workload | calls a step | GPU ms a step | calls per GPU-ms | native steps/s | control | shim (audit's bounds) | tracer (accounted) | rates within ±10% after 5 s |",
               "|---|---|---|---|---|---|---|---|---|"]
+        if miss.get("steady"):
+            L[-2:-2] = [f"Not measured: {', '.join(miss['steady'])}: `{ext['dir']}` has no result for them.", ""]
         lost = [f"{r['job']}: {r['gpu_error']}" for r in rows if r["gpu_ms_per_step"] is None]
         for r in rows:
             sim_note = " (simulated)" if r["gpu_simulated"] else ""
@@ -423,8 +886,12 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
         L.append("")
         L += tracks(rows)
 
+    L += ["## Taking a checkpoint, against NVIDIA's driver API on the same job", ""]
+    if miss.get("ckpt"):
+        L += [f"Not measured: {', '.join(miss['ckpt'])}: `{ext['dir']}` has no result for them (the suite's device calls stop "
+              "at their time budget and the next resumes where the last stopped; none has run them yet).", ""]
     if data["ckpt"]:
-        L += ["## Taking a checkpoint", "",
+        L += ["### The suite's checkpoint stages: whole device checkpoints", "",
               "Freeze: how long the job was stopped; back: from the restore's start to the job running; "
               "write: the image's bytes over the time to write them to that storage.", ""]
         if any(p.name == "freeze-vs-size.png" for p in made):
@@ -453,10 +920,16 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
             if plain is not None:
                 L.append(f"| {size} | {c.get('storage')} | (a plain fsynced write there) | | | | {plain:.2f} | |")
         L.append("")
-
+        L += ckpt_vs_driver(data["ckpt"])
+    L += incremental_section(ext.get("incremental"), ext.get("incremental_path"), plot_rel, made)
+    L += restore_whole_section(ext.get("restore_whole"), ext.get("restore_whole_path"))
+    if not data["app"]:
+        L += ["## Inside the application against below it", "", f"Not measured: {app_why}.", ""]
     if data["app"]:
         L += ["## Inside the application against below it", "",
               "The failure model (bench/failure_model.py): " + fm_assumptions(mtbf_h), ""]
+        if miss.get("app"):
+            L += [f"Not measured: {app_why}.", ""]
         if any(p.name == "app-vs-system.png" for p in made):
             L += [f"![application-level against system-level]({plot_rel}/app-vs-system.png)", ""]
         L += ["| size | method | job held s | to resume s | size on storage | interval at 1% | work lost a failure | Young/Daly interval |",
@@ -473,21 +946,34 @@ def render(data: dict, d: Path, plot_rel: str, made: list[Path], mtbf_h: float) 
                          f"{num(f['bytes'], '{:,}')} | {num(p.interval_s, '{:.0f} s')} | "
                          f"{num(p.lost_per_failure_s, '{:.0f} s')} | {num(p.young_interval_s, '{:.0f} s')} |")
         L.append("")
+    L += ["## Public figures", "",
+          "None is placed beside these: the repository's documents cite no public figure for comparable work "
+          "(and none could be fetched where this report is made).", ""]
     if data.get("failed"):
         L += ["## Stages that failed (not measured)", ""]
         L += [f"- {x.get('stage')}: {x['failed']}" for x in data["failed"]]
         L.append("")
     L += ["## Reproduce", "",
-          "On the GPU machine, repeated until it exits 0 (see `bench/overhead_suite.py --help`):", "",
+          "Each input's README (or the command's docstring) gives the device call that made it; the suite's, "
+          "repeated until it exits 0 (see `bench/overhead_suite.py --help`):", "",
           "    source bench/gpu-env.sh && python3 bench/overhead_suite.py --out bench/results/overhead-h200 --budget-s 500 \\",
           "        --pack $OUT/overhead-h200.tar.xz", "",
-          "then here, without a GPU:", "", f"    .venv/bin/python bench/overhead_report.py {d}", ""]
+          "then here, without a GPU:", "", f"    {command}", ""]
     return "\n".join(L)
+
+
+def rel(p: Path) -> str:
+    r = p.resolve()
+    return str(r.relative_to(ROOT)) if r.is_relative_to(ROOT) else str(p)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir", help="the suite's results (bench/overhead_suite.py --out)")
+    ap.add_argument("--audit", help="bench/audit_validate.py's results (its --out)")
+    ap.add_argument("--incremental", help="bench/incremental_costs_gpu.py's incremental-costs.json, or its folder")
+    ap.add_argument("--restore-whole", help="bench/restore_whole_gpu.py's JSON")
+    ap.add_argument("--rates", help="bench/rates_gpu.py's rates.json.xz, or its folder")
     ap.add_argument("--md", default=str(ROOT / "docs/overhead-report.md"), help="the report (default docs/overhead-report.md)")
     ap.add_argument("--plots", default=None, help="the plots' folder (default: beside the report, named after it)")
     ap.add_argument("--mtbf-h", type=float, default=24.0, help="the failure model's mean time between failures, hours")
@@ -498,17 +984,27 @@ def main(argv: list[str] | None = None) -> int:
     data = load(d)
     if not (data["steady"] or data["ckpt"] or data["app"] or data["failed"]):
         raise SystemExit(f"overhead_report: no results in {d}: run bench/overhead_suite.py --out {d} first")
+    opt = {k: getattr(a, k) and Path(getattr(a, k)) for k in ("audit", "incremental", "restore_whole", "rates")}
+    ext = {"dir": rel(d), "audit": load_audit(opt["audit"]),
+           "incremental": load_json(opt["incremental"], "incremental-costs.json"),
+           "restore_whole": load_json(opt["restore_whole"]), "rates": load_json(opt["rates"], "rates.json.xz")}
+    for k in ("incremental", "restore_whole", "rates"):
+        ext[f"{k}_path"] = opt[k] and rel(opt[k])
+    if ext["audit"]:
+        ext["audit"]["dir"] = rel(opt["audit"])
+    command = " ".join([".venv/bin/python bench/overhead_report.py", rel(d)]
+                       + [f"--{k.replace('_', '-')} {rel(v)}" for k, v in opt.items() if v]
+                       + ([f"--mtbf-h {a.mtbf_h:g}"] if a.mtbf_h != 24.0 else []))
     md = Path(a.md)
     plot_dir = Path(a.plots) if a.plots else md.with_suffix("")
     rows = [workload_figures(doc) for doc in data["steady"]]
-    made = plots(rows, data["ckpt"], data["app"], plot_dir)
+    made = plots(rows, data["ckpt"], data["app"], plot_dir) + ext_plots(ext, plot_dir)
     try:
-        rel = str(plot_dir.resolve().relative_to(md.parent.resolve()))
+        plot_rel = str(plot_dir.resolve().relative_to(md.parent.resolve()))
     except ValueError:
-        rel = str(plot_dir.resolve())
-    shown = d.resolve().relative_to(ROOT) if d.resolve().is_relative_to(ROOT) else d
+        plot_rel = str(plot_dir.resolve())
     md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(render(data, shown, rel, made, a.mtbf_h))
+    md.write_text(render(data, ext, plot_rel, made, a.mtbf_h, command))
     print(f"wrote {md} and {len(made)} plot(s) in {plot_dir}")
     return 0
 
