@@ -60,6 +60,11 @@ class CheckpointReport:
     setup_ns: int = 0      # the shim's preparation before the gate closed (pinning, the digest kernel)
     writeback_ns: int = 0  # the shim writing chunks kept in its pinned pool into the image, gate open
     kept_pinned_bytes: int = 0  # the shim's pinned pool, kept for the job's next checkpoints
+    plan: str | None = None  # where the copies went under the gate: "pool" (kept, pinned), "image" (mapped and
+    #                          pinned for this checkpoint), "staging" (lanes' buffers, written under the gate)
+    staging_copied_bytes: int = 0  # ... of which through the lanes' staging buffers, under the gate
+    attempts: int = 1  # freezes: more than one where the changes outgrew the pool the first time
+    aborted_freeze_ns: int = 0  # the freezes before the last, ended without a copy (freeze_ns is the last's)
 
     @property
     def copy_gbps(self) -> float | None:
@@ -97,6 +102,9 @@ class RestoreReport:
     bytes_read: int = 0    # of the chain's data files
     prepass_ns: int = 0    # the live memory's digests taken before reading (gate closed for the kernel alone)
     verify_why: str | None = None  # why every byte was read, where fewer were asked for
+    setup_ns: int = 0      # the shim's preparation before the gate closed (the chunks read into its pool)
+    plan: str | None = None  # where the copies came from under the gate (CheckpointReport.plan)
+    staging_copied_bytes: int = 0  # ... through the lanes' staging buffers, read under the gate
 
     @property
     def verify_gbps(self) -> float:
@@ -270,7 +278,9 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
                             r.get("digest_ns", 0), r.get("chunks", 0), r.get("chunks_copied", 0),
                             r.get("bytes_copied", r["bytes"]), m["data"]["bytes"],
                             str(parent) if hdr.partial else None, _digest_why(r, since), durable, t["fsync_ns"],
-                            r.get("setup_ns", 0), r.get("writeback_ns", 0), r.get("kept_pinned_bytes", 0))
+                            r.get("setup_ns", 0), r.get("writeback_ns", 0), r.get("kept_pinned_bytes", 0),
+                            r.get("plan"), r.get("staging_copied_bytes", 0), r.get("attempts", 1),
+                            r.get("aborted_freeze_ns", 0))
 
 
 def _checked_pause(s: ShimSession, pid: int, path: Path, manifest: dict, timeout_ms: int, quiet_s: float) -> bool:
@@ -364,7 +374,7 @@ def manifest_of(pid: int, status: dict, r: dict, memfd: int, nbytes: int) -> tup
                         for e in hdr.entries],
         "bytes": r["bytes"],
         "timings": {k: r.get(k, 0) for k in ("setup_ns", "drain_ns", "sync_ns", "digest_ns", "copy_ns", "freeze_ns",
-                                             "writeback_ns")},
+                                             "writeback_ns", "aborted_freeze_ns")},
         "shim": {"lanes": r["lanes"], "chunk": r["chunk"], "direct": r.get("direct", False),
                  "skipped_unmapped_vmm": r.get("skipped", 0)},
         "digests": {"algorithm": digest.ALGO, "chunk_bytes": hdr.digest_chunk, "chunks": hdr.digest_count,
@@ -575,4 +585,5 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
                          r.get("bytes_copied", r["bytes"]), len(links),
                          None if r.get("digests") or not diff else r.get("digest_why"),
                          "used" if why is None else "all", store.READS.bytes - read0, prepass_ns,
-                         None if why is None or why == "asked to" else why)
+                         None if why is None or why == "asked to" else why, r.get("setup_ns", 0), r.get("plan"),
+                         r.get("staging_copied_bytes", 0))

@@ -44,6 +44,7 @@ def test_a_second_checkpoint_makes_nothing_again_and_release_gives_it_back(targe
         r = checkpoint(t.pid, tmp_path / name, since=prev)
         assert r.parent == str(prev) and r.chunks_copied == 1
         assert not r.direct  # the image was not pinned: the chunk went through the kept pool
+        assert (r.plan, r.attempts, r.staging_copied_bytes) == ("pool", 1, 0)  # one freeze, no staging
         assert r.kept_pinned_bytes == first["pinned_bytes"]
         prev = tmp_path / name
     now = kept(t.pid)
@@ -65,20 +66,73 @@ def test_a_second_checkpoint_makes_nothing_again_and_release_gives_it_back(targe
     assert t.gate_open()
 
 
-def test_the_pool_stays_under_its_cap_and_what_it_cannot_hold_goes_through_staging(procs, shim_dir, tmp_path,
-                                                                                    monkeypatch):
-    cap = 4 << 20  # one lane's two 1-MiB staging buffers, and 2 MiB for chunks deferred past the freeze
+ONE_LANE = dict(lanes=1, chunk=1 << 20)  # the lanes' staging: two 1-MiB buffers
+
+
+def test_what_the_pool_cannot_hold_under_its_cap_goes_into_the_pinned_image_never_through_staging(
+        procs, shim_dir, tmp_path, monkeypatch):
+    """Changes larger than the pool can ever hold (its cap) are copied as a whole checkpoint's are, into
+    the image mapped and pinned before the freeze: the first time after a freeze that found them and
+    copied nothing (its gate reopened at once), the next time planned so before the freeze."""
+    cap = 4 << 20  # the two staging buffers, and 2 MiB for chunks deferred past the freeze
     monkeypatch.setenv("GPUTRACE_SHIM_PIN_CAP", str(cap))
     t = Target(procs, 4 << 20)
-    checkpoint(t.pid, tmp_path / "a", digest_chunk=DC, lanes=1, chunk=1 << 20)
+    checkpoint(t.pid, tmp_path / "a", digest_chunk=DC, **ONE_LANE)
     want = t.cmd(f"touch 0 0 {3 << 20} 91")["sum"]  # 3 MiB changed: more than the pool defers
-    r = checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a", lanes=1, chunk=1 << 20)
-    assert r.bytes_copied == 3 << 20
+    r = checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a", **ONE_LANE)
+    assert r.bytes_copied == 3 << 20 and r.chunks_copied == (3 << 20) // DC
+    assert r.plan == "image" and r.direct and r.staging_copied_bytes == 0
+    assert r.attempts == 2 and r.aborted_freeze_ns > 0
     k = kept(t.pid)
     assert k["pin_cap"] == cap and k["pinned_bytes"] <= cap and k["pool_allocs"] == 1
+    assert (k["staging_copied_bytes"], k["outgrown"], k["expect_bytes"]) == (0, 1, 3 << 20)
+    assert t.gate_open()
+    # The same again: planned before the freeze, which happens once.
+    want = t.cmd(f"touch 0 0 {3 << 20} 92")["sum"]
+    r = checkpoint(t.pid, tmp_path / "c", since=tmp_path / "a", **ONE_LANE)
+    assert (r.plan, r.attempts, r.aborted_freeze_ns, r.staging_copied_bytes) == ("image", 1, 0, 0)
+    assert r.bytes_copied == 3 << 20 and kept(t.pid)["outgrown"] == 1
+    # Small changes after them: planned for the smaller of the last two (the image still, once), then the
+    # pool again, and nothing made anew.
+    for name, plan in (("d", "image"), ("e", "pool")):
+        t.cmd(f"touch 1 0 {DC} 93")
+        r = checkpoint(t.pid, tmp_path / name, since=tmp_path / "c", **ONE_LANE)
+        assert (r.plan, r.attempts, r.staging_copied_bytes, r.chunks_copied) == (plan, 1, 0, 1)
+    # A restore of more than the pool holds: read into the image, pinned before its freeze, too.
     t.cmd("fill 6")
-    restore(t.pid, tmp_path / "b", lanes=1, chunk=1 << 20)
-    assert t.sum() == want and kept(t.pid)["pinned_bytes"] <= cap
+    rr = restore(t.pid, tmp_path / "c", **ONE_LANE)
+    assert t.sum() == want
+    assert rr.plan == "image" and rr.direct and rr.staging_copied_bytes == 0 and rr.bytes_copied == rr.bytes
+    k = kept(t.pid)
+    assert k["pinned_bytes"] <= cap and k["pool_allocs"] == 1 and k["staging_copied_bytes"] == 0
+
+
+def test_a_change_the_pool_can_hold_once_grown_grows_it_before_the_freeze(procs, shim_dir, tmp_path, monkeypatch):
+    """The pool first holds 32 MiB of chunks; 40 MiB changed finds it too small under the gate, which
+    reopens without a copy; the pool grows (within its cap, pinning less than the image would) and the
+    dump freezes again, copying into it; the next such dump is planned for it before its one freeze."""
+    monkeypatch.setenv("GPUTRACE_SHIM_PIN_CAP", str(64 << 20))
+    size = 40 << 20
+    t = Target(procs, size)
+    checkpoint(t.pid, tmp_path / "a", digest_chunk=1 << 20, **ONE_LANE)
+    first = kept(t.pid)
+    assert first["pinned_bytes"] == (2 << 20) + (32 << 20)
+    t.cmd(f"touch 0 0 {size} 94")
+    r = checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a", **ONE_LANE)
+    assert r.bytes_copied == size and r.plan == "pool" and not r.direct
+    assert r.attempts == 2 and r.staging_copied_bytes == 0
+    k = kept(t.pid)
+    assert k["pool_allocs"] == 2 and size < k["pinned_bytes"] - k["staging_bytes"] and k["pinned_bytes"] <= 64 << 20
+    assert r.kept_pinned_bytes == k["pinned_bytes"]
+    want = t.cmd(f"touch 0 0 {size} 95")["sum"]
+    r = checkpoint(t.pid, tmp_path / "c", since=tmp_path / "a", **ONE_LANE)
+    assert (r.plan, r.attempts, r.staging_copied_bytes, r.bytes_copied) == ("pool", 1, 0, size)
+    assert kept(t.pid)["pool_allocs"] == 2 and kept(t.pid)["outgrown"] == 1
+    t.cmd(f"touch 0 0 {size} 96")
+    rr = restore(t.pid, tmp_path / "c", **ONE_LANE)  # its 40 MiB read into the grown pool before the freeze
+    assert t.sum() == want
+    assert (rr.plan, rr.staging_copied_bytes, rr.bytes_copied) == ("pool", 0, size)
+    assert kept(t.pid)["pool_allocs"] == 2 and kept(t.pid)["staging_copied_bytes"] == 0 and t.gate_open()
 
 
 def test_a_restore_reads_the_heads_and_the_chunks_it_copies_and_nothing_else(target, tmp_path):

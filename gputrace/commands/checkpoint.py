@@ -241,6 +241,11 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
     elif since is not None or args.incremental:
         print(f"  whole    {r.digest_why or 'no earlier checkpoint of this process there'}: every byte copied")
     _print_freeze(r)
+    if r.attempts > 1:
+        print(f"  before   {r.attempts - 1} freeze(s) of {ms(r.aborted_freeze_ns)} in all that found more changed than "
+              "the shim's pinned pool held and copied nothing; then prepared for it")
+    if r.staging_copied_bytes:
+        print(f"  staging  {fmt_bytes(r.staging_copied_bytes)} copied through the staging buffers inside the freeze")
     print(f"  write    {ms(r.write_ns)}, {fmt_bytes(r.stored_bytes)} at {gbps(r.stored_bytes, r.write_ns)} "
           "(job running)")
     print(f"  durable  {ms(r.durable_ns)} after it began: data, manifest and directory fsynced "
