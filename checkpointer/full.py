@@ -90,6 +90,9 @@ class FullCheckpointReport:
     # leave_running: from the first stop to the job running again (the freeze, then the driver's restore and
     # unlock, and the shim's resume); None where the job was ended instead
     held_ns: int | None = None
+    # what the shim kept between the job's commands (its pinned pool, a suspension's image) and gave back
+    # before the freeze, so that CRIU did not dump it
+    released_pinned_bytes: int = 0
 
     def to_dict(self) -> dict:
         return {"kind": "full", **asdict(self)}
@@ -125,6 +128,23 @@ def _shim_suspendable(pid: int) -> bool:
         return False
     # set by `gputrace run --checkpointable --suspendable` (shim/vmm.c)
     return environ(pid).get("GPUTRACE_SHIM_VMM") == "1" and client.socket_path(pid) is not None
+
+
+def release_kept(pid: int) -> int:
+    """What the job's shim keeps between its commands given back: the checkpoints' pinned pool (up to
+    $GPUTRACE_SHIM_PIN_CAP, 2 GiB by default), a suspension's kept image, the digest kernel.  It is the
+    job's own host memory, which CRIU would dump with the rest; the job's next checkpoint makes it
+    again.  Returns the pinned bytes given back (0 where the job runs no shim, or one that keeps
+    nothing)."""
+    from gputrace.shim import client
+
+    from .ops import ShimSession
+
+    if not client.has_shim(pid) or client.socket_path(pid) is None:
+        return 0
+    with ShimSession(pid, "checkpoint") as s:
+        r = s.request("release")
+    return int(r.get("released_pinned_bytes", 0)) if r.get("ok") else 0
 
 
 def _hash_file(path: Path) -> str:
@@ -167,6 +187,7 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                               "another checkpoint holds it; wait for it, or resume it")
     _check_traces(pid, c, "")
     shim = _shim_suspendable(pid) if use_shim is None else use_shim
+    released = release_kept(pid)  # before anything is stopped: the job runs on meanwhile
     # From the first step on, a helper gives the job back if this process dies (checkpointer/guardian.py).
     # Started before the partial directory is made (it takes a process start): made, it is told of it at
     # once, so that a kill between the two cannot leave the directory behind.
@@ -241,7 +262,8 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             "host": socket.gethostname(),
             "target": {"pid": pid, "comm": comm, "cmdline": _cmdline(pid), "start_time": start_time(pid),
                        "boot_id": boot_id(), "job": environ(pid).get("GPUTRACE_JOB"), "open_files": opened},
-            "gpu": {"libcuda": d.path, "shim": shim_report, "driver_state": "checkpointed"},
+            "gpu": {"libcuda": d.path, "shim": shim_report, "driver_state": "checkpointed",
+                    "released_pinned_bytes": released},
             "criu": {"path": c.path, "version": c.version_str, "allow_uprobes": traced, "image_check": image_check},
             "hash": HASH, "files": files,
             "leave_running": leave_running,
@@ -274,7 +296,8 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     return FullCheckpointReport(pid, str(out), sum(f["bytes"] for f in files), criu_bytes, len(files), shim_report,
                                 shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
-                                leave_running, f"{c.path} {c.version_str}", image_check, image_check_ns, held_ns)
+                                leave_running, f"{c.path} {c.version_str}", image_check, image_check_ns, held_ns,
+                                released)
 
 
 def open_files(pid: int) -> list[dict]:

@@ -393,6 +393,9 @@ def checkpoint_job(root: int, pids: list[int], out: str | os.PathLike | None = N
         with Gang(pids, WHAT, timeout_s) as g:
             g.deadline = deadline  # one bound for the whole operation, from its start
             gang._statuses(g, True, "be checkpointed")
+            # What each shim keeps between commands (the checkpoints' pinned pool, a suspension's image)
+            # given back before anything stops: CRIU would dump it with the rank's memory (full.release_kept).
+            g.each(lambda gr: g.request(gr, "release"))
             t0 = time.monotonic_ns()
             if fast:
                 for r in ranks:

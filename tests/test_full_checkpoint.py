@@ -449,6 +449,32 @@ def test_a_shimmed_job_moves_its_device_memory_by_the_shim_first(job, device, tm
     assert j.out.read_text() == reference
 
 
+def test_the_shims_kept_pool_is_given_back_first_and_criu_does_not_dump_it(job, device, tmp_path, reference,
+                                                                           shim_dir):
+    """A job checkpointed before keeps the shim's pinned pool (lanes' staging and chunk area, 96 MiB
+    here) between its checkpoints: `checkpoint --full` sends `release` first, so CRIU's images hold the
+    job's own memory and not that pool, and the job restored goes on as an uninterrupted run."""
+    from gputrace.checkpointer import checkpoint
+
+    j = job(shimmed=True, vmm=False)
+    j.at_step(3)
+    checkpoint(j.pid, tmp_path / "device-only")
+    pool = shim_client.status(j.pid)["kept"]["pinned_bytes"]
+    assert pool >= 64 << 20
+    ck = tmp_path / "ck"
+    r = ckpt(j, "checkpoint", "-o", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = orjson.loads(r.stdout)
+    assert rep["released_pinned_bytes"] == pool
+    assert orjson.loads((ck / "manifest.json").read_bytes())["gpu"]["released_pinned_bytes"] == pool
+    assert rep["criu_bytes"] < 6 << 20 < pool  # the job's 4 MiB host buffer and little else
+    assert j.reap() == -signal.SIGKILL
+    r = gputrace("restore", "--full", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    wait_exit(j.pid)
+    assert j.out.read_text() == reference
+
+
 @pytest.mark.parametrize("vmm", [1, 3], ids=["own-vmm", "stream-ordered"])
 def test_a_job_whose_memory_the_driver_serves_is_moved_all_by_the_shim(job, device, tmp_path, reference, shim_dir, vmm):
     """train's own VMM mapping beside its cuMemAlloc buffer (1); or that granule from cuMemAllocAsync
