@@ -282,6 +282,13 @@ def main() -> int:
                             "stored_bytes": ck["stored_bytes"], "setup_s": s(ck.get("setup_ns")),
                             "restore_freeze_s": s(rs["freeze_ns"]), "back_s": s(rs["total_ns"]),
                             "bytes_read": rs.get("bytes_read"), "restore_bytes_copied": rs["bytes_copied"],
+                            # where the shim copied (pool, image, staging), how much through staging under
+                            # the gate, and the freezes before the last that found more changed than planned
+                            "plan": ck.get("plan"), "attempts": ck.get("attempts", 1),
+                            "aborted_freeze_s": s(ck.get("aborted_freeze_ns", 0)),
+                            "staging_copied_bytes": ck.get("staging_copied_bytes"),
+                            "restore_plan": rs.get("plan"), "restore_setup_s": s(rs.get("setup_ns", 0)),
+                            "restore_staging_copied_bytes": rs.get("staging_copied_bytes"),
                             "target_checkpoint_s": ck["stored_bytes"] / (wr * 1e9),
                             "target_restore_s": rs.get("bytes_read", 0) / (rd * 1e9) if rd else None,
                         }
@@ -380,7 +387,10 @@ def summary(doc: dict) -> str:
                        f"{sm['durable_s']:.3f} {sm['total_s']:.3f} ({sm['target_checkpoint_s']:.3f}) | "
                        f"{sm['restore_freeze_s']:.4f} {sm['back_s']:.3f} "
                        f"({sm['target_restore_s'] if sm['target_restore_s'] is None else round(sm['target_restore_s'], 3)}) | "
-                       f"{sm['bytes_copied']} {sm['stored_bytes']} {sm['bytes_read']} | {c['data_right']}")
+                       f"{sm['bytes_copied']} {sm['stored_bytes']} {sm['bytes_read']} | {c['data_right']} | "
+                       f"plan {sm.get('plan')}/{sm.get('restore_plan')}, freezes {sm.get('attempts')} "
+                       f"(before the last {sm.get('aborted_freeze_s')} s), staging "
+                       f"{sm.get('staging_copied_bytes')}/{sm.get('restore_staging_copied_bytes')}")
         if "driver" in p:
             d = p["driver"]
             out.append(f"{p['size']}{doc['unit']} driver: " + (d.get("error", "")[:200] if "error" in d else
