@@ -26,7 +26,8 @@ a thread that touched device memory before Restore would fault), shim resume: th
 
 Manifest (schema 1, DIR/manifest.json): schema, format ("gputrace-full-checkpoint"), complete, created_unix,
 host, target {pid, comm, cmdline, start_time, boot_id, job ($GPUTRACE_JOB or null), open_files (the regular
-files it had open at the dump, which checkpointer/replace.py checks: fd, path, flags, bytes)}, gpu {libcuda, shim (the shim's suspend report or null), driver_state},
+files it had open at the dump, which checkpointer/replace.py checks: fd, path, flags, bytes)}, gpu {libcuda, shim (the shim's suspend report or null), driver_state, released_pinned_bytes (what the shim kept
+between commands, given back before the freeze so that CRIU would not dump it)},
 criu {path, version, allow_uprobes, image_check ("clean", or why the images were not checked)},
 hash ("xxh3_64"), files [{path, bytes, xxh3}] (every file under DIR/criu),
 timings {shim_ns (the shim's part of the freeze: gate closed to memory released), lock_ns, checkpoint_ns, dump_ns,

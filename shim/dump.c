@@ -753,7 +753,9 @@ static struct piece *cut(const struct item *v, int n, size_t chunk, const unsign
  * area into which the changed chunks of a dump are copied at the bus's speed under the gate and from
  * which they are written into the image after it reopens (and into which a restore of some chunks
  * reads them before it closes).  The pool is made at the first command that copies and grown only
- * where a command copied more than its deferred area held (to 1.25x that, before the next freeze);
+ * where a command needs more than its deferred area holds (to 1.25x that, before the freeze: what a
+ * restore's partial image holds, what a dump is planned for or found under a gate it then reopened,
+ * op_prepare and op_copy; where that exceeds the cap, the command maps and pins its image instead);
  * it never exceeds the cap: `pin_cap=BYTES` on the command, else $GPUTRACE_SHIM_PIN_CAP, else
  * PIN_CAP_DEFAULT.  `release` (control.c) gives all of it back; the process's exit does too. */
 #define PIN_CAP_DEFAULT (2ull << 30)
