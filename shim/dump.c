@@ -1592,8 +1592,8 @@ static int op_prepare(struct op *op)
         /* Where it does not fit the pool: the pool grown now, within the cap, or else the image mapped
          * and pinned as a whole checkpoint's is, whichever pins less (the pool is kept; the image is
          * pinned at each such command).  Never the staging under the gate, at a few GB/s. */
-        if (need > room && (need > dmax || grown > image))
-            op->use_image = 1;
+        if (need > room && op->o.direct && (need > dmax || grown > image))
+            op->use_image = 1; /* (direct=0: the image is never pinned; the pool grows as far as it can) */
         else if (need > room && need + need / 4 > K.want) {
             uint64_t initial = held_bytes / 16 > DEFER_MIN ? held_bytes / 16 : DEFER_MIN;
             K.want = need + need / 4 > initial || K.want ? need + need / 4 : initial;
@@ -1639,6 +1639,7 @@ static int op_prepare(struct op *op)
     if (op->nl && (!op->map || op->mode == M_DUMP)) {
         uint64_t initial = held_bytes / 16 > DEFER_MIN ? held_bytes / 16 : DEFER_MIN;
         if (keep_pool(staging, initial, K.cap, c->ctxs[0]) != 0) {
+            K.want = 0; /* a pool this large cannot be pinned: the next command asks for the first size again */
             if (!op->map) {
                 op->nl = 0;
                 return fail(op, "cannot pin staging memory", "cuMemHostAlloc failed, or the lanes' buffers exceed "
@@ -1859,7 +1860,11 @@ static int op_copy(struct op *op)
         /* Copied at the bus's speed into the kept pool, as far as it holds them, and written into the
          * image once the gate has reopened. */
         uint64_t room = K.pool_len - K.staging_len, at = 0;
-        if (op->copied_bytes > room && used && op->paused && op->attempts < 2) {
+        /* Whether preparing again can do better: the image pinned (unless it was planned and could not
+         * be, or direct=0 forbids it), or else the pool grown once, where what was found fits its cap. */
+        int better = op->o.direct ? !op->use_image
+                                  : !op->attempts && op->copied_bytes <= defer_max(K.staging_len, K.cap);
+        if (op->copied_bytes > room && used && op->paused && op->attempts < 2 && better) {
             /* More changed than the pool holds: the rest would go through the lanes' staging under the
              * gate, at a few GB/s (on an H100, 10% of 16 GiB froze the job 232 ms so, against 38 ms
              * with the image pinned).  Nothing is copied: the gate reopens, and the dump prepares again

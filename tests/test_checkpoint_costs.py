@@ -107,6 +107,23 @@ def test_what_the_pool_cannot_hold_under_its_cap_goes_into_the_pinned_image_neve
     assert k["pinned_bytes"] <= cap and k["pool_allocs"] == 1 and k["staging_copied_bytes"] == 0
 
 
+def test_direct_0_never_pins_the_image_and_stages_what_the_capped_pool_cannot_hold(procs, shim_dir, tmp_path,
+                                                                                   monkeypatch):
+    """direct=0 asks for no pinned image: a change past the pool's cap then goes through staging under
+    the gate, in one freeze (reopening it could do no better), and the counters say so."""
+    monkeypatch.setenv("GPUTRACE_SHIM_PIN_CAP", str(4 << 20))
+    t = Target(procs, 4 << 20)
+    checkpoint(t.pid, tmp_path / "a", digest_chunk=DC, **ONE_LANE)
+    want = t.cmd(f"touch 0 0 {3 << 20} 97")["sum"]
+    r = checkpoint(t.pid, tmp_path / "b", since=tmp_path / "a", direct=False, **ONE_LANE)
+    assert (r.plan, r.attempts, r.direct) == ("pool and staging", 1, False)
+    assert r.staging_copied_bytes == (3 << 20) - (2 << 20) and r.bytes_copied == 3 << 20
+    assert kept(t.pid)["staging_copied_bytes"] == 1 << 20 and kept(t.pid)["outgrown"] == 0
+    t.cmd("fill 7")
+    restore(t.pid, tmp_path / "b", **ONE_LANE)
+    assert t.sum() == want
+
+
 def test_a_change_the_pool_can_hold_once_grown_grows_it_before_the_freeze(procs, shim_dir, tmp_path, monkeypatch):
     """The pool first holds 32 MiB of chunks; 40 MiB changed finds it too small under the gate, which
     reopens without a copy; the pool grows (within its cap, pinning less than the image would) and the
