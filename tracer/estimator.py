@@ -123,7 +123,7 @@ class Exposure:
 
     value: float
     err: float                        # 95% half-width
-    measured: bool
+    measured: bool                    # by markers or step windows whose model fits (else the range alone)
 
     def effective_s(self, w: Window) -> float:
         lost = self.value * (w.probe_s - w.stepped_s) + EXPOSURE_MAX / 2 * w.stepped_s
@@ -845,8 +845,8 @@ class MarkerPool:
             # (raw_lo > raw_hi: the ratio's interval straddles the point where the model has no
             # finite k, and the two ends came out in the wrong order: a negative width otherwise.)
             # The marker says the model does not fit (the job ran faster in windows, or slowed far
-            # more than probes can): all that stands is the range.
-            return Exposure(EXPOSURE_MAX / 2, EXPOSURE_MAX / 2, True)
+            # more than probes can): nothing is measured, all that stands is the range.
+            return UNMEASURED_EXPOSURE
         lo, hi = max(raw_lo, 0.0), min(raw_hi, EXPOSURE_MAX)
         return Exposure((lo + hi) / 2, (hi - lo) / 2 + 1e-12, True)
 

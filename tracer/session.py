@@ -32,7 +32,7 @@ from .tracee import Tracee, percentile_ns, process_cpu_s  # noqa: F401  (re-expo
 @dataclass(frozen=True)
 class Options:
     interval_s: float = 1.0
-    budget: float = 0.01                   # fraction of the target's CPU time; >= 1 traces everything
+    budget: float = 0.01                   # share of the target's time (wall) its probes may cost; >= 1 traces everything
     patterns: tuple[str, ...] = ()         # fnmatch patterns over function names; empty: every cu*
     attach_mode: str = "auto"              # "auto", "multi" or "perf"
 
