@@ -193,12 +193,7 @@ class HostSession:
             # The session's first window probed every function: those seen called go into the
             # windows, the rest onto the watch link now.
             for pid, t in self.tracees.items():
-                prev = t._prev
-                for f, st in rows.get(pid, {}).items():
-                    p = prev.get(f)
-                    n = st.calls - (p.calls if p is not None else 0)
-                    if n > 0 and ws.counted_s > 0:
-                        t.policy.see(f, n / ws.counted_s)
+                t.scouted(rows.get(pid, {}), ws.counted_s)
             self.policy.merge(0)
             self._rewatch(rows)
 
@@ -274,7 +269,7 @@ class HostSession:
             if snap is None:
                 # An interval without a window adds nothing but watched calls: the last recent
                 # snapshot stands (the same object, so a caller can tell nothing new came).
-                snap = t.recent(rebuild=bool(log.windows) or t._steps <= 1) if view == "recent" else t.summary()
+                snap = t.recent(rebuild=bool(log.windows) or t.intervals <= 1) if view == "recent" else t.summary()
             snaps[pid] = snap
         self.exited = [pid for pid, t in self.tracees.items() if t.exited]
         for pid in self.exited:

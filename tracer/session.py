@@ -198,12 +198,7 @@ class Session:
         if self.tracee.policy.windows == 0 and not self.options.exact and len(self._window_rows) == 1:
             # The scout probed every function: those it saw called go into the windows, the rest
             # onto the watch link now, not at the interval's end (calls in between would be lost).
-            prev = self.tracee._prev
-            for f, st in rows.items():
-                p = prev.get(f)
-                n = st.calls - (p.calls if p is not None else 0)
-                if n > 0 and ws.counted_s > 0:
-                    self.policy.see(f, n / ws.counted_s)
+            self.tracee.scouted(rows, ws.counted_s)
             self._set_watch(rows)
 
     def _on_seen(self, since: float) -> None:

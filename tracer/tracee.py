@@ -3,7 +3,8 @@ rows in the shared maps, what each interval measured (tracer/estimator.py's Obse
 snapshots built from them: one interval, the last few, or the whole session.
 
 A Session (one process) and a HostSession (every process on one libcuda file) both keep one Tracee
-per process; what differs between them is only who plans and runs the windows.
+per process, and step it alike: `begin` at an interval's start, `scouted` after the first window,
+`account` at its end, then `recent` or `summary`.
 """
 
 from __future__ import annotations
@@ -181,6 +182,21 @@ class Tracee:
         """At the start of an interval: the CPU time the next one is measured from."""
         if self._cpu_mark is None:
             self._cpu_mark = self._cpu.read()
+
+    @property
+    def intervals(self) -> int:
+        """Intervals accounted so far."""
+        return self._steps
+
+    def scouted(self, rows: Mapping[int, RawStats], counted_s: float) -> None:
+        """The rows read after the session's first window, which probed every function: each one
+        it saw called goes into the windows (the policy sees it, at its rate in that window)."""
+        prev = self._prev
+        for f, st in rows.items():
+            p = prev.get(f)
+            n = st.calls - (p.calls if p is not None else 0)
+            if n > 0 and counted_s > 0:
+                self.policy.see(f, n / counted_s)
 
     def _cpu_since_mark(self) -> float | None:
         now = self._cpu.read()
