@@ -775,10 +775,10 @@ static struct {
     /* What an incremental dump is planned for before its freeze (the digests that say what changed
      * are taken under the gate): the smaller of what the job's last two found changed (a steady change
      * is planned for from the second on; one large change alone does not make the next small one pin
-     * the whole image).  Counted: bytes copied
-     * through the lanes' staging under a gate (never, for a dump whose gate this shim closed itself),
-     * and freezes ended without a copy because the changes outgrew the pool (the dump then prepared
-     * again, for what it found, and froze once more). */
+     * the whole image).  Counted: bytes copied through the lanes' staging under a gate (not by a dump
+     * whose gate this shim closed itself, unless preparing again could not do better), and freezes
+     * ended without a copy because the changes outgrew the pool (the dump then prepared again, for
+     * what it found, and froze once more). */
     uint64_t expect, expect_last;
     unsigned long long expect_seen, staging_copied, outgrown;
     /* A suspension's image (`suspend keep=1`): a memfd of the shim's, mapped shared and registered, kept
