@@ -1392,38 +1392,35 @@ def test_a_long_step_window_is_armed_at_the_step_the_program_measured_not_at_its
 
 def test_a_wait_ends_at_its_deadline_not_at_the_next_whole_millisecond(monkeypatch):
     """poll() takes whole milliseconds and rounds a fraction up (a 2.3-ms wait took 3.1 ms here): every
-    window of time ran past its plan. A wait polls the whole milliseconds and sleeps the rest."""
-    import types
-
-    from gputrace.tracer import session as sess
+    window of time ran past its plan. A wait polls the whole milliseconds and sleeps the rest (the
+    loop's, for a Session's one pidfd as for a HostSession's epoll of many)."""
+    from gputrace.tracer import loop
 
     clock = [100.0]
     polls: list[int] = []
     sleeps: list[float] = []
 
-    class Poll:
-        def register(self, fd, events) -> None:
-            pass
+    class Me(loop.Loop):
+        def _stopped(self) -> bool:
+            return False
 
-        def poll(self, ms):
+        def _poll(self, ms: int) -> None:
             assert isinstance(ms, int)
             polls.append(ms)
             clock[0] += ms / 1000
-            return []
 
     def sleep(s: float) -> None:
         sleeps.append(s)
         clock[0] += s
 
-    monkeypatch.setattr(sess.select, "poll", Poll)
-    monkeypatch.setattr(sess.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(sess.time, "sleep", sleep)
-    me = types.SimpleNamespace(exited=False, _pidfd=0, pid=1)
-    assert sess.Session._wait(me, 0.0023) is True
+    monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(loop.time, "sleep", sleep)
+    me = Me()
+    assert me._wait(0.0023) is True
     assert polls == [2] and sleeps == [pytest.approx(0.0003)]
     assert clock[0] == pytest.approx(100.0023)
     polls.clear(), sleeps.clear()
-    assert sess.Session._wait(me, 0.0004) is True
+    assert me._wait(0.0004) is True
     assert polls == [] and sleeps == [pytest.approx(0.0004)]
 
 

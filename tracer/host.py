@@ -8,7 +8,10 @@ and sized by an AlignedPolicy so that none pays more than its own budget; one re
 interval is split by tgid into each process's Tracee, which does the same accounting as `attach`.
 
 Processes are added (`add`) and leave when they exit; a HostSession steps in whatever thread calls
-`step`, and publishes nothing itself: the caller takes the snapshots `step` returns.
+`step`, and publishes nothing itself: the caller takes the snapshots `step` returns. The loop it
+steps is tracer/loop.py's, as a Session's; what is a HostSession's own: many processes (found by the
+caller, admitted at an interval's start, their exits waited for together), one policy over theirs
+(AlignedPolicy), and holds.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from .bpfprog import Program, RawStats
-from .budget import SCOUT_INTERVAL_S, AlignedPolicy
+from .bpfprog import Program
+from .budget import AlignedPolicy
 from .calibrate import Calibration
 from .classify import waiting_ids
+from .loop import Loop, Rows
 from .model import ProcessSnapshot
 from .probes import Probes
 from .session import Options, select_functions
@@ -31,7 +35,7 @@ from .symbols import read_functions
 from .tracee import Tracee
 
 
-class HostSession:
+class HostSession(Loop):
     def __init__(self, library: str, options: Options, program: Program, calibration: Calibration,
                  *, keep: bool = True) -> None:
         """`keep`: each process keeps every interval's observation, for the "summary" view; a
@@ -50,16 +54,10 @@ class HostSession:
                                     interval_s=options.interval_s, per_interval=1,
                                     every=1 if options.exact else 2, waiting=waiting_ids(self.probes.ids),
                                     keep_share=0.0, rare_share=0.0)
-        self.probes.on_seen = self._on_seen
+        self.tracees: dict[int, Tracee] = {}
+        self._start_loop({})
         # Every 100 ms rather than 20: each look wakes this thread, and top's own CPU is what it costs.
         self.probes.poll_s = 0.1
-        self.probes.on_window_end = self._window_end
-        self._window_rows: list[dict[int, dict[int, RawStats]]] = []
-        self._last_rows: dict[int, dict[int, RawStats]] | None = None  # the maps as last read
-        self._rows_t = time.monotonic()  # when they were
-        self._seen_rows: dict[int, dict[int, RawStats]] = {}
-        self._seen_t = time.monotonic()
-        self.tracees: dict[int, Tracee] = {}
         self._pidfds: dict[int, int] = {}
         self._adding: dict[int, None] = {}
         self._lock = threading.Lock()
@@ -75,10 +73,6 @@ class HostSession:
         self._by_fd: dict[int, int] = {}  # pidfd -> pid, while the process has not exited
         self.exited: list[int] = []  # of the last step
         self.strays: set[int] = set()  # processes the links counted calls of, not added
-
-    @property
-    def program(self) -> Program:
-        return self.probes.program
 
     def add(self, pid: int) -> None:
         """Traces `pid` from the next interval on (from any thread)."""
@@ -130,7 +124,7 @@ class HostSession:
             self._held_cond.wait_for(lambda: self._held == 0 or self._stop.is_set(), timeout=interval_s)
         return counted
 
-    def _admit(self, stats: dict[int, dict[int, RawStats]]) -> None:
+    def _admit(self, stats: Rows) -> None:
         with self._lock:
             adding, self._adding = list(self._adding), {}
         for pid in adding:
@@ -151,33 +145,20 @@ class HostSession:
             self.policy.members[pid] = t.policy
             self._seen_rows[pid] = stats.get(pid, {})
 
-    def _read(self) -> dict[int, dict[int, RawStats]]:
-        self._last_rows = self.program.read_by_tgid()
-        self._rows_t = time.monotonic()
-        return self._last_rows
+    def _stopped(self) -> bool:
+        return not self._by_fd or self._stop.is_set() or bool(self._held)
 
-    def _wait(self, seconds: float) -> bool:
-        """Waits up to `seconds`, noting processes that exit; False once none is left or on stop()."""
-        deadline = time.monotonic() + max(0.0, seconds)
-        while True:
-            if not self._by_fd or self._stop.is_set() or self._held:
-                return False
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return True
-            if left < 0.001:  # epoll rounds a fraction of a millisecond up, past the deadline (Session._wait)
-                time.sleep(left)
-                return True
-            for fd, _ in self._epoll.poll(int(left * 1000) / 1000):  # stop() and hold() write to _wake_w: no need to wake up to look
-                if fd == self._wake_r:
-                    # Emptied, or every later wait would return at once and spin to its deadline
-                    # (after a hold ends). The flags are read again at the top of the loop.
-                    self._drain_wake()
-                    continue
-                pid = self._by_fd.pop(fd, None)
-                if pid is not None:
-                    self.tracees[pid].exited = True
-                    self._epoll.unregister(fd)  # readable for good now; _drop closes it after the step
+    def _poll(self, ms: int) -> None:
+        for fd, _ in self._epoll.poll(ms / 1000):  # stop() and hold() write to _wake_w: no need to wake up to look
+            if fd == self._wake_r:
+                # Emptied, or every later wait would return at once and spin to its deadline
+                # (after a hold ends). The flags are read again at the top of the wait's loop.
+                self._drain_wake()
+                continue
+            pid = self._by_fd.pop(fd, None)
+            if pid is not None:
+                self.tracees[pid].exited = True
+                self._epoll.unregister(fd)  # readable for good now; _drop closes it after the step
 
     def _drain_wake(self) -> None:
         try:
@@ -186,99 +167,43 @@ class HostSession:
         except BlockingIOError:
             pass
 
-    def _window_end(self, ws) -> None:
-        rows = self._read()
-        self._window_rows.append(rows)
-        if self.policy.windows == 0 and not self.options.exact and len(self._window_rows) == 1:
-            # The session's first window probed every function: those seen called go into the
-            # windows, the rest onto the watch link now.
-            for pid, t in self.tracees.items():
-                t.scouted(rows.get(pid, {}), ws.counted_s)
-            self.policy.merge(0)
-            self._rewatch(rows)
+    def _merge(self, windows: int) -> None:
+        self.policy.merge(windows)
 
-    def _rewatch(self, rows: dict[int, dict[int, RawStats]] | None = None) -> None:
-        """The watch link as the policy wants it (`rows`: the maps as read just now, if they were).
-        Calls on the watch link count from here on (as Session._set_watch says why)."""
-        ids = self.policy.watch_set()
-        if ids == self.probes.watched:
-            return
-        self._seen_rows, self._seen_t = (self._read() if rows is None else rows), time.monotonic()
-        self.probes.set_watch(ids)
+    def _windows(self, plan, interval_s: float) -> float:
+        t_start = time.monotonic()
+        if self._held:
+            window = self._quiet_interval(interval_s)
+        else:
+            if not self.options.exact and self.policy.windows > 0:
+                self._rewatch()  # back after a hold
+            window = self.probes.window(plan, interval_s, self.options.exact, self._wait)
+        if not self.tracees and not self._stop.is_set():
+            self._stop.wait(max(0.0, t_start + interval_s - time.monotonic()))
+        return window
 
-    def _on_seen(self, since: float) -> None:
-        """A watched function was called, in some process (in the last `since` seconds): into the
-        windows with it, at once."""
-        rows = self._read()
-        now = time.monotonic()
-        dt = max(min(now - self._seen_t, since), 1e-3)
-        watched = self.probes.watched
-        fresh: set[int] = set()
-        for pid, t in self.tracees.items():
-            before = self._seen_rows.get(pid, {})
-            for f, st in rows.get(pid, {}).items():
-                if f not in watched:
-                    continue
-                b = before.get(f)
-                n = st.watched - (b.watched if b is not None else 0)
-                if n > 0:
-                    t.policy.see(f, n / dt)
-                    self.probes.log.discovered.setdefault(pid, []).append((f, dt, n))
-                    fresh.add(f)
-        self._seen_rows, self._seen_t = rows, now
-        if fresh:
-            self.policy.merge(0)
-            self._rewatch(rows)
-            moved = frozenset(fresh)
-            self.probes.join(moved, self.policy.follow_up_s(moved), moved & self.policy.waiting)
+    def _end_rows(self) -> Rows:
+        # Rows change only while a link is attached: after the windows (read then) only the watch
+        # link's, which the poll counter tells.
+        if self.probes.poll_seen() is not None or self._last_rows is None or self.options.exact:
+            return self._read()
+        return self._last_rows
+
+    def _watching(self) -> bool:
+        return not self._held and bool(self.tracees)
+
+    def _drop_exited(self) -> None:
+        self.exited = [pid for pid, t in self.tracees.items() if t.exited]
+        for pid in self.exited:
+            self._drop(pid)
 
     def step(self, interval_s: float | None = None, view: str = "recent") -> dict[int, ProcessSnapshot]:
         """One interval over every process added so far; returns their snapshots by pid (the
         processes that exited in it included, for the last time: their pids are in `exited`):
         over their last few intervals (`view` "recent", Tracee.recent), over the whole session
         ("summary"), or over this interval alone ("interval")."""
-        interval_s = interval_s or self.options.interval_s
         self._admit(self._read() if self._adding else {})
-        for t in self.tracees.values():
-            t.begin()
-        plan = self.policy.plan()
-        if plan.full_scan:
-            interval_s = min(interval_s, SCOUT_INTERVAL_S)
-        t_start = time.monotonic()
-        self._window_rows = []
-        if self._held:
-            self._quiet_interval(interval_s)
-        else:
-            if not self.options.exact and self.policy.windows > 0:
-                self._rewatch()  # back after a hold
-            self.probes.window(plan, interval_s, self.options.exact, self._wait)
-        if not self.tracees and not self._stop.is_set():
-            self._stop.wait(max(0.0, t_start + interval_s - time.monotonic()))
-        # Rows change only while a link is attached: after the windows (read then) only the watch
-        # link's, which the poll counter tells.
-        end = self._read() if self.probes.poll_seen() is not None or self._last_rows is None or self.options.exact \
-            else self._last_rows
-        log = self.probes.take_log()
-        now = time.monotonic()
-        snaps = {}
-        for pid, t in self.tracees.items():
-            rows = [r.get(pid, {}) for r in self._window_rows]
-            # Each one's span from the rows it counts from (its last interval's, or those it was
-            # added with) to now: the time between intervals, when the watch link counts on, in it.
-            snap = t.account(now - t.rows_t, log, rows, end.get(pid, {}), snapshot=view == "interval")
-            if snap is None:
-                # An interval without a window adds nothing but watched calls: the last recent
-                # snapshot stands (the same object, so a caller can tell nothing new came).
-                snap = t.recent(rebuild=bool(log.windows) or t.intervals <= 1) if view == "recent" else t.summary()
-            snaps[pid] = snap
-        self.exited = [pid for pid, t in self.tracees.items() if t.exited]
-        for pid in self.exited:
-            self._drop(pid)
-        for p in self.policy.members.values():
-            p.retire_idle()
-        self.policy.merge(len(log.windows))
-        if not self.options.exact and not self._held and self.tracees:
-            self._rewatch(end)
+        snaps, _, _, end = self._interval(interval_s or self.options.interval_s, view)
         self._forget_strays(end)
         return snaps
 
@@ -293,7 +218,7 @@ class HostSession:
         if forget:
             self.program.forget([(pid, f) for f in self.probes.ids])  # a reused pid starts from nothing
 
-    def _forget_strays(self, stats: dict[int, dict[int, RawStats]]) -> None:
+    def _forget_strays(self, stats: Rows) -> None:
         """Rows of processes that mapped the file and exited before anyone added them are forgotten;
         those of live ones not added are `strays`: processes on the file that no one has found yet."""
         with self._lock:

@@ -5,7 +5,10 @@ The loop, per interval: plan a window (budget.Policy), attach the return link th
 stats, diff them against the last read, and turn the counts into a ProcessSnapshot with the probe
 bias subtracted and the tracer's own cost attached. With `exact` the links stay attached throughout.
 The links and counting state are a Probes (tracer/probes.py), the accounting a Tracee
-(tracer/tracee.py); tracer/host.py runs the same pieces over every process of a libcuda file.
+(tracer/tracee.py), the loop that steps them tracer/loop.py's, which tracer/host.py runs over every
+process of a libcuda file. What is a Session's own: one process, whose exit ends the waits; a Ctrl-C
+or the process gone in the middle of a window; and the kept functions, counted every call on the
+watch link.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from gputrace.base.errors import BpfUnavailable, NoLibcuda, NoSuchProcess
 from gputrace.base.procs import alive, stop_point
 
 from .bpfprog import Program
-from .budget import SCOUT_INTERVAL_S
 from .calibrate import Calibration, calibrate
+from .loop import Loop, Rows
 from .model import Interval, ProcessSnapshot
 from .probes import Probes
 from .symbols import Function, read_functions
@@ -85,7 +88,7 @@ def _say_origin(prog: Program, warn: Callable[[str], None]) -> None:
         warn(f"the precompiled BPF program did not load ({prog.origin.fallback}); compiled it with bcc instead")
 
 
-class Session:
+class Session(Loop):
     def __init__(
         self,
         pid: int,
@@ -115,24 +118,25 @@ class Session:
             raise NoSuchProcess(f"process {pid} exited while the tracer was being set up",
                                 "nothing was measured; a job that lasts under a second is best traced from its "
                                 "start: gputrace attach -- COMMAND") from exc
-        self.probes.on_seen = self._on_seen
-        self.probes.on_window_end = self._window_end
+        self.tracees = {pid: self.tracee}
+        self._start_loop({pid: prev})
         self.probes.on_kept_hot = self._on_kept_hot
         self._kept_rows, self._kept_t = prev, time.monotonic()
-        self._window_rows: list = []
-        self._seen_rows, self._seen_t = prev, time.monotonic()
         # The session counts from the rows read above: its first interval starts there.
         self.started = rows_t
         self.started_wall = time.time() - (time.monotonic() - rows_t)
         self.interrupted = False
         self._pidfd: int | None = None
+        self._poller = None  # select.poll on the pidfd
         try:
             self._pidfd = os.pidfd_open(pid)
         except OSError:
             self._pidfd = None
+        else:
+            self._poller = select.poll()
+            self._poller.register(self._pidfd, select.POLLIN)
 
     # What attach's report and the tests read.
-    program = property(lambda self: self.probes.program)
     calibration = property(lambda self: self.probes.calibration)
     functions = property(lambda self: self.probes.functions)
     ids = property(lambda self: self.probes.ids)
@@ -163,113 +167,59 @@ class Session:
             os.close(self._pidfd)
             self._pidfd = None
 
+    def _stopped(self) -> bool:
+        return self.exited
+
+    def _poll(self, ms: int) -> None:
+        if self._poller.poll(ms):
+            self.exited = True
+
     def _wait(self, seconds: float) -> bool:
         """Waits up to `seconds`; returns False as soon as the target exits."""
-        if self.exited:
-            return False
-        if seconds <= 0:
-            return True
-        if self._pidfd is None:
-            time.sleep(seconds)
-            self.exited = not os.path.exists(f"/proc/{self.pid}")
-            return not self.exited
-        p = select.poll()
-        p.register(self._pidfd, select.POLLIN)
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            # poll() takes whole milliseconds and rounds a fraction up: a 2.3-ms wait took 3.1 ms,
-            # and every window of time ran half a millisecond past its plan on average (GPT-2's 3-ms
-            # windows on the H200 by a sixth). The whole milliseconds in poll, the rest asleep.
-            ms = int(left * 1000)
-            if ms == 0:
-                time.sleep(left)
-                break
-            if p.poll(ms):
-                self.exited = True
-                return False
-        return True
+        if self._pidfd is not None or self.exited or seconds <= 0:
+            return Loop._wait(self, seconds)
+        time.sleep(seconds)  # no pidfd: its exit is looked for at the end
+        self.exited = not os.path.exists(f"/proc/{self.pid}")
+        return not self.exited
 
-    def _read(self) -> dict:
-        return self.program.read_by_tgid().get(self.pid, {})
-
-    def _window_end(self, ws) -> None:
-        rows = self._read()
-        self._window_rows.append(rows)
-        if self.tracee.policy.windows == 0 and not self.options.exact and len(self._window_rows) == 1:
-            # The scout probed every function: those it saw called go into the windows, the rest
-            # onto the watch link now, not at the interval's end (calls in between would be lost).
-            self.tracee.scouted(rows, ws.counted_s)
-            self._set_watch(rows)
-
-    def _on_seen(self, since: float) -> None:
-        """A watched function was called (in the last `since` seconds): move it (and any other)
-        into the windows at once."""
-        rows = self._read()
-        now = time.monotonic()
-        dt = max(min(now - self._seen_t, since), 1e-3)
-        fresh = {}
-        for f in self.probes.watched - self.probes.kept:
-            st = rows.get(f)
-            if st is None:
-                continue
-            before = self._seen_rows.get(f)
-            n = st.watched - (before.watched if before is not None else 0)
-            if n > 0:
-                fresh[f] = n
-        self._seen_rows, self._seen_t = rows, now
-        for f, n in fresh.items():
-            self.policy.see(f, n / dt)
-            self.probes.log.discovered.setdefault(self.pid, []).append((f, dt, n))
-        if fresh:
-            self._set_watch(rows)
-            moved = frozenset(fresh)
-            self.probes.join(moved, self.policy.follow_up_s(moved), moved & self.policy.waiting)
-
-    def _set_watch(self, rows: dict | None = None) -> None:
-        """The watch link as the policy wants it, and the kept functions' limit that goes with it
-        (`rows`: the maps' rows read just now, if they were). A function's calls on the watch link
-        count from here on: one that joins it now has no earlier calls there, and calls made before
-        the rebuild, which the poll's mark no longer shows, are not taken as made since it."""
+    def _rewatch(self, rows: Rows | None = None) -> None:
+        """As Loop._rewatch, with the kept functions on the watch link and the limit that goes with
+        them; set again whether or not the watch set changed."""
         if rows is None:
             rows = self._read()
         self._seen_rows, self._seen_t = rows, time.monotonic()
         self.probes.set_watch(self.policy.watch_set(), self.policy.kept)
         self.probes.kept_hz_limit = self.policy.kept_hz_limit()
         if self.policy.kept:
-            self._kept_rows, self._kept_t = (self._read() if rows is None else rows), time.monotonic()
+            self._kept_rows, self._kept_t = rows.get(self.pid, {}), time.monotonic()
 
     def _on_kept_hot(self, hits: int, seconds: float) -> None:
         """The kept functions are called more than counting them all may cost: their rates from the
         watch link's counts since the last look, the kept set chosen again, and those that leave it
         probed in this interval's windows from now on (or one of their own)."""
         rows = self._read()
+        mine = rows.get(self.pid, {})
         now = time.monotonic()
         dt = max(now - self._kept_t, 1e-3)
         rates = {}
         for f in self.policy.kept:
-            st, before = rows.get(f), self._kept_rows.get(f)
+            st, before = mine.get(f), self._kept_rows.get(f)
             if st is not None:
                 rates[f] = (st.watched - (before.watched if before is not None else 0)) / dt
-        self._kept_rows, self._kept_t = rows, now
+        self._kept_rows, self._kept_t = mine, now
         old = self.policy.kept
         self.policy.observe_kept(rates)
         self.policy.kept = self.policy.choose_kept()
         moved = old - self.policy.kept
         if moved:
-            self._set_watch(rows)
+            self._rewatch(rows)
             self.probes.join(moved, self.policy.follow_up_s(moved), moved & self.policy.waiting)
         else:
             # Dear, but not so dear that the policy lets them go: no second look until twice as many.
             self.probes.kept_hz_limit = max(self.probes.kept_hz_limit, 2 * hits / max(seconds, 0.1))
 
-    def step(self, index: int, interval_s: float | None = None) -> Interval:
-        interval_s = interval_s or self.options.interval_s
+    def _windows(self, plan, interval_s: float) -> float:
         exact = self.options.exact
-        plan = self.policy.plan()
-        if plan.full_scan:
-            interval_s = min(interval_s, SCOUT_INTERVAL_S)
-        self.tracee.begin()
-        self._window_rows = []
         window = 0.0
         try:
             if not self.exited:
@@ -285,23 +235,16 @@ class Session:
             window = self.probes.interrupted(exact)
         if self.exited and exact:
             self.probes.detach()
-        log = self.probes.take_log()
-        if log.whole_missed:
-            self.policy.whole_missed()
-        end = self._read()
-        # The interval's counts are these rows less the last interval's: its span is the time
-        # between the two reads, the set-up between intervals included (the kept functions'
-        # counts ran on through it; timed from the windows' start, they read 2% high).
-        t_from = self.tracee.rows_t
-        span = time.monotonic() - t_from
-        snap = self.tracee.account(span, log, self._window_rows, end)
-        if not exact and not self.exited:
-            self.policy.retire_idle()
-            try:
-                self._set_watch(end)
-            except NoSuchProcess:
-                self.exited = True  # it ended after the interval's last look: the report stands
-        return Interval(index, t_from - self.started, span, window, (snap,), self.program.read_errors(),
+        return window
+
+    def _watching(self) -> bool:
+        return not self.exited
+
+    def step(self, index: int, interval_s: float | None = None) -> Interval:
+        t_from = self.tracee.rows_t  # the interval counts from the last one's rows
+        snaps, log, window, _ = self._interval(interval_s or self.options.interval_s)
+        snap = snaps[self.pid]
+        return Interval(index, t_from - self.started, snap.interval_s, window, (snap,), self.program.read_errors(),
                         tuple((w.t0, w.t1) for w in log.windows if w.t1 > 0))
 
     def summary(self) -> ProcessSnapshot:

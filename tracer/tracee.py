@@ -3,8 +3,8 @@ rows in the shared maps, what each interval measured (tracer/estimator.py's Obse
 snapshots built from them: one interval, the last few, or the whole session.
 
 A Session (one process) and a HostSession (every process on one libcuda file) both keep one Tracee
-per process, and step it alike: `begin` at an interval's start, `scouted` after the first window,
-`account` at its end, then `recent` or `summary`.
+per process, and step it through the same loop (tracer/loop.py): `begin` at an interval's start,
+`scouted` after the first window, `account` at its end, then `recent` or `summary`.
 """
 
 from __future__ import annotations
