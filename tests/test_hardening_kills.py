@@ -165,14 +165,19 @@ def test_checkpoint_full_killed_at_each_step_leaves_the_job_running(train, tmp_p
     j = train(steps=steps)
     wait_for_text(j.out, "step 3 ")
     g = run_stopped_at(point, ["checkpoint", "--full", "-p", str(j.pid), "-o", str(tmp_path / "ck"), *extra])
-    if point == "criu:gated":
-        # CRIU is started but held at its gate until the guardian knows its pid: it has not seized the job.
-        kids = [int(k) for k in Path(f"/proc/{g.pid}/task/{g.pid}/children").read_text().split()]
-        gates = [k for k in kids if Path(f"/proc/{k}/comm").read_text().strip() == "sh"]
-        assert len(gates) == 1, kids
-        assert guardian._tracer(j.pid) is None
-    g.kill()
-    g.wait()
+    try:
+        if point == "criu:gated":
+            # CRIU is started but held at its gate until the guardian knows its pid: it has not seized the
+            # job. (The gate is known by its command line, which exec sets before the parent can go on;
+            # its comm may still be the parent's then: the kernel renames a task after closing its
+            # close-on-exec descriptors, which is what lets Popen return.)
+            kids = [int(k) for k in Path(f"/proc/{g.pid}/task/{g.pid}/children").read_text().split()]
+            gates = [k for k in kids if Path(f"/proc/{k}/cmdline").read_bytes().startswith(b"/bin/sh\0-c\0")]
+            assert len(gates) == 1, kids
+            assert guardian._tracer(j.pid) is None
+    finally:
+        g.kill()  # (a failed check above must not leave it stopped, its job held, for the tests after)
+        g.wait()
     settle(j.pid)
     check_given_back(j.pid)
     assert not (tmp_path / "ck").exists()
