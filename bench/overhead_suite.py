@@ -31,7 +31,8 @@ stage whose file is there is skipped, so running the same command again resumes.
 recorded as failed, with why, and the suite goes on (--retry-failed runs those again). Before a stage the
 suite checks that it fits in what is left of --budget-s (its estimate, or what the same kind of stage
 took in this DIR); if not, it stops with exit status 3 and says so. `bench/overhead_report.py DIR`
-turns the files into docs/overhead-report.md and its plots.
+turns the files into docs/overhead-report.md and its plots, with the other committed GPU results beside
+them (the whole command is in the report's header and in README).
 
 On the GPU machine, one device call (repeat it until it exits 0; the results travel back as one file,
 rewritten after every stage, and go into the repository so that the next call sends them and resumes):
