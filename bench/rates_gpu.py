@@ -70,6 +70,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from typing import Iterable
 import threading
 import time
 from pathlib import Path
@@ -143,15 +144,17 @@ def not_known(rep: dict) -> list[str]:
     return [f["name"] for f in rep["summary"]["functions"] if f.get("not_known")]
 
 
-def rows_of(truth_hz: dict[str, float], rates: dict[str, list]) -> list[dict]:
+def rows_of(truth_hz: dict[str, float], rates: dict[str, list], unknown: Iterable[str] = ()) -> list[dict]:
     """Every function whose truth is above MIN_HZ against its estimate; the lockstep ratio against
-    the busiest function's."""
+    the busiest function's. A function in `unknown` (the report says its rate is not known) has no
+    estimate: its row says so (`rates` holds its range's middle, which is no figure of the report)."""
+    unknown = set(unknown)
     hot = sorted(((n, t) for n, t in truth_hz.items() if t >= MIN_HZ), key=lambda kv: -kv[1])
     ref = hot[0][0] if hot else None
-    ref_est = (rates.get(ref) or [None])[0] if ref else None
+    ref_est = (rates.get(ref) or [None])[0] if ref and ref not in unknown else None
     rows = []
     for name, true in hot:
-        est, err = rates.get(name, [None, None])
+        est, err = [None, None] if name in unknown else rates.get(name, [None, None])
         ratio = None
         if name != ref and est is not None and ref_est:
             ratio = (est / ref_est) / (true / truth_hz[ref]) - 1
@@ -159,7 +162,8 @@ def rows_of(truth_hz: dict[str, float], rates: dict[str, list]) -> list[dict]:
                      "rel_error": None if est is None else est / true - 1,
                      "rel_half_width": None if est is None or err is None else err / true,
                      "covered": est is not None and err is not None and abs(est - true) <= err,
-                     "ratio_ref": ref, "ratio_rel_error": ratio})
+                     "ratio_ref": ref, "ratio_rel_error": ratio}
+                    | ({"not_known": "not known"} if name in unknown else {}))
     return rows
 
 
@@ -599,12 +603,12 @@ def analyze(doc: dict, raw: Path, reestimate: bool = False) -> dict:
         ps = j["exact"]["calls_per_step"]
         rows, extra = [], []
         for at in j.get("attaches", []):
-            rates = at["rates"]
-            if reestimate:
-                rates = reestimated(raw, at["observations"]) or rates
+            rates, unknown = at["rates"], at.get("not_known") or ()
+            if reestimate and (again := reestimated(raw, at["observations"])):
+                rates, unknown = again, ()
             truth = {n: c * at["steps_per_s"] for n, c in ps.items()} if at.get("steps_per_s") else {}
-            rows.append(rows_of(truth, rates))
-            extra += spurious(truth, rates)
+            rows.append(rows_of(truth, rates, unknown))
+            extra += spurious(truth, {n: r for n, r in rates.items() if n not in unknown})
         res[name] = {"attaches": rows, "spurious": extra}
     if doc.get("switch") and "report" in doc["switch"]:
         rep = audit_gpu.read_json(raw / doc["switch"]["report"])
@@ -662,8 +666,8 @@ def totals(res: dict) -> list[str]:
         note = f"; intervals measured {r['intervals'][0]}/{r['intervals'][1]}" if "intervals" in r else ""
         if "tolerance" in r:
             note += (f"; right (within ±{100 * r['tolerance']:.0f}% or not known) "
-                     f"{sum(bool(x.get('right')) for x in allr)}/{len(allr)}, "
-                     f"not known {sum(x.get('not_known') is not None for x in allr)}")
+                     f"{sum(bool(x.get('right')) for x in allr)}/{len(allr)}")
+        note += f"; not known {sum(x.get('not_known') is not None for x in allr)}"
         out.append(f"{w}: {len(r['attaches'])} {r.get('unit', 'attach')}, {len(allr)} rows: covered {sum(x['covered'] for x in allr)}, "
                    f"within 10% {sum(e <= 0.10 for e in errs)}, "
                    f"missing {sum(x['estimate_hz'] is None and x.get('not_known') is None for x in allr)}; "

@@ -122,7 +122,6 @@ class IntervalLog:
     # moved into the windows: a sample of its rate, until a window has one.
     discovered: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
     whole_missed: bool = False  # a planned whole-step window could not be one, and was not run
-    references_repicked: int = 0  # windows whose reference gave way to a spare (Probes._spare_reference)
 
 
 class Probes:
@@ -474,7 +473,6 @@ class Probes:
                 spare = self._spare_reference(plan, marker, outside, t_start + interval_s - lead - length)
                 if spare is not None:
                     marker = spare
-                    self.log.references_repicked += 1
                     span = self._reference_span(marker, lead, wait)
                     if span is None:
                         gone = True
