@@ -212,6 +212,16 @@ def copy_timeout(nbytes: int) -> float:
     return 120.0 + nbytes / 100e6  # generous: at worst 100 MB/s, whatever the bus
 
 
+BUSY_TRIES = 3  # a plan overtaken by the job's allocations: tried again, the last time through staging
+
+
+def overtaken(r: dict) -> bool:
+    """Whether the shim refused because the job allocated between the plan (made while it ran) and the
+    freeze: the image mapped for the plan is too small for what the gate closed on. Nothing was copied
+    and the gate is open again."""
+    return r.get("error") == "busy" and "allocated device memory meanwhile" in str(r.get("detail", ""))
+
+
 def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
                timeout_ms: int = 5000, direct: bool = True, progress: store.Progress | None = None,
                since: Path | str | None = None, digest_chunk: int | None = None) -> CheckpointReport:
@@ -230,7 +240,7 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
     out = Path(out) if out is not None else store.default_out(pid)
     out = out.absolute()
     store.check_target(out)
-    parent = base = None
+    parent = base = base_link = None
     if since is not None:
         parent = Path(since).absolute()
         pm = store.read_manifest(parent)
@@ -245,17 +255,10 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
         status = s.request("status")
         _refuse_suspended(status, pid, "dump its device memory")
         held = sum(size for _, size, _ in image.saved_allocations(status))
-        memfd = os.memfd_create(f"gputrace-ckpt-{pid}", os.MFD_CLOEXEC)
+        if progress:
+            progress("freeze", 0, held)
+        memfd, r = _dump(s, pid, lanes, chunk, timeout_ms, direct, digest_chunk, base, base_link, held)
         try:
-            words = f"dump lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(direct)}"
-            if digest_chunk is not None:
-                words += f" digest={digest_chunk}"
-            if base is not None:
-                _write_head(memfd, base, base_link)
-                words += " base=1"
-            if progress:
-                progress("freeze", 0, held)
-            r = s.request(words, fd=memfd, timeout_s=copy_timeout(held))
             if not r.get("ok"):
                 raise shim_failure(r, pid, "dump its device memory")
             nbytes = os.fstat(memfd).st_size
@@ -281,6 +284,33 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
                             r.get("setup_ns", 0), r.get("writeback_ns", 0), r.get("kept_pinned_bytes", 0),
                             r.get("plan"), r.get("staging_copied_bytes", 0), r.get("attempts", 1),
                             r.get("aborted_freeze_ns", 0))
+
+
+def _dump(s: ShimSession, pid: int, lanes: int, chunk: int, timeout_ms: int, direct: bool,
+          digest_chunk: int | None, base, base_link, held: int) -> tuple[int, dict]:
+    """The shim's dump into a new memfd: the descriptor (the caller closes it) and the reply. A job that
+    allocates and frees every step (a training loop's temporaries) can hold more at the freeze than at
+    the plan, made a moment before while it ran: the shim then refuses, busy, having copied nothing and
+    reopened the gate. That is tried again on a fresh plan, the last time through the staging buffers,
+    which take any size (a direct copy maps the image for the plan's)."""
+    for attempt in range(BUSY_TRIES):
+        staged = not direct or attempt == BUSY_TRIES - 1
+        words = f"dump lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(not staged)}"
+        if digest_chunk is not None:
+            words += f" digest={digest_chunk}"
+        memfd = os.memfd_create(f"gputrace-ckpt-{pid}", os.MFD_CLOEXEC)
+        try:
+            if base is not None:
+                _write_head(memfd, base, base_link)
+                words += " base=1"
+            r = s.request(words, fd=memfd, timeout_s=copy_timeout(held))
+        except BaseException:
+            os.close(memfd)
+            raise
+        if not overtaken(r) or attempt == BUSY_TRIES - 1:
+            return memfd, r
+        os.close(memfd)
+    raise AssertionError("unreachable")
 
 
 def _checked_pause(s: ShimSession, pid: int, path: Path, manifest: dict, timeout_ms: int, quiet_s: float) -> bool:

@@ -26,7 +26,8 @@ from gputrace.base.errors import CheckpointError, NotSuspendable
 from gputrace.base.procs import stop_point
 
 from . import store
-from .ops import DEFAULT_CHUNK, DEFAULT_LANES, copy_timeout, ShimSession, shim_failure, manifest_of
+from .ops import (BUSY_TRIES, DEFAULT_CHUNK, DEFAULT_LANES, copy_timeout, ShimSession, shim_failure, manifest_of,
+                  overtaken)
 
 
 @dataclass(frozen=True)
@@ -122,16 +123,6 @@ def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK,
                          r.get("suspend_image_allocs", 0))
 
 
-BUSY_TRIES = 3  # a plan overtaken by the job's allocations: tried again, the last time through staging
-
-
-def _overtaken(r: dict) -> bool:
-    """Whether the shim refused because the job allocated between the plan (made while it ran) and the
-    freeze: the image mapped for the plan is too small for what the gate closed on. Nothing was copied
-    and the gate is open again."""
-    return r.get("error") == "busy" and "allocated device memory meanwhile" in str(r.get("detail", ""))
-
-
 def _request(s: ShimSession, pid: int, command: str, direct: bool, nbytes: int,
              image_file: Path | None, keep: bool = False) -> tuple[dict, int]:
     """The shim's suspend, with the descriptor it copies into (a new memfd, or `image_file` made
@@ -150,7 +141,7 @@ def _request(s: ShimSession, pid: int, command: str, direct: bool, nbytes: int,
         staged = not direct or attempt == BUSY_TRIES - 1
         if keep and image_file is None and not staged:
             r = s.request(f"{command} direct=1 keep=1", timeout_s=copy_timeout(nbytes))
-            if not _overtaken(r):
+            if not overtaken(r):
                 return r, -1
             continue
         if image_file is None:
@@ -162,7 +153,7 @@ def _request(s: ShimSession, pid: int, command: str, direct: bool, nbytes: int,
         except BaseException:
             os.close(memfd)
             raise
-        if not _overtaken(r) or attempt == BUSY_TRIES - 1:
+        if not overtaken(r) or attempt == BUSY_TRIES - 1:
             return r, memfd
         os.close(memfd)
         if image_file is not None:

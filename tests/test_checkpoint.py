@@ -319,3 +319,62 @@ def test_two_checkpoints_in_one_second_get_two_directories(tmp_path):
     b.mkdir()
     c = fresh_dir(tmp_path, "full-42")
     assert len({a, b, c}) == 3 and all(x.name.startswith("full-42-") for x in (a, b, c))
+
+
+
+BUSY = {"ok": False, "error": "busy", "detail": "the process allocated device memory meanwhile; try again"}
+
+
+def refusing(monkeypatch, refusals: int) -> list[str]:
+    """The shim's first `refusals` dump requests answered busy, overtaken by the job's allocations, without
+    reaching it (the race is the job's to make; what follows is the shim's own); the dump requests sent."""
+    from gputrace.checkpointer import ops
+
+    sent: list[str] = []
+    real = ops.ShimSession.request
+
+    def request(self, words, **kw):
+        if words.startswith("dump"):
+            sent.append(words)
+            if len(sent) <= refusals:
+                return dict(BUSY)
+        return real(self, words, **kw)
+
+    monkeypatch.setattr(ops.ShimSession, "request", request)
+    return sent
+
+
+@pytest.mark.parametrize("refusals", [1, 2])
+def test_a_dump_overtaken_by_the_jobs_allocations_is_tried_again_the_last_time_staged(target, tmp_path, monkeypatch,
+                                                                                    refusals):
+    """The shim refuses a dump, busy, when the job allocated between the plan and the freeze (a training
+    loop's temporaries; top's C on such a job read "busy"): nothing copied, the gate open again.
+    `checkpoint` plans again rather than fail, the last try through the staging buffers, which take any
+    size (a direct copy maps the image for the plan's). The data must come back from what it kept."""
+    from gputrace.checkpointer import ops
+
+    t = target(4 << 20)
+    saved = t.sum()
+    sent = refusing(monkeypatch, refusals)
+    rep = checkpoint(t.pid, tmp_path / "ck", chunk=1 << 20)
+    last_staged = refusals == ops.BUSY_TRIES - 1
+    assert len(sent) == refusals + 1
+    assert [" direct=1" in w for w in sent] == [True] * refusals + [not last_staged]
+    if last_staged:
+        assert not rep.direct
+    assert t.gate_open()
+    assert t.cmd("fill 9")["sum"] != saved
+    restore(t.pid, tmp_path / "ck")
+    assert t.sum() == saved
+
+
+def test_a_dump_overtaken_every_time_says_busy_and_keeps_nothing(target, tmp_path, monkeypatch):
+    from gputrace.checkpointer import ops
+
+    t = target(1 << 20)
+    sent = refusing(monkeypatch, 99)
+    with pytest.raises(CheckpointBusy, match="allocated device memory meanwhile") as e:
+        checkpoint(t.pid, tmp_path / "ck")
+    assert len(sent) == ops.BUSY_TRIES and "try again" in e.value.hint
+    assert not (tmp_path / "ck").exists() and not leftovers(tmp_path)
+    assert t.gate_open()
