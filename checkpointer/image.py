@@ -1,4 +1,4 @@
-"""The image the shim writes (`dump`) and reads (`restore`): see shim/dump.c.
+"""The image the shim writes (`dump`) and reads (`restore`): see shim/image.c.
 
     header  {magic b"GPUTRACE-IMG-2\\n\\0", u64 count, u64 data_offset, u64 data_bytes, u64 chunk,
              u64 digest_chunk, u64 digest_offset, u64 digest_count, u64 held_offset, u64 flags}

@@ -162,7 +162,7 @@ def _request(s: ShimSession, pid: int, command: str, direct: bool, nbytes: int,
 
 
 def _unsupported_hint(pid: int, detail: str) -> str:
-    """What to do about memory the shim cannot release, by the kind the shim names (shim/dump.c)."""
+    """What to do about memory the shim cannot release, by the kind the shim names (shim/suspend.c)."""
     driver = f"`gputrace suspend --backend driver -p {pid}` suspends it through NVIDIA's driver instead"
     if "program's VMM" in detail:
         return ("the shim releases and recreates the program's own VMM memory (as PyTorch with expandable_segments "

@@ -24,8 +24,9 @@ __all__ = ["SONAME", "library_path", "ffi", "open_in_process", "preload_env"]
 
 _HERE = Path(__file__).resolve().parent
 SONAME = "libgputrace_shim.so"
-_SOURCES = ("shim.c", "hooks.c", "registry.c", "control.c", "dump.c", "vmm.c", "emulate.c", "digest.c")
-_HEADERS = ("shim_int.h", "shim_api.h", "gputrace_shim.h", "cuda_driver.h", "digest_ptx.h")  # cuda_driver.h: its own driver API header
+_SOURCES = ("shim.c", "hooks.c", "registry.c", "control.c", "dump.c", "image.c", "copy.c", "kept.c", "suspend.c",
+            "changed.c", "vmm.c", "emulate.c", "digest.c")
+_HEADERS = ("shim_int.h", "dump_int.h", "shim_api.h", "gputrace_shim.h", "cuda_driver.h", "digest_ptx.h")  # cuda_driver.h: its own driver API header
 
 
 # How the shim is built (gputrace.base.native.build's arguments): at first use in a checkout, ahead

@@ -21,14 +21,14 @@ same candidates from the target's /proc entries.  One command per line, one JSON
     vmm_mapped_bytes, module_image_bytes, contexts, allocations, modules, streams, events}.
 Handles and addresses are integers.  Other replies: {"ok": true|false, ...; "error" when false}.
 
-`dump` / `restore` (see shim/dump.c) take the image file as a descriptor sent with the command
+`dump` / `restore` (shim/dump.c; the image: shim/image.c) take the image file as a descriptor sent with the command
 (:meth:`Connection.request` with `fd=`); their replies: ok, allocations, bytes, image_bytes, skipped,
 lanes, chunk, pieces, setup_ns, drain_ns, sync_ns, copy_ns, freeze_ns, plan (pool | image | staging |
 pool and staging: where the copies went under the gate), staging_copied_bytes (through the lanes' staging
 under the gate), attempts and aborted_freeze_ns (a dump whose changes outgrew its plan reopens the gate
 without a copy, prepares again and freezes once more), and for dump driver_version and
 devices [{ordinal, name, uuid}]; on failure error (and detail, or differences for a mismatch).
-status's kept (shim/dump.c) also says expect_bytes (what the next incremental dump is planned for),
+status's kept (shim/kept.c) also says expect_bytes (what the next incremental dump is planned for),
 staging_copied_bytes and outgrown (such reopened freezes, counted).
 `suspend` adds reserved_bytes and release_ns, `unsuspend` remap_ns and suspended_ns.
 A job of several processes is stopped in steps (checkpointer/gang.py): `close [MS]` (gate closed, no

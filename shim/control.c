@@ -15,7 +15,7 @@
  *   dump [lanes=N] [chunk=BYTES] [timeout=MS] [/PATH]
  *                 close the gate (unless this connection holds it), synchronize (both within MS), copy every device
  *                 allocation into an image file (an fd sent with the command by SCM_RIGHTS, else
- *                 /PATH), reopen the gate; see dump.c for the image and the reply
+ *                 /PATH), reopen the gate; see dump.c for the reply and image.c for the image
  *   restore [...] the reverse: copy an image back, after checking under the gate that the process
  *                 holds exactly the allocations the image describes
  *   suspend [...] a dump (fd only), then release the memory of every allocation (all must be served

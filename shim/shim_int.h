@@ -124,17 +124,17 @@ HIDDEN int gate_drain(int timeout_ms);
 HIDDEN unsigned long long gate_collectives(void);
 HIDDEN int gate_collective_kernels(void);
 HIDDEN int gate_advancing(void);
-HIDDEN const char *dump_sync(int timeout_ms, uint64_t *ns); /* every context synchronized, bounded (dump.c) */
+HIDDEN const char *dump_sync(int timeout_ms, uint64_t *ns); /* every context synchronized, bounded (copy.c) */
 
-/* ---- dump.c: the `dump`, `restore`, `suspend` and `unsuspend` commands.  `args` is the rest of the command line,
- * `fd` a file passed with it (-1: none; taken over), `have_pause` whether the caller's connection
- * already holds the gate.  Returns the JSON reply, malloc'ed (NULL: out of memory). */
+/* ---- dump.c and its family (dump_int.h): the `dump`, `restore`, `suspend` and `unsuspend` commands.  `args` is
+ * the rest of the command line, `fd` a file passed with it (-1: none; taken over), `have_pause` whether the
+ * caller's connection already holds the gate.  Returns the JSON reply, malloc'ed (NULL: out of memory). */
 enum dump_mode { M_DUMP, M_RESTORE, M_SUSPEND, M_UNSUSPEND };
 HIDDEN char *dump_command(int mode, char *args, int fd, int have_pause, int conn, size_t *len);
 HIDDEN void dump_unstage(int conn); /* drops a command `conn` staged (-1: whoever staged it) */
-HIDDEN const char *dump_rehome(int fd); /* NULL: the suspended image now lives in fd (taken over) */
-HIDDEN char *dump_digest(char *args, int fd, int have_pause, size_t *len); /* the live memory's digests into fd */
-HIDDEN char *dump_release_command(size_t *len); /* what is kept between commands (pinned pool, digester) freed */
+HIDDEN const char *dump_rehome(int fd); /* NULL: the suspended image now lives in fd (taken over; suspend.c) */
+HIDDEN char *dump_digest(char *args, int fd, int have_pause, size_t *len); /* the live memory's digests into fd (changed.c) */
+HIDDEN char *dump_release_command(size_t *len); /* what is kept between commands (pinned pool, digester) freed (kept.c) */
 HIDDEN void dump_release(struct sbuf *b);
 HIDDEN void dump_kept_json(struct sbuf *b); /* its part of the status JSON */
 
@@ -143,7 +143,7 @@ HIDDEN void dump_kept_json(struct sbuf *b); /* its part of the status JSON */
 HIDDEN int vmm_enabled(void);
 HIDDEN CUresult vmm_release(struct rec *r); /* unmap and release the backing; the address stays */
 HIDDEN CUresult vmm_remap(struct rec *r);   /* new backing at r->key; updates r->handle */
-/* The program's own VMM objects (R_PHYS, R_MAP), for `suspend` / `unsuspend` (dump.c). */
+/* The program's own VMM objects (R_PHYS, R_MAP), for `suspend` / `unsuspend` (suspend.c). */
 /* Device memory the shim does not carry, held now (CUDA arrays, memory imported from another process):
  * a checkpoint refuses while any is (dump.c), naming the first call that made one. */
 HIDDEN extern atomic_int untracked_held;

@@ -1,5 +1,5 @@
 /* cuMemAlloc_v2 served through the VMM API, so device memory can be released and brought back at the
- * same address (`suspend` / `unsuspend` in dump.c).
+ * same address (`suspend` / `unsuspend` in suspend.c).
  *
  * Only with GPUTRACE_SHIM_VMM=1 (`gputrace run --checkpointable --suspendable`): it changes what the
  * program gets.  Each allocation becomes an address reservation, a cuMemCreate handle and a mapping,

@@ -1,0 +1,424 @@
+/* Suspension: between `suspend` and `unsuspend` the gate stays closed (owned by no connection), the
+ * image stays open here, and the VMM-served allocations have no memory behind their addresses; nor
+ * have the program's own VMM mappings (their allocations released, the reservations kept).
+ *
+ * `suspend` is a dump (dump.c's steps) followed by releasing that memory; `unsuspend` maps new memory
+ * at the same addresses (vmm.c) and copies the image back.  `rehome` moves a suspended image into a file. */
+#include "dump_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct suspension S = {.fd = -1};
+
+struct vmm_walk {
+    int remap; /* 0: release the backing of live allocations; 1: map new backing for released ones */
+    CUresult err;
+    uint64_t at;
+    uint64_t bytes;
+};
+
+static int vmm_walk(struct rec *r, void *arg)
+{
+    struct vmm_walk *w = arg;
+    if (w->err || !r->reserved || r->suspended != w->remap)
+        return 0;
+    CUresult e = w->remap ? vmm_remap(r) : vmm_release(r);
+    if (e) {
+        w->err = e;
+        w->at = r->key;
+    } else {
+        w->bytes += r->reserved;
+    }
+    return 0;
+}
+
+/* Every suspended allocation gets memory again (or, on failure, none does). */
+static CUresult remap_all(uint64_t *at)
+{
+    struct vmm_walk w = {.remap = 1};
+    reg_scan(R_MEM, vmm_walk, &w);
+    if (w.err) {
+        struct vmm_walk undo = {.remap = 0};
+        reg_scan(R_MEM, vmm_walk, &undo);
+        *at = w.at;
+    }
+    return w.err;
+}
+
+/* The program's own VMM memory (see vmm.c): copies of its R_PHYS and R_MAP records, taken with the
+ * gate closed (nothing can change them then), changed here and written back one by one, so that the
+ * registry always says what was released and what was made again. */
+struct own {
+    struct rec *p, *m;
+    int np, nm, capp, capm, oom;
+};
+
+static int own_add(struct rec *r, void *arg)
+{
+    struct own *o = arg;
+    struct rec **v = r->type == R_PHYS ? &o->p : &o->m;
+    int *n = r->type == R_PHYS ? &o->np : &o->nm, *cap = r->type == R_PHYS ? &o->capp : &o->capm;
+    if (*n == *cap) {
+        int c = *cap ? *cap * 2 : 16;
+        struct rec *x = realloc(*v, (size_t)c * sizeof *x);
+        if (!x) {
+            o->oom = 1;
+            return 0;
+        }
+        *v = x, *cap = c;
+    }
+    (*v)[(*n)++] = *r;
+    return 0;
+}
+
+static void own_free(struct own *o)
+{
+    free(o->p);
+    free(o->m);
+    memset(o, 0, sizeof *o);
+}
+
+static int own_snap(struct own *o)
+{
+    memset(o, 0, sizeof *o);
+    reg_scan(R_PHYS, own_add, o);
+    reg_scan(R_MAP, own_add, o);
+    return o->oom ? -1 : 0;
+}
+
+static struct rec *own_phys(struct own *o, uint64_t prog_handle)
+{
+    for (int i = 0; i < o->np; i++)
+        if (o->p[i].key == prog_handle)
+            return &o->p[i];
+    return NULL;
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* NULL when every physical allocation can be made again and its data copied: it is wholly covered
+ * by mappings the program made readable, each mapping has a record of its allocation and access. */
+static const char *own_check(struct own *o, char *err, size_t len)
+{
+    if (o->np && !vmm_api())
+        return "the driver lacks the VMM API the program's own allocations need";
+    for (int i = 0; i < o->nm; i++) {
+        struct rec *m = &o->m[i];
+        struct rec *p = own_phys(o, m->handle);
+        if (!p || !p->size) {
+            snprintf(err, len, "the program's VMM mapping at %#llx maps a physical allocation the shim has no "
+                     "record of (released by the program while mapped, or imported from another process), "
+                     "which cannot be made again", (unsigned long long)m->key);
+            return err;
+        }
+        if (m->nacc < 0) {
+            snprintf(err, len, "the program's VMM mapping at %#llx has access set for more than %d devices",
+                     (unsigned long long)m->key, REC_ACC);
+            return err;
+        }
+    }
+    for (int i = 0; i < o->np; i++) {
+        struct rec *p = &o->p[i];
+        if (p->exported || !p->size) {
+            snprintf(err, len, "the program's VMM physical allocation %#llx %s, so it cannot be released and made "
+                     "again", (unsigned long long)p->key, p->exported ? "was exported (cuMemExportToShareableHandle) "
+                     "and another process may hold it" : "has properties the shim does not know");
+            return err;
+        }
+        uint64_t (*r)[2] = calloc((size_t)o->nm + 1, sizeof *r);
+        if (!r)
+            return "out of memory";
+        int n = 0;
+        for (int k = 0; k < o->nm; k++)
+            if (o->m[k].handle == p->key && (o->m[k].access & CU_MEM_ACCESS_FLAGS_PROT_READ))
+                r[n][0] = o->m[k].offset, r[n][1] = o->m[k].offset + o->m[k].size, n++;
+        qsort(r, (size_t)n, sizeof *r, by_offset);
+        uint64_t covered = 0;
+        for (int k = 0; k < n && r[k][0] <= covered; k++)
+            if (r[k][1] > covered)
+                covered = r[k][1];
+        free(r);
+        if (covered < p->size) {
+            snprintf(err, len, "the program's VMM physical allocation %#llx (%llu bytes) is not wholly mapped "
+                     "readable (%llu bytes from offset 0 are), so its data cannot be copied out; map it "
+                     "(cuMemMap, cuMemSetAccess) or release it before suspending",
+                     (unsigned long long)p->key, (unsigned long long)p->size, (unsigned long long)covered);
+            return err;
+        }
+    }
+    return NULL;
+}
+
+/* Unmaps every mapping and releases every allocation not yet released (stopping at the first failure,
+ * in *at).  Returns the bytes given back to the driver in *bytes. */
+static CUresult own_release_all(struct own *o, uint64_t *at, uint64_t *bytes)
+{
+    for (int i = 0; i < o->nm; i++) {
+        struct rec *m = &o->m[i];
+        if (m->suspended)
+            continue;
+        CUresult e = vmm_own_unmap(m);
+        if (e) {
+            *at = m->key;
+            return e;
+        }
+        m->suspended = 1;
+        reg_put(m);
+    }
+    for (int i = 0; i < o->np; i++) {
+        struct rec *p = &o->p[i];
+        if (p->suspended)
+            continue;
+        CUresult e = vmm_own_release(p);
+        if (e) {
+            *at = p->key;
+            return e;
+        }
+        p->suspended = 1;
+        vmm_translating(); /* the program's handle has no driver handle behind it now */
+        reg_put(p);
+        *bytes += p->size;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Every released allocation made again and every mapping mapped again (writable, for the copy back);
+ * on failure, what this call made is released again (all stays suspended). */
+static CUresult own_remap_all(struct own *o, uint64_t *at, int undo)
+{
+    CUresult e = CUDA_SUCCESS;
+    for (int i = 0; i < o->np && !e; i++) {
+        struct rec *p = &o->p[i];
+        if (!p->suspended)
+            continue;
+        if ((e = vmm_own_create(p))) {
+            *at = p->key;
+            break;
+        }
+        p->suspended = 0;
+        vmm_translating();
+        reg_put(p);
+    }
+    for (int i = 0; i < o->nm && !e; i++) {
+        struct rec *m = &o->m[i];
+        if (!m->suspended)
+            continue;
+        if ((e = vmm_own_map(m, own_phys(o, m->handle)->handle, 1))) {
+            *at = m->key;
+            break;
+        }
+        m->suspended = 0;
+        reg_put(m);
+    }
+    if (e && undo) {
+        uint64_t at2, b = 0;
+        own_release_all(o, &at2, &b);
+    }
+    return e;
+}
+
+/* After the copy back: the access each mapping had from the program. */
+static void own_access_all(struct own *o)
+{
+    for (int i = 0; i < o->nm; i++) {
+        CUresult e = vmm_own_access(&o->m[i]);
+        if (e)
+            shim_log("resume: setting the program's access to its mapping at %#llx failed: CUresult %d (it stays "
+                     "readable and writable)", (unsigned long long)o->m[i].key, (int)e);
+    }
+}
+
+/* Every allocation must be one whose memory can be released with its address kept: served through the
+ * VMM API (GPUTRACE_SHIM_VMM=1), or a VMM mapping the program made itself. */
+static int suspend_check_served(struct op *op)
+{
+    struct collect *c = &op->c;
+    for (int i = 0; i < c->n; i++)
+        if (!c->v[i].reserved && c->v[i].kind != K_VMM_MAP) {
+            snprintf(op->err, sizeof op->err, "the %s allocation at %#llx is not served through the VMM API",
+                     c->v[i].kind == K_DEVICE ? "device" : c->v[i].kind == K_PITCH ? "pitched"
+                     : c->v[i].kind == K_ASYNC ? "stream-ordered" : "managed", (unsigned long long)c->v[i].base);
+            return fail(op, "unsupported", op->err);
+        }
+    return 0;
+}
+
+/* The program's own VMM memory, taken and checked (refused before anything changed); nothing to
+ * free on failure. */
+static int suspend_own_snap(struct op *op, struct own *own)
+{
+    if (own_snap(own) != 0) {
+        own_free(own);
+        return fail(op, "out of memory", NULL);
+    }
+    char why_buf[sizeof op->err];
+    const char *why = own_check(own, why_buf, sizeof why_buf);
+    if (why) { /* refused before anything changed */
+        snprintf(op->err, sizeof op->err, "%s", why);
+        own_free(own);
+        return fail(op, "unsupported", op->err);
+    }
+    return 0;
+}
+
+/* Once the data are in the image: the memory of every allocation given back to the GPU (the
+ * VMM-served ones, then the program's own), *bytes of it.  Where that fails, everything is put back
+ * as it was (new memory, the data from the image) and nothing is suspended. */
+static int suspend_release(struct op *op, struct own *own, uint64_t *bytes, uint64_t *release_ns)
+{
+    uint64_t tr = now_ns(), own_at = 0, own_bytes = 0;
+    struct vmm_walk w = {.remap = 0};
+    reg_scan(R_MEM, vmm_walk, &w);
+    CUresult own_err = w.err ? CUDA_SUCCESS : own_release_all(own, &own_at, &own_bytes);
+    *release_ns = now_ns() - tr;
+    if (w.err || own_err) { /* put everything back as it was: new memory, the data from the image */
+        uint64_t at = 0;
+        CUresult back_own = own_remap_all(own, &at, 0);
+        remap_all(&at);
+        int back = run_copy(op, 1);
+        own_access_all(own);
+        snprintf(op->err, sizeof op->err, "releasing the memory at %#llx failed: CUresult %d; nothing was suspended%s",
+                 (unsigned long long)(w.err ? w.at : own_at), (int)(w.err ? w.err : own_err),
+                 back || back_own ? " (and copying back failed)" : "");
+        return fail(op, "driver error", op->err);
+    }
+    *bytes = w.bytes + own_bytes;
+    return 0;
+}
+
+/* The suspension begins: the gate stays closed until unsuspend, whoever closed it, and the image
+ * (mapped and pinned, where it was) is the suspension's. */
+static void suspend_hold(struct op *op)
+{
+    gate_suspend(); /* the gate stays closed until unsuspend, whoever closed it */
+    S.fd = op->fd;
+    S.since_ns = now_ns();
+    S.map = op->map;
+    S.len = op->map_len;
+    S.ctx = op->c.ctxs[0];
+    S.kept = op->simg;
+    op->map = NULL;   /* stays mapped and pinned until unsuspend */
+    op->own_fd = 0;   /* the suspension's now */
+    op->paused = 0;   /* not reopened here */
+}
+
+/* A dump, then the VMM-served memory given back to the GPU; the gate stays closed, the image kept. */
+void cmd_suspend(struct op *op)
+{
+    if ((!op->prepared && op_prepare(op)) || op_freeze(op))
+        return;
+    /* Stream-ordered frees the streams have reached (frozen: all of them) give their memory back now:
+     * it is in no record, and a suspension must leave none held. */
+    vmm_reap(1);
+    struct own own;
+    if (suspend_check_served(op) || suspend_own_snap(op, &own))
+        return;
+    uint64_t bytes = 0, release_ns = 0;
+    int failed = op_layout(op) || op_copy(op) || suspend_release(op, &own, &bytes, &release_ns);
+    own_free(&own);
+    if (failed)
+        return;
+    suspend_hold(op);
+    op_done(op);
+    sb_printf(&op->b, ", \"reserved_bytes\": %llu, \"release_ns\": %llu, \"image_kept\": %s, "
+              "\"suspend_image_allocs\": %llu, \"suspend_image_reused\": %llu", (unsigned long long)bytes,
+              (unsigned long long)release_ns, S.kept ? "true" : "false", K.simg_allocs, K.simg_reused);
+    identity_json(&op->b, &op->c);
+    sb_printf(&op->b, "}");
+}
+
+/* New memory at the same addresses, the data back from the image, the gate reopened. On failure the
+ * job stays suspended: no memory behind its addresses, the data in the image. */
+void cmd_unsuspend(struct op *op)
+{
+    struct own own = {0};
+    if (op_prepare(op) || op_freeze(op))
+        goto still_suspended;
+    if (own_snap(&own) != 0) {
+        fail(op, "out of memory", NULL);
+        goto still_suspended;
+    }
+    uint64_t at = 0, tr = now_ns();
+    CUresult e = remap_all(&at);
+    if (!e && (e = own_remap_all(&own, &at, 1)) != CUDA_SUCCESS) {
+        struct vmm_walk undo = {.remap = 0};
+        reg_scan(R_MEM, vmm_walk, &undo);
+    }
+    uint64_t remap_ns = now_ns() - tr;
+    if (e) {
+        snprintf(op->err, sizeof op->err, "mapping memory at %#llx failed: CUresult %d; still suspended",
+                 (unsigned long long)at, (int)e);
+        fail(op, "cannot map device memory again", op->err);
+        goto still_suspended;
+    }
+    if (op_layout(op) || op_copy(op))
+        goto still_suspended;
+    own_access_all(&own); /* the data are back: the program's own access flags again */
+    own_free(&own);
+    uint64_t suspended_ns = now_ns() - S.since_ns;
+    int kept = 0;
+    if (S.kept) { /* the shim's own image: kept for the next suspension where it fits the cap beside the pool */
+        uint64_t cap = K.cap ? K.cap : pin_cap_default();
+        kept = !K.simg_release && K.simg_len <= cap && K.pool_len <= cap - K.simg_len;
+        S.kept = 0;
+        if (kept)
+            op->map = NULL; /* neither unpinned nor unmapped */
+        else /* op_close unpins and unmaps it, after the gate reopened; the memfd goes with the mapping */
+            K.simg = NULL, K.simg_len = 0, K.simg_fd = -1, K.simg_release = 0;
+    }
+    if (!kept)
+        close(S.fd);
+    S.fd = -1;
+    S.map = NULL; /* op->map: unpinned and unmapped by op_close, after the gate reopened (unless kept) */
+    gate_unsuspend();
+    op_done(op);
+    sb_printf(&op->b, ", \"remap_ns\": %llu, \"suspended_ns\": %llu, \"image_kept\": %s}",
+              (unsigned long long)remap_ns, (unsigned long long)suspended_ns, kept ? "true" : "false");
+    return;
+still_suspended:;
+    struct vmm_walk w = {.remap = 0};
+    reg_scan(R_MEM, vmm_walk, &w);
+    uint64_t at2, b = 0;
+    own_release_all(&own, &at2, &b); /* what was mapped again goes again (the snapshot says what that is) */
+    own_free(&own);
+}
+
+/* `rehome` with an fd: a suspended job's image moves from the memfd it was copied into to a file
+ * holding the same bytes (`gputrace suspend -o DIR` writes it, checksummed, while the job waits), so
+ * the host memory goes back to the system and unsuspend reads the file.  The shim checks that the
+ * file is the same size and starts with the same header before it lets go of the memfd. */
+const char *dump_rehome(int fd)
+{
+    if (!gate_suspended())
+        return "not suspended";
+    struct stat a, b;
+    if (fstat(S.fd, &a) != 0 || fstat(fd, &b) != 0 || a.st_size != b.st_size)
+        return "the file is not the size of the suspended image";
+    char x[IMG_ALIGN], y[IMG_ALIGN];
+    size_t n = a.st_size < (off_t)IMG_ALIGN ? (size_t)a.st_size : IMG_ALIGN;
+    if (pread(S.fd, x, n, 0) != (ssize_t)n || pread(fd, y, n, 0) != (ssize_t)n || memcmp(x, y, n))
+        return "the file does not hold the suspended image";
+    if (S.map) {
+        direct_unmap(S.map, S.len, S.ctx);
+        S.map = NULL;
+    }
+    close(S.fd);
+    if (S.kept) { /* the kept image was that memory: given back, as -o asks */
+        K.simg = NULL;
+        K.simg_fd = -1;
+        K.simg_len = 0;
+        K.simg_release = 0;
+        S.kept = 0;
+    }
+    S.fd = fd;
+    return NULL;
+}
