@@ -5,7 +5,8 @@
  * or the shim does not serve at all.  Socket: <dir>/shim-<pid>.sock, mode 0600.  Each connection's
  * peer credentials are checked on accept: the process's own user or root, nobody else.
  *
- * Protocol: one command per line, one JSON line back.
+ * Protocol: one command per line, one JSON line back.  Each verb is one function (v_status, v_pause, ...),
+ * named with how its words follow it in the table `verbs`; `command` finds the line's verb there.
  *   status        the registry and the gate (gputrace_shim_status_json)
  *   pause [MS]    close the gate, wait up to MS (default 5000) for calls in flight; the pause belongs
  *                 to this connection and ends when it closes, so a crashed checkpointer cannot leave
@@ -219,21 +220,8 @@ static void send_status(struct client *cl)
     reply_buf(cl, buf, n);
 }
 
-
 static int g_pauser = -1; /* index of the connection holding the pause */
 static int g_susp_holder = -1; /* index of the connection whose suspension ends with it (no `keep` yet) */
-
-static const char *const dump_words[] = {"dump", "restore", "suspend", "unsuspend"}; /* enum dump_mode */
-
-static int dump_mode_of(const char *line)
-{
-    for (int m = 0; m < 4; m++) {
-        size_t n = strlen(dump_words[m]);
-        if (!strncmp(line, dump_words[m], n) && (line[n] == 0 || line[n] == ' '))
-            return m;
-    }
-    return -1;
-}
 
 /* A timeout in ms, 0-600000, alone on the rest of the line. */
 static int parse_ms(const char *p, long *ms)
@@ -246,6 +234,250 @@ static int parse_ms(const char *p, long *ms)
     return 1;
 }
 
+static long long elapsed_ns(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (t1.tv_sec - t0->tv_sec) * 1000000000ll + (t1.tv_nsec - t0->tv_nsec);
+}
+
+/* ---- The verbs, one function each (the table `verbs` below names them).  Each is called with the
+ * client, its index (what owns a pause or a suspension) and the rest of the line after the verb's
+ * name: empty, or a space and the verb's words. */
+
+static void v_status(struct client *cl, int idx, char *rest) { send_status(cl); }
+
+static void v_ping(struct client *cl, int idx, char *rest)
+{
+    reply(cl, "{\"ok\": true, \"pid\": %d, \"schema\": %d}", (int)getpid(), SCHEMA);
+}
+
+static void v_pause(struct client *cl, int idx, char *rest)
+{
+    char *end;
+    long ms = *rest ? strtol(rest + 1, &end, 10) : 5000;
+    if (*rest && (*end || ms < 0 || ms > 600000)) {
+        reply(cl, "{\"ok\": false, \"error\": \"pause takes a timeout in ms (0-600000)\"}");
+        return;
+    }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int r = gputrace_shim_pause((int)ms);
+    long long ns = elapsed_ns(&t0);
+    if (r == 0) {
+        g_pauser = idx;
+        reply(cl, "{\"ok\": true, \"paused\": true, \"drain_ns\": %lld, \"waiting\": %d}", ns,
+              gputrace_shim_waiting());
+    } else if (r == -2) {
+        reply(cl, "{\"ok\": false, \"error\": \"already paused\"}");
+    } else {
+        reply(cl,
+              "{\"ok\": false, \"error\": \"busy\", \"detail\": \"calls still in flight after %ld ms; the gate is "
+              "open again\", \"in_flight\": %d}",
+              ms, gputrace_shim_in_flight());
+    }
+}
+
+static void v_close(struct client *cl, int idx, char *rest)
+{
+    long ms = 1000;
+    if (*rest && !parse_ms(rest + 1, &ms)) {
+        reply(cl, "{\"ok\": false, \"error\": \"close takes a timeout in ms (0-600000)\"}");
+        return;
+    }
+    if (gate_suspended()) {
+        reply(cl, "{\"ok\": false, \"error\": \"suspended\"}");
+        return;
+    }
+    unsigned long long n = 0;
+    int r = gate_close((int)ms, &n);
+    if (r == 0) {
+        g_pauser = idx;
+        reply(cl, "{\"ok\": true, \"paused\": true, \"collectives\": %llu, \"in_flight\": %d, \"waiting\": %d}", n,
+              gputrace_shim_in_flight(), gputrace_shim_waiting());
+    } else if (r == -2) {
+        reply(cl, "{\"ok\": false, \"error\": \"already paused\"}");
+    } else {
+        reply(cl, "{\"ok\": false, \"error\": \"busy\", \"detail\": \"a collective launch still in the gate after %ld "
+                  "ms; the gate is open again\"}", ms);
+    }
+}
+
+/* advance and drain act on a gate this connection closed. */
+static int holds_gate(struct client *cl, int idx)
+{
+    if (g_pauser == idx)
+        return 1;
+    reply(cl, "{\"ok\": false, \"error\": \"not paused\", \"detail\": \"close the gate through this connection "
+              "first\"}");
+    return 0;
+}
+
+static void v_advance(struct client *cl, int idx, char *rest)
+{
+    char *end, *words = rest + 1;
+    errno = 0;
+    unsigned long long target = strtoull(words, &end, 10);
+    long ms = 5000;
+    if (errno || end == words || (*end && (*end != ' ' || !parse_ms(end + 1, &ms)))) {
+        reply(cl, "{\"ok\": false, \"error\": \"usage: advance COLLECTIVES [MS]\"}");
+        return;
+    }
+    if (!holds_gate(cl, idx))
+        return;
+    unsigned long long n = 0;
+    int r = gate_advance(target, (int)ms, &n);
+    if (r == 0)
+        reply(cl, "{\"ok\": true, \"paused\": true, \"collectives\": %llu}", n);
+    else if (r == -1)
+        reply(cl, "{\"ok\": false, \"error\": \"timeout\", \"detail\": \"%llu of %llu collectives launched after %ld "
+                  "ms; the gate is closed\", \"collectives\": %llu}", n, target, ms, n);
+    else
+        reply(cl, "{\"ok\": false, \"error\": \"not paused\"}");
+}
+
+static void v_drain(struct client *cl, int idx, char *rest)
+{
+    long ms = 5000;
+    if (*rest && !parse_ms(rest + 1, &ms)) {
+        reply(cl, "{\"ok\": false, \"error\": \"drain takes a timeout in ms (0-600000)\"}");
+        return;
+    }
+    if (!holds_gate(cl, idx))
+        return;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (gate_drain((int)ms) != 0) {
+        reply(cl, "{\"ok\": false, \"error\": \"timeout\", \"detail\": \"driver calls still in flight after %ld ms; "
+                  "the gate is closed\", \"in_flight\": %d}", ms, gputrace_shim_in_flight());
+        return;
+    }
+    long long drain_ns = elapsed_ns(&t0);
+    long left = ms - (long)(drain_ns / 1000000);
+    uint64_t sync_ns = 0;
+    const char *e = dump_sync(left > 0 ? (int)left : 0, &sync_ns);
+    if (e && !strcmp(e, "timeout"))
+        reply(cl, "{\"ok\": false, \"error\": \"timeout\", \"detail\": \"work on the device still running after %ld "
+                  "ms; the gate is closed\"}", ms);
+    else if (e)
+        reply(cl, "{\"ok\": false, \"error\": \"driver error\", \"detail\": \"%s\"}", e);
+    else
+        reply(cl, "{\"ok\": true, \"paused\": true, \"drain_ns\": %lld, \"sync_ns\": %llu}", drain_ns,
+              (unsigned long long)sync_ns);
+}
+
+static void v_resume(struct client *cl, int idx, char *rest)
+{
+    if (gate_suspended()) {
+        reply(cl, "{\"ok\": false, \"error\": \"suspended\", \"detail\": \"the device memory is off the GPU: "
+                      "unsuspend brings it back and reopens the gate\"}");
+        return;
+    }
+    int r = gputrace_shim_resume();
+    g_pauser = -1;
+    if (r == 0)
+        reply(cl, "{\"ok\": true, \"paused\": false}");
+    else
+        reply(cl, "{\"ok\": false, \"error\": \"not paused\"}");
+}
+
+/* The descriptor sent with the command, taken: -1 if none. */
+static int take_passed(struct client *cl)
+{
+    int fd = cl->passed;
+    cl->passed = -1;
+    return fd;
+}
+
+static void v_rehome(struct client *cl, int idx, char *rest)
+{
+    int fd = take_passed(cl);
+    const char *e = fd < 0 ? "pass the file's descriptor with the command" : dump_rehome(fd);
+    if (e) {
+        if (fd >= 0)
+            close(fd);
+        reply(cl, "{\"ok\": false, \"error\": \"%s\"}", e);
+    } else {
+        reply(cl, "{\"ok\": true}");
+    }
+}
+
+static void v_emulate(struct client *cl, int idx, char *rest)
+{
+    char *buf = emul_command(rest);
+    if (!buf) {
+        reply(cl, "{\"ok\": false, \"error\": \"out of memory\"}");
+        return;
+    }
+    queue(cl, buf, strlen(buf), buf);
+}
+
+/* dump, restore, suspend, unsuspend: dump.c's; who holds the gate and the suspension afterwards. */
+static void run_dump(struct client *cl, int idx, char *rest, int mode)
+{
+    int fd = take_passed(cl);
+    size_t n = 0;
+    int was = gate_suspended();
+    char *buf = dump_command(mode, rest, fd, g_pauser == idx, idx, &n);
+    if (gate_suspended() && g_pauser == idx)
+        g_pauser = -1; /* the gate is the suspension's now, not this connection's */
+    if (!was && gate_suspended())
+        g_susp_holder = idx; /* until `keep`: undone if this connection closes first */
+    if (!gate_suspended())
+        g_susp_holder = -1;
+    reply_buf(cl, buf, n);
+}
+
+static void v_dump(struct client *cl, int idx, char *rest) { run_dump(cl, idx, rest, M_DUMP); }
+static void v_restore(struct client *cl, int idx, char *rest) { run_dump(cl, idx, rest, M_RESTORE); }
+static void v_suspend(struct client *cl, int idx, char *rest) { run_dump(cl, idx, rest, M_SUSPEND); }
+static void v_unsuspend(struct client *cl, int idx, char *rest) { run_dump(cl, idx, rest, M_UNSUSPEND); }
+
+static void v_digest(struct client *cl, int idx, char *rest)
+{
+    int fd = take_passed(cl);
+    size_t n = 0;
+    char *buf = dump_digest(rest, fd, g_pauser == idx, &n);
+    reply_buf(cl, buf, n);
+}
+
+static void v_release(struct client *cl, int idx, char *rest)
+{
+    size_t n = 0;
+    char *buf = dump_release_command(&n);
+    reply_buf(cl, buf, n);
+}
+
+static void v_keep(struct client *cl, int idx, char *rest)
+{
+    if (!gate_suspended())
+        reply(cl, "{\"ok\": false, \"error\": \"not suspended\"}");
+    else if (g_susp_holder >= 0 && g_susp_holder != idx)
+        reply(cl, "{\"ok\": false, \"error\": \"the suspension belongs to another connection\"}");
+    else {
+        g_susp_holder = -1;
+        reply(cl, "{\"ok\": true, \"suspended\": true, \"kept\": true}");
+    }
+}
+
+/* How a verb's name ends on the line: the line is the name alone (NAME), words may follow it after a
+ * space (WORDS), or must (ARGS). */
+enum { NAME, WORDS, ARGS };
+
+static const struct verb {
+    const char *name;
+    int words;
+    void (*fn)(struct client *cl, int idx, char *rest);
+} verbs[] = {
+    {"status", NAME, v_status},     {"ping", NAME, v_ping},       {"pause", WORDS, v_pause},
+    {"close", WORDS, v_close},      {"advance", ARGS, v_advance}, {"drain", WORDS, v_drain},
+    {"resume", NAME, v_resume},     {"rehome", NAME, v_rehome},   {"emulate", WORDS, v_emulate},
+    {"dump", WORDS, v_dump},        {"restore", WORDS, v_restore}, {"suspend", WORDS, v_suspend},
+    {"unsuspend", WORDS, v_unsuspend}, {"digest", WORDS, v_digest}, {"release", NAME, v_release},
+    {"keep", NAME, v_keep},
+};
+
+/* One command line: trimmed of spaces (and a CR), then run by the verb it names. */
 static void command(struct client *cl, int idx, char *line)
 {
     while (*line == ' ')
@@ -253,178 +485,18 @@ static void command(struct client *cl, int idx, char *line)
     size_t n = strlen(line);
     while (n && (line[n - 1] == ' ' || line[n - 1] == '\r'))
         line[--n] = 0;
-    if (!strcmp(line, "status")) {
-        send_status(cl);
-    } else if (!strcmp(line, "ping")) {
-        reply(cl, "{\"ok\": true, \"pid\": %d, \"schema\": %d}", (int)getpid(), SCHEMA);
-    } else if (!strncmp(line, "pause", 5) && (line[5] == 0 || line[5] == ' ')) {
-        char *end;
-        long ms = line[5] ? strtol(line + 6, &end, 10) : 5000;
-        if (line[5] && (*end || ms < 0 || ms > 600000)) {
-            reply(cl, "{\"ok\": false, \"error\": \"pause takes a timeout in ms (0-600000)\"}");
-            return;
-        }
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        int r = gputrace_shim_pause((int)ms);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        long long ns = (t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec);
-        if (r == 0) {
-            g_pauser = idx;
-            reply(cl, "{\"ok\": true, \"paused\": true, \"drain_ns\": %lld, \"waiting\": %d}", ns,
-                  gputrace_shim_waiting());
-        } else if (r == -2) {
-            reply(cl, "{\"ok\": false, \"error\": \"already paused\"}");
-        } else {
-            reply(cl,
-                  "{\"ok\": false, \"error\": \"busy\", \"detail\": \"calls still in flight after %ld ms; the gate is "
-                  "open again\", \"in_flight\": %d}",
-                  ms, gputrace_shim_in_flight());
-        }
-    } else if (!strncmp(line, "close", 5) && (line[5] == 0 || line[5] == ' ')) {
-        long ms = 1000;
-        if (line[5] && !parse_ms(line + 6, &ms)) {
-            reply(cl, "{\"ok\": false, \"error\": \"close takes a timeout in ms (0-600000)\"}");
-            return;
-        }
-        if (gate_suspended()) {
-            reply(cl, "{\"ok\": false, \"error\": \"suspended\"}");
-            return;
-        }
-        unsigned long long n = 0;
-        int r = gate_close((int)ms, &n);
-        if (r == 0) {
-            g_pauser = idx;
-            reply(cl, "{\"ok\": true, \"paused\": true, \"collectives\": %llu, \"in_flight\": %d, \"waiting\": %d}", n,
-                  gputrace_shim_in_flight(), gputrace_shim_waiting());
-        } else if (r == -2) {
-            reply(cl, "{\"ok\": false, \"error\": \"already paused\"}");
-        } else {
-            reply(cl, "{\"ok\": false, \"error\": \"busy\", \"detail\": \"a collective launch still in the gate after %ld "
-                      "ms; the gate is open again\"}", ms);
-        }
-    } else if (!strncmp(line, "advance ", 8)) {
-        char *end;
-        errno = 0;
-        unsigned long long target = strtoull(line + 8, &end, 10);
-        long ms = 5000;
-        if (errno || end == line + 8 || (*end && (*end != ' ' || !parse_ms(end + 1, &ms)))) {
-            reply(cl, "{\"ok\": false, \"error\": \"usage: advance COLLECTIVES [MS]\"}");
-            return;
-        }
-        if (g_pauser != idx) {
-            reply(cl, "{\"ok\": false, \"error\": \"not paused\", \"detail\": \"close the gate through this connection "
-                      "first\"}");
-            return;
-        }
-        unsigned long long n = 0;
-        int r = gate_advance(target, (int)ms, &n);
-        if (r == 0)
-            reply(cl, "{\"ok\": true, \"paused\": true, \"collectives\": %llu}", n);
-        else if (r == -1)
-            reply(cl, "{\"ok\": false, \"error\": \"timeout\", \"detail\": \"%llu of %llu collectives launched after %ld "
-                      "ms; the gate is closed\", \"collectives\": %llu}", n, target, ms, n);
-        else
-            reply(cl, "{\"ok\": false, \"error\": \"not paused\"}");
-    } else if (!strncmp(line, "drain", 5) && (line[5] == 0 || line[5] == ' ')) {
-        long ms = 5000;
-        if (line[5] && !parse_ms(line + 6, &ms)) {
-            reply(cl, "{\"ok\": false, \"error\": \"drain takes a timeout in ms (0-600000)\"}");
-            return;
-        }
-        if (g_pauser != idx) {
-            reply(cl, "{\"ok\": false, \"error\": \"not paused\", \"detail\": \"close the gate through this connection "
-                      "first\"}");
-            return;
-        }
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        if (gate_drain((int)ms) != 0) {
-            reply(cl, "{\"ok\": false, \"error\": \"timeout\", \"detail\": \"driver calls still in flight after %ld ms; "
-                      "the gate is closed\", \"in_flight\": %d}", ms, gputrace_shim_in_flight());
-            return;
-        }
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        long long drain_ns = (t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec);
-        long left = ms - (long)(drain_ns / 1000000);
-        uint64_t sync_ns = 0;
-        const char *e = dump_sync(left > 0 ? (int)left : 0, &sync_ns);
-        if (e && !strcmp(e, "timeout"))
-            reply(cl, "{\"ok\": false, \"error\": \"timeout\", \"detail\": \"work on the device still running after %ld "
-                      "ms; the gate is closed\"}", ms);
-        else if (e)
-            reply(cl, "{\"ok\": false, \"error\": \"driver error\", \"detail\": \"%s\"}", e);
-        else
-            reply(cl, "{\"ok\": true, \"paused\": true, \"drain_ns\": %lld, \"sync_ns\": %llu}", drain_ns,
-                  (unsigned long long)sync_ns);
-    } else if (!strcmp(line, "resume")) {
-        if (gate_suspended()) {
-            reply(cl, "{\"ok\": false, \"error\": \"suspended\", \"detail\": \"the device memory is off the GPU: "
-                          "unsuspend brings it back and reopens the gate\"}");
-            return;
-        }
-        int r = gputrace_shim_resume();
-        g_pauser = -1;
-        if (r == 0)
-            reply(cl, "{\"ok\": true, \"paused\": false}");
-        else
-            reply(cl, "{\"ok\": false, \"error\": \"not paused\"}");
-    } else if (!strcmp(line, "rehome")) {
-        int fd = cl->passed;
-        cl->passed = -1;
-        const char *e = fd < 0 ? "pass the file's descriptor with the command" : dump_rehome(fd);
-        if (e) {
-            if (fd >= 0)
-                close(fd);
-            reply(cl, "{\"ok\": false, \"error\": \"%s\"}", e);
-        } else {
-            reply(cl, "{\"ok\": true}");
-        }
-    } else if (!strncmp(line, "emulate", 7) && (line[7] == 0 || line[7] == ' ')) {
-        char *buf = emul_command(line + 7);
-        if (!buf) {
-            reply(cl, "{\"ok\": false, \"error\": \"out of memory\"}");
-            return;
-        }
-        queue(cl, buf, strlen(buf), buf);
-    } else if (dump_mode_of(line) >= 0) {
-        int mode = dump_mode_of(line);
-        char *args = line + strlen(dump_words[mode]);
-        int fd = cl->passed;
-        cl->passed = -1;
-        size_t n = 0;
-        int was = gate_suspended();
-        char *buf = dump_command(mode, args, fd, g_pauser == idx, idx, &n);
-        if (gate_suspended() && g_pauser == idx)
-            g_pauser = -1; /* the gate is the suspension's now, not this connection's */
-        if (!was && gate_suspended())
-            g_susp_holder = idx; /* until `keep`: undone if this connection closes first */
-        if (!gate_suspended())
-            g_susp_holder = -1;
-        reply_buf(cl, buf, n);
-    } else if (!strncmp(line, "digest", 6) && (line[6] == 0 || line[6] == ' ')) {
-        int fd = cl->passed;
-        cl->passed = -1;
-        size_t n = 0;
-        char *buf = dump_digest(line + 6, fd, g_pauser == idx, &n);
-        reply_buf(cl, buf, n);
-    } else if (!strcmp(line, "release")) {
-        size_t n = 0;
-        char *buf = dump_release_command(&n);
-        reply_buf(cl, buf, n);
-    } else if (!strcmp(line, "keep")) {
-        if (!gate_suspended())
-            reply(cl, "{\"ok\": false, \"error\": \"not suspended\"}");
-        else if (g_susp_holder >= 0 && g_susp_holder != idx)
-            reply(cl, "{\"ok\": false, \"error\": \"the suspension belongs to another connection\"}");
-        else {
-            g_susp_holder = -1;
-            reply(cl, "{\"ok\": true, \"suspended\": true, \"kept\": true}");
-        }
-    } else {
-        reply(cl, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
-                      "restore, suspend, unsuspend, keep, rehome, digest, release, emulate, close [MS], advance N [MS], drain [MS]\"}");
+    for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) {
+        const struct verb *v = &verbs[i];
+        size_t k = strlen(v->name);
+        char *rest = line + k;
+        if (strncmp(line, v->name, k) || (v->words == NAME && *rest) || (v->words == WORDS && *rest && *rest != ' ') ||
+            (v->words == ARGS && *rest != ' '))
+            continue;
+        v->fn(cl, idx, rest);
+        return;
     }
+    reply(cl, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
+                  "restore, suspend, unsuspend, keep, rehome, digest, release, emulate, close [MS], advance N [MS], drain [MS]\"}");
 }
 
 static void drop(struct client *cls, int i)
@@ -457,6 +529,133 @@ static void drop(struct client *cls, int i)
     }
 }
 
+/* The descriptors to poll: every client (for its reply to go out, or its commands to come in), and the
+ * listening socket while there is room; how long to wait (until the oldest reply's deadline).  A
+ * client whose reply has waited OUT_DEADLINE_MS is dropped here.  Returns how many there are. */
+static int poll_set(struct client *cls, int lfd, struct pollfd *pf, int *map, int *wait_ms)
+{
+    int n = 0, nclients = 0;
+    *wait_ms = -1;
+    uint64_t now = now_ms();
+    for (int i = 0; i < MAX_CLIENTS; i++) {
+        if (cls[i].fd < 0)
+            continue;
+        nclients++;
+        if (cls[i].out) {
+            uint64_t due = cls[i].out_since_ms + OUT_DEADLINE_MS;
+            if (due <= now) { /* it has not read a reply for OUT_DEADLINE_MS: let the others be */
+                shim_log("dropping a control client that has not read its reply for %d s", OUT_DEADLINE_MS / 1000);
+                drop(cls, i);
+                nclients--;
+                continue;
+            }
+            if (*wait_ms < 0 || (int)(due - now) < *wait_ms)
+                *wait_ms = (int)(due - now);
+        }
+        /* While a reply waits, that client's further commands stay unread: it cannot queue more. */
+        pf[n] = (struct pollfd){.fd = cls[i].fd, .events = cls[i].out ? POLLOUT : POLLIN};
+        map[n++] = i;
+    }
+    if (nclients < MAX_CLIENTS) {
+        pf[n] = (struct pollfd){.fd = lfd, .events = POLLIN};
+        map[n++] = -1;
+    }
+    return n;
+}
+
+/* A new connection, kept where its peer is this process's user or root; anyone else is told so and
+ * closed. */
+static void accept_client(struct client *cls, int lfd)
+{
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0)
+        return;
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || (cr.uid != 0 && cr.uid != geteuid())) {
+        char msg[160];
+        int m = snprintf(msg, sizeof msg, "{\"ok\": false, \"error\": \"permission denied: only uid %d "
+                         "or root may control this process\"}\n", (int)geteuid());
+        if (send(fd, msg, (size_t)m, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+            /* nothing to do: it is refused either way */
+        }
+        close(fd);
+        return;
+    }
+    for (int i = 0; i < MAX_CLIENTS; i++)
+        if (cls[i].fd < 0) {
+            cls[i] = (struct client){.fd = fd, .passed = -1};
+            break;
+        }
+}
+
+/* What the client sent, added to its buffer, with the descriptors sent along (SCM_RIGHTS: the last
+ * one kept).  1: something came; 0: nothing to read now; -1: the client is gone. */
+static int receive(struct client *c)
+{
+    struct iovec iov = {c->buf + c->len, sizeof c->buf - 1 - c->len};
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int) * 4)];
+    } cm;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+    ssize_t r = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+        return 0;
+    for (struct cmsghdr *h = r > 0 ? CMSG_FIRSTHDR(&mh) : NULL; h; h = CMSG_NXTHDR(&mh, h))
+        if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
+            int nfd = (int)((h->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int q = 0; q < nfd; q++) {
+                int f;
+                memcpy(&f, CMSG_DATA(h) + q * sizeof(int), sizeof f);
+                if (c->passed >= 0) /* keep the last one sent */
+                    close(c->passed);
+                c->passed = f;
+            }
+        }
+    if (r <= 0)
+        return -1;
+    c->len += (size_t)r;
+    return 1;
+}
+
+/* The client's complete lines, each a command; a line that fills the buffer drops the client. */
+static void run_lines(struct client *cls, int i)
+{
+    struct client *c = &cls[i];
+    char *nl;
+    /* One reply at a time: the next command waits until this one's reply is sent. */
+    while (c->fd >= 0 && !c->out && (nl = memchr(c->buf, '\n', c->len))) {
+        *nl = 0;
+        command(c, i, c->buf);
+        size_t used = (size_t)(nl + 1 - c->buf);
+        memmove(c->buf, nl + 1, c->len - used);
+        c->len -= used;
+    }
+    if (c->fd >= 0 && !c->out && c->len >= sizeof c->buf - 1) {
+        reply(c, "{\"ok\": false, \"error\": \"line too long\"}");
+        drop(cls, i);
+    }
+}
+
+/* Client i's socket is ready: its queued reply sent on, or what it sent read and run. */
+static void serve_client(struct client *cls, int i, short revents)
+{
+    struct client *c = &cls[i];
+    if (c->out) {
+        if (flush_out(c) < 0 || (revents & (POLLHUP | POLLERR)))
+            drop(cls, i);
+        else if (!c->out && c->len) /* commands that came while the reply waited */
+            run_lines(cls, i);
+        return;
+    }
+    int r = receive(c);
+    if (r < 0)
+        drop(cls, i);
+    else if (r > 0)
+        run_lines(cls, i);
+}
+
 static void *serve(void *arg)
 {
     (void)arg;
@@ -467,32 +666,8 @@ static void *serve(void *arg)
     int lfd = g_listen;
     for (;;) {
         struct pollfd pf[MAX_CLIENTS + 1];
-        int map[MAX_CLIENTS + 1], n = 0, nclients = 0;
-        int wait_ms = -1;
-        uint64_t now = now_ms();
-        for (int i = 0; i < MAX_CLIENTS; i++) {
-            if (cls[i].fd < 0)
-                continue;
-            nclients++;
-            if (cls[i].out) {
-                uint64_t due = cls[i].out_since_ms + OUT_DEADLINE_MS;
-                if (due <= now) { /* it has not read a reply for OUT_DEADLINE_MS: let the others be */
-                    shim_log("dropping a control client that has not read its reply for %d s", OUT_DEADLINE_MS / 1000);
-                    drop(cls, i);
-                    nclients--;
-                    continue;
-                }
-                if (wait_ms < 0 || (int)(due - now) < wait_ms)
-                    wait_ms = (int)(due - now);
-            }
-            /* While a reply waits, that client's further commands stay unread: it cannot queue more. */
-            pf[n] = (struct pollfd){.fd = cls[i].fd, .events = cls[i].out ? POLLOUT : POLLIN};
-            map[n++] = i;
-        }
-        if (nclients < MAX_CLIENTS) {
-            pf[n] = (struct pollfd){.fd = lfd, .events = POLLIN};
-            map[n++] = -1;
-        }
+        int map[MAX_CLIENTS + 1], wait_ms;
+        int n = poll_set(cls, lfd, pf, map, &wait_ms);
         if (poll(pf, (nfds_t)n, wait_ms) < 0) {
             if (errno == EINTR)
                 continue;
@@ -502,76 +677,10 @@ static void *serve(void *arg)
         for (int k = 0; k < n; k++) {
             if (!pf[k].revents)
                 continue;
-            if (map[k] < 0) {
-                int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-                if (fd < 0)
-                    continue;
-                struct ucred cr;
-                socklen_t len = sizeof cr;
-                if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || (cr.uid != 0 && cr.uid != geteuid())) {
-                    char msg[160];
-                    int m = snprintf(msg, sizeof msg, "{\"ok\": false, \"error\": \"permission denied: only uid %d "
-                                     "or root may control this process\"}\n", (int)geteuid());
-                    if (send(fd, msg, (size_t)m, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-                        /* nothing to do: it is refused either way */
-                    }
-                    close(fd);
-                    continue;
-                }
-                for (int i = 0; i < MAX_CLIENTS; i++)
-                    if (cls[i].fd < 0) {
-                        cls[i] = (struct client){.fd = fd, .passed = -1};
-                        break;
-                    }
-                continue;
-            }
-            struct client *c = &cls[map[k]];
-            if (c->out) {
-                if (flush_out(c) < 0 || (pf[k].revents & (POLLHUP | POLLERR)))
-                    drop(cls, map[k]);
-                else if (!c->out && c->len) /* commands that came while the reply waited */
-                    goto lines;
-                continue;
-            }
-            struct iovec iov = {c->buf + c->len, sizeof c->buf - 1 - c->len};
-            union {
-                struct cmsghdr h;
-                char b[CMSG_SPACE(sizeof(int) * 4)];
-            } cm;
-            struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
-            ssize_t r = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-            if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
-                continue;
-            for (struct cmsghdr *h = r > 0 ? CMSG_FIRSTHDR(&mh) : NULL; h; h = CMSG_NXTHDR(&mh, h))
-                if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
-                    int nfd = (int)((h->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-                    for (int q = 0; q < nfd; q++) {
-                        int f;
-                        memcpy(&f, CMSG_DATA(h) + q * sizeof(int), sizeof f);
-                        if (c->passed >= 0) /* keep the last one sent */
-                            close(c->passed);
-                        c->passed = f;
-                    }
-                }
-            if (r <= 0) {
-                drop(cls, map[k]);
-                continue;
-            }
-            c->len += (size_t)r;
-        lines:;
-            char *nl;
-            /* One reply at a time: the next command waits until this one's reply is sent. */
-            while (c->fd >= 0 && !c->out && (nl = memchr(c->buf, '\n', c->len))) {
-                *nl = 0;
-                command(c, map[k], c->buf);
-                size_t used = (size_t)(nl + 1 - c->buf);
-                memmove(c->buf, nl + 1, c->len - used);
-                c->len -= used;
-            }
-            if (c->fd >= 0 && !c->out && c->len >= sizeof c->buf - 1) {
-                reply(c, "{\"ok\": false, \"error\": \"line too long\"}");
-                drop(cls, map[k]);
-            }
+            if (map[k] < 0)
+                accept_client(cls, lfd);
+            else
+                serve_client(cls, map[k], pf[k].revents);
         }
     }
 }

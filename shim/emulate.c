@@ -141,6 +141,75 @@ static char *error(const char *msg, const char *arg, size_t n)
     return finish(&b);
 }
 
+/* What an `emulate` command sets. */
+struct setting {
+    long long cost;
+    int classes, chosen; /* chosen: functions named, or the shim's layer */
+    unsigned char sel[F_COUNT];
+};
+
+/* One word of an `emulate` command (n bytes at p): cost=NS, classes=a,b, functions=x,y or layer=shim,
+ * into the setting being made.  0, or -1 with the error reply (NULL: out of memory) in *err. */
+static int parse_word(const char *p, size_t n, struct setting *st, char **err)
+{
+    if (n > 5 && !strncmp(p, "cost=", 5)) {
+        char *e;
+        st->cost = strtoll(p + 5, &e, 10);
+        if (e != p + n || st->cost < 0 || st->cost > 1000000000ll) {
+            *err = error("cost= takes nanoseconds (0 to 1e9)", p, n);
+            return -1;
+        }
+    } else if (n > 8 && !strncmp(p, "classes=", 8)) {
+        for (const char *q = p + 8; q < p + n;) {
+            const char *c = memchr(q, ',', (size_t)(p + n - q));
+            size_t m = c ? (size_t)(c - q) : (size_t)(p + n - q);
+            int k = class_of_name(q, m);
+            if (!k) {
+                *err = error("unknown class (submission, synchronization, state, query)", q, m);
+                return -1;
+            }
+            st->classes |= k;
+            q += m + (c != NULL);
+        }
+    } else if (n > 10 && !strncmp(p, "functions=", 10)) {
+        for (const char *q = p + 10; q < p + n;) {
+            const char *c = memchr(q, ',', (size_t)(p + n - q));
+            size_t m = c ? (size_t)(c - q) : (size_t)(p + n - q);
+            int f = fn_of_name(q, m);
+            if (f < 0) {
+                *err = error("the shim does not wrap this function", q, m);
+                return -1;
+            }
+            st->sel[f] = 1;
+            st->chosen = 1;
+            q += m + (c != NULL);
+        }
+    } else if (n == 10 && !strncmp(p, "layer=shim", 10)) {
+        for (int i = 0; i < F_COUNT; i++)
+            st->sel[i] |= fn_gated[i];
+        st->chosen = 1;
+    } else {
+        *err = error("expected off, or cost=NS with classes=, functions= and/or layer=shim", p, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* The setting in force from now on, its counts started again. */
+static void emul_set(const struct setting *st)
+{
+    atomic_store(&g_emul_on, 0);
+    atomic_store(&g_cost_ns, st->cost);
+    for (int i = 0; i < F_COUNT; i++)
+        atomic_store(&g_sel[i], st->sel[i] || (fn_class[i] & st->classes) ? 1 : 0);
+    atomic_store(&g_slowed, 0);
+    atomic_store(&g_spent_ns, 0);
+    atomic_store(&g_driver_ns, 0);
+    atomic_store(&g_driver_calls, 0);
+    atomic_store(&g_since_ns, now_ns());
+    atomic_store(&g_emul_on, 1);
+}
+
 /* Parses "off" or "cost=NS classes=a,b functions=x,y layer=shim" (any of the last three, at least one). */
 char *emul_command(const char *args)
 {
@@ -151,62 +220,20 @@ char *emul_command(const char *args)
         for (int i = 0; i < F_COUNT; i++)
             atomic_store(&g_sel[i], 0);
     } else if (*args) {
-        long long cost = -1;
-        int classes = 0, chosen = 0;
-        unsigned char sel[F_COUNT] = {0};
-        const char *p = args;
-        while (*p) {
+        struct setting st = {.cost = -1};
+        for (const char *p = args; *p;) {
             const char *end = strchr(p, ' ');
             size_t n = end ? (size_t)(end - p) : strlen(p);
-            if (n > 5 && !strncmp(p, "cost=", 5)) {
-                char *e;
-                cost = strtoll(p + 5, &e, 10);
-                if (e != p + n || cost < 0 || cost > 1000000000ll)
-                    return error("cost= takes nanoseconds (0 to 1e9)", p, n);
-            } else if (n > 8 && !strncmp(p, "classes=", 8)) {
-                for (const char *q = p + 8; q < p + n;) {
-                    const char *c = memchr(q, ',', (size_t)(p + n - q));
-                    size_t m = c ? (size_t)(c - q) : (size_t)(p + n - q);
-                    int k = class_of_name(q, m);
-                    if (!k)
-                        return error("unknown class (submission, synchronization, state, query)", q, m);
-                    classes |= k;
-                    q += m + (c != NULL);
-                }
-            } else if (n > 10 && !strncmp(p, "functions=", 10)) {
-                for (const char *q = p + 10; q < p + n;) {
-                    const char *c = memchr(q, ',', (size_t)(p + n - q));
-                    size_t m = c ? (size_t)(c - q) : (size_t)(p + n - q);
-                    int f = fn_of_name(q, m);
-                    if (f < 0)
-                        return error("the shim does not wrap this function", q, m);
-                    sel[f] = 1;
-                    chosen = 1;
-                    q += m + (c != NULL);
-                }
-            } else if (n == 10 && !strncmp(p, "layer=shim", 10)) {
-                for (int i = 0; i < F_COUNT; i++)
-                    sel[i] |= fn_gated[i];
-                chosen = 1;
-            } else {
-                return error("expected off, or cost=NS with classes=, functions= and/or layer=shim", p, n);
-            }
+            char *err;
+            if (parse_word(p, n, &st, &err))
+                return err;
             p += n;
             while (*p == ' ')
                 p++;
         }
-        if (cost < 0 || (!classes && !chosen))
+        if (st.cost < 0 || (!st.classes && !st.chosen))
             return error("give cost=NS and classes=, functions= or layer=shim", NULL, 0);
-        atomic_store(&g_emul_on, 0);
-        atomic_store(&g_cost_ns, cost);
-        for (int i = 0; i < F_COUNT; i++)
-            atomic_store(&g_sel[i], sel[i] || (fn_class[i] & classes) ? 1 : 0);
-        atomic_store(&g_slowed, 0);
-        atomic_store(&g_spent_ns, 0);
-        atomic_store(&g_driver_ns, 0);
-        atomic_store(&g_driver_calls, 0);
-        atomic_store(&g_since_ns, now_ns());
-        atomic_store(&g_emul_on, 1);
+        emul_set(&st);
     }
     struct sbuf b = {0};
     sb_printf(&b, "{\"ok\": true, ");
