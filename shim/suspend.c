@@ -105,6 +105,26 @@ static int by_offset(const void *a, const void *b)
     return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
+/* How many bytes of physical allocation p, from its offset 0, the mappings the program made readable
+ * cover without a gap, in *covered.  0, or -1: out of memory. */
+static int own_covered(const struct own *o, const struct rec *p, uint64_t *covered)
+{
+    uint64_t (*r)[2] = calloc((size_t)o->nm + 1, sizeof *r);
+    if (!r)
+        return -1;
+    int n = 0;
+    for (int k = 0; k < o->nm; k++)
+        if (o->m[k].handle == p->key && (o->m[k].access & CU_MEM_ACCESS_FLAGS_PROT_READ))
+            r[n][0] = o->m[k].offset, r[n][1] = o->m[k].offset + o->m[k].size, n++;
+    qsort(r, (size_t)n, sizeof *r, by_offset);
+    *covered = 0;
+    for (int k = 0; k < n && r[k][0] <= *covered; k++)
+        if (r[k][1] > *covered)
+            *covered = r[k][1];
+    free(r);
+    return 0;
+}
+
 /* NULL when every physical allocation can be made again and its data copied: it is wholly covered
  * by mappings the program made readable, each mapping has a record of its allocation and access. */
 static const char *own_check(struct own *o, char *err, size_t len)
@@ -134,19 +154,9 @@ static const char *own_check(struct own *o, char *err, size_t len)
                      "and another process may hold it" : "has properties the shim does not know");
             return err;
         }
-        uint64_t (*r)[2] = calloc((size_t)o->nm + 1, sizeof *r);
-        if (!r)
+        uint64_t covered;
+        if (own_covered(o, p, &covered) != 0)
             return "out of memory";
-        int n = 0;
-        for (int k = 0; k < o->nm; k++)
-            if (o->m[k].handle == p->key && (o->m[k].access & CU_MEM_ACCESS_FLAGS_PROT_READ))
-                r[n][0] = o->m[k].offset, r[n][1] = o->m[k].offset + o->m[k].size, n++;
-        qsort(r, (size_t)n, sizeof *r, by_offset);
-        uint64_t covered = 0;
-        for (int k = 0; k < n && r[k][0] <= covered; k++)
-            if (r[k][1] > covered)
-                covered = r[k][1];
-        free(r);
         if (covered < p->size) {
             snprintf(err, len, "the program's VMM physical allocation %#llx (%llu bytes) is not wholly mapped "
                      "readable (%llu bytes from offset 0 are), so its data cannot be copied out; map it "
@@ -336,35 +346,29 @@ void cmd_suspend(struct op *op)
     sb_printf(&op->b, "}");
 }
 
-/* New memory at the same addresses, the data back from the image, the gate reopened. On failure the
- * job stays suspended: no memory behind its addresses, the data in the image. */
-void cmd_unsuspend(struct op *op)
+/* New memory behind every suspended address: the VMM-served allocations' and the program's own (all
+ * of it, or, on failure, none). */
+static int unsuspend_remap(struct op *op, struct own *own, uint64_t *remap_ns)
 {
-    struct own own = {0};
-    if (op_prepare(op) || op_freeze(op))
-        goto still_suspended;
-    if (own_snap(&own) != 0) {
-        fail(op, "out of memory", NULL);
-        goto still_suspended;
-    }
     uint64_t at = 0, tr = now_ns();
     CUresult e = remap_all(&at);
-    if (!e && (e = own_remap_all(&own, &at, 1)) != CUDA_SUCCESS) {
+    if (!e && (e = own_remap_all(own, &at, 1)) != CUDA_SUCCESS) {
         struct vmm_walk undo = {.remap = 0};
         reg_scan(R_MEM, vmm_walk, &undo);
     }
-    uint64_t remap_ns = now_ns() - tr;
+    *remap_ns = now_ns() - tr;
     if (e) {
         snprintf(op->err, sizeof op->err, "mapping memory at %#llx failed: CUresult %d; still suspended",
                  (unsigned long long)at, (int)e);
-        fail(op, "cannot map device memory again", op->err);
-        goto still_suspended;
+        return fail(op, "cannot map device memory again", op->err);
     }
-    if (op_layout(op) || op_copy(op))
-        goto still_suspended;
-    own_access_all(&own); /* the data are back: the program's own access flags again */
-    own_free(&own);
-    uint64_t suspended_ns = now_ns() - S.since_ns;
+    return 0;
+}
+
+/* The data are back: the suspension lets go of its image, which the shim keeps (its own, where it fits
+ * the cap beside the pool) or gives back.  Returns whether it is kept. */
+static int unsuspend_image(struct op *op)
+{
     int kept = 0;
     if (S.kept) { /* the shim's own image: kept for the next suspension where it fits the cap beside the pool */
         uint64_t cap = K.cap ? K.cap : pin_cap_default();
@@ -379,6 +383,27 @@ void cmd_unsuspend(struct op *op)
         close(S.fd);
     S.fd = -1;
     S.map = NULL; /* op->map: unpinned and unmapped by op_close, after the gate reopened (unless kept) */
+    return kept;
+}
+
+/* New memory at the same addresses, the data back from the image, the gate reopened. On failure the
+ * job stays suspended: no memory behind its addresses, the data in the image. */
+void cmd_unsuspend(struct op *op)
+{
+    struct own own = {0};
+    if (op_prepare(op) || op_freeze(op))
+        goto still_suspended;
+    if (own_snap(&own) != 0) {
+        fail(op, "out of memory", NULL);
+        goto still_suspended;
+    }
+    uint64_t remap_ns;
+    if (unsuspend_remap(op, &own, &remap_ns) || op_layout(op) || op_copy(op))
+        goto still_suspended;
+    own_access_all(&own); /* the data are back: the program's own access flags again */
+    own_free(&own);
+    uint64_t suspended_ns = now_ns() - S.since_ns;
+    int kept = unsuspend_image(op);
     gate_unsuspend();
     op_done(op);
     sb_printf(&op->b, ", \"remap_ns\": %llu, \"suspended_ns\": %llu, \"image_kept\": %s}",
