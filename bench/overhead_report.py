@@ -3,8 +3,8 @@
 
 The report as committed, one command (docs/overhead-report.md, docs/overhead-report/*.png):
     .venv/bin/python bench/overhead_report.py bench/results/overhead-h200 \\
-        --audit bench/results/audit-validate-h100 --incremental bench/results/incremental-costs-h100 \\
-        --restore-whole bench/results/restore-whole-h100.json --rates bench/results/rates-h100-4
+        --audit bench/results/audit-validate-h100 --incremental bench/results/incremental-costs-h100-2 \\
+        --restore-whole bench/results/restore-whole-h100.json --rates bench/results/rates-h100-5
 Anywhere else:
     .venv/bin/python bench/overhead_report.py DIR [--audit D] [...] --md OUT.md --plots OUTDIR [--mtbf-h 24]
 
@@ -518,12 +518,33 @@ def incremental_section(inc: dict | None, path: str | None, plot_rel: str, made:
                         f"{1e6 * one['setup_s']:.0f} µs." if (tot := (part.get('whole') or {}).get('total_ns'))
                         and (setup := (part.get('whole') or {}).get('setup_ns')) and one.get('setup_s') is not None
                         else "."))
-    has_suspend = any(p.get("cycles") for p in inc.get("parts") or [])
-    if not has_suspend:
-        L += ["- Suspend and resume (`bench/incremental_costs_gpu.py --parts suspend`): not measured: that part "
-              "was not run in these results."]
     L.append("")
-    return L
+    return L + suspend_lines(inc.get("suspend") or [], inc.get("unit", "GiB"))
+
+
+def suspend_lines(sizes: list[dict], unit: str) -> list[str]:
+    """Suspend and resume, cycle after cycle (`bench/incremental_costs_gpu.py --parts suspend`): the first
+    cycle makes the job's image (mapped and pinned, kept after), the others reuse it."""
+    if not any(sz.get("cycles") for sz in sizes):
+        return ["Suspend and resume (`bench/incremental_costs_gpu.py --parts suspend`): not measured: that part "
+                "was not run in these results.", ""]
+    L = ["Suspend and resume of one job, cycle after cycle: *suspend* the command's total (its copies off the GPU, "
+         "the memory released), *resume* the same back; *over the copies*: both totals less both copies. The "
+         "first cycle makes the job's image (host memory mapped and pinned, then kept for the next).", "",
+         "| size | cycle | suspend s | of it: set-up s | copy s | resume s | over the copies s | right |",
+         "|---|---|---|---|---|---|---|---|"]
+    right = {True: "yes", False: "**no**", None: NOT}
+    for sz in sizes:
+        for c in sz.get("cycles") or []:
+            s = c.get("summary") or {}
+            if not s:
+                L.append(f"| {sz['size']} {unit} | {c.get('cycle')} | not measured: {c.get('error') or 'no summary'} "
+                         "| | | | | |")
+                continue
+            L.append(f"| {sz['size']} {unit} | {c['cycle']} | {s['suspend_total_s']:.3f} | {s['suspend_setup_s']:.3f} | "
+                     f"{s['suspend_copy_s']:.3f} | {s['resume_total_s']:.3f} | {s['over_copies_s']:.3f} | "
+                     f"{right[c.get('data_right')]} |")
+    return L + [""]
 
 
 def restore_whole_section(rw: dict | None, path: str | None) -> list[str]:

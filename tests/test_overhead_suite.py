@@ -26,8 +26,8 @@ FIXTURE = ROOT / "tests/data/overhead-sim"
 GPU_RESULTS = ROOT / "bench/results/overhead-h200"
 # The report's inputs as committed, in the order the command names them (bench/overhead_report.py's docstring).
 COMMITTED = ["bench/results/overhead-h200", "--audit", "bench/results/audit-validate-h100",
-             "--incremental", "bench/results/incremental-costs-h100",
-             "--restore-whole", "bench/results/restore-whole-h100.json", "--rates", "bench/results/rates-h100-4"]
+             "--incremental", "bench/results/incremental-costs-h100-2",
+             "--restore-whole", "bench/results/restore-whole-h100.json", "--rates", "bench/results/rates-h100-5"]
 
 
 def run(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
@@ -160,7 +160,7 @@ def test_the_committed_report_states_the_results_figures(tmp_path):
     inside = sum(1 for r in summary["rows"] if r["inside_point"])
     assert f"Inside the bounds within 1 point: **{inside} of {len(summary['rows'])}**" in text
     # The incremental checkpoints against the driver's, on the same job.
-    inc = orjson.loads((ROOT / "bench/results/incremental-costs-h100/incremental-costs.json").read_bytes())
+    inc = orjson.loads((ROOT / "bench/results/incremental-costs-h100-2/incremental-costs.json").read_bytes())
     for part in inc["parts"]:
         for ch in part["changes"]:
             s = ch["summary"]
