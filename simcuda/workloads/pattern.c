@@ -14,6 +14,8 @@
  * --async: the two cuMemAlloc_v2 allocations of --plain, the cuMemAllocAsync one (stream-ordered, as
  *   JAX's and CuPy's async allocators make) and one of S/4 from a memory pool of its own
  *   (cuMemPoolCreate, cuMemAllocFromPoolAsync), and the `churn` command.
+ * --empty: no device memory at all until the `alloc` command asks for some (a context and a stream only):
+ *   a job that allocates only after a checkpointer's command has found it holding none.
  * --spare-handle (with --own-vmm or --mixed): one more cuMemCreate allocation (G), mapped nowhere.
  * --release-early (with --own-vmm or --mixed): C is released (cuMemRelease) as soon as it is mapped; its
  *   memory lives on in the mapping, as the driver keeps it.
@@ -165,12 +167,14 @@ int main(int argc, char **argv)
 {
     wl.workload = "pattern";
     wl.size = 1 << 20;
-    int plain = 0, own = 0, mixed = 0, spare = 0, early = 0, async = 0;
+    int plain = 0, own = 0, mixed = 0, spare = 0, early = 0, async = 0, empty = 0;
     for (int i = 1; i < argc;) /* our own options, taken out before the common parser sees them */
         if (!strcmp(argv[i], "--plain") || !strcmp(argv[i], "--own-vmm") || !strcmp(argv[i], "--mixed") ||
-            !strcmp(argv[i], "--spare-handle") || !strcmp(argv[i], "--release-early") || !strcmp(argv[i], "--async")) {
+            !strcmp(argv[i], "--spare-handle") || !strcmp(argv[i], "--release-early") || !strcmp(argv[i], "--async") ||
+            !strcmp(argv[i], "--empty")) {
             int *o = argv[i][2] == 'p' ? &plain : argv[i][2] == 'o' ? &own : argv[i][2] == 'm' ? &mixed
-                     : argv[i][2] == 's' ? &spare : argv[i][2] == 'a' ? &async : &early;
+                     : argv[i][2] == 's' ? &spare : argv[i][2] == 'a' ? &async : !strcmp(argv[i], "--empty") ? &empty
+                     : &early;
             *o = 1;
             memmove(argv + i, argv + i + 1, (size_t)(argc - i) * sizeof *argv);
             argc--;
@@ -203,6 +207,8 @@ int main(int argc, char **argv)
     vprop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     vprop.location.id = dev;
     CU(cuMemGetAllocationGranularity, &gran, &vprop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (empty)
+        goto filled;
     if (own) {
         own_vmm(spare, early);
         goto filled;
