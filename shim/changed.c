@@ -98,11 +98,19 @@ static void mark_changed(struct op *op, const uint64_t *want)
  * not, op->dg_why says why and everything is copied. */
 int digests_compare(struct op *op)
 {
+    /* (No digester where the job held nothing before the freeze: holding something now, the command was
+     * refused busy, op_layout.) */
     if (!op->dg || !op->nd)
         return 0;
     struct dg_span *sp = digest_spans(&op->c, op->dchunk, op->nd);
     if (!sp) {
         snprintf(op->dg_why, sizeof op->dg_why, "out of memory");
+        return 0;
+    }
+    if (!dg_covers(op->dg, sp, op->nd)) { /* nothing run: the digester is kept, made larger next time */
+        free(sp);
+        snprintf(op->dg_why, sizeof op->dg_why, "the process allocated device memory meanwhile (more chunks than "
+                 "the digester was made for, or in a context made since)");
         return 0;
     }
     const char *e = dg_run(op->dg, sp, op->nd, op->dig, &op->t.digest, op->dg_why, sizeof op->dg_why);
@@ -181,6 +189,14 @@ static int digest_frozen(struct digest_cmd *d, int have_pause)
         json_err(&d->b, "out of memory", NULL);
         return -1;
     }
+    if (!dg_covers(d->dg, d->sp, d->nd)) {
+        /* The job allocated between digest_ready and the gate: more than the digester was made for, or
+         * in a context made since, or anything at all where it held nothing then (no digester: none
+         * is made for nothing).  Refused as a dump is then, the gate reopened (dump_digest), nothing
+         * run; the next try is prepared for what it holds now. */
+        json_err(&d->b, "busy", "the process allocated device memory meanwhile; try again");
+        return -1;
+    }
     const char *e = d->nd ? dg_run(d->dg, d->sp, d->nd, d->dig, &d->digest_ns, why, sizeof why) : NULL;
     if (d->paused) {
         gputrace_shim_resume();
@@ -214,7 +230,10 @@ static int digest_write(struct digest_cmd *d, int fd)
  * kernel reads (no allocation can be freed under it) and reopened before the digests are written;
  * the work the program had submitted is not waited for, so a chunk it writes meanwhile may read
  * either way: the restore's own comparison, under its gate, is what decides (a chunk that then
- * differs and was not read is refused there, "stale", and nothing is copied). */
+ * differs and was not read is refused there, "stale", and nothing is copied).  Where the job allocated
+ * between the preparation and the gate, beyond what the digester was made for (anything, where it
+ * held nothing then), the command is refused as a dump is then, `busy` ("...allocated device memory
+ * meanwhile; try again"), with the gate reopened and nothing run: the caller tries again. */
 char *dump_digest(char *args, int fd, int have_pause, size_t *len)
 {
     struct digest_cmd d = {0};

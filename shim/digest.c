@@ -157,21 +157,45 @@ struct digester *dg_open(const uint64_t *ctxs, const size_t *caps, int nctx, cha
     return d;
 }
 
+/* Whether `d` holds the `n` chunks of `s`: it was made before the gate closed, for the allocations
+ * there were then (none at all where there were none), and the job may have allocated since, more
+ * chunks than its scratch holds or in a context made since (whose chunks it would never read). */
+int dg_covers(const struct digester *d, const struct dg_span *s, size_t n)
+{
+    if (!n)
+        return 1;
+    if (!d)
+        return 0;
+    size_t m[DG_MAX_CTX] = {0};
+    for (size_t i = 0; i < n; i++) {
+        int k = 0;
+        while (k < d->nc && d->c[k].ctx != s[i].ctx)
+            k++;
+        if (k == d->nc || ++m[k] > d->c[k].cap)
+            return 0;
+    }
+    return 1;
+}
+
 /* The digests of `n` chunks (out: 2n words, in the chunks' order).  Returns NULL, or why not. */
 const char *dg_run(struct digester *d, const struct dg_span *s, size_t n, uint64_t *out, uint64_t *ns, char *why,
                    size_t wl)
 {
     uint64_t t0 = now_ns();
     const char *fail = NULL;
+    *ns = 0;
+    if (!n)
+        return NULL;
+    if (!dg_covers(d, s, n)) { /* (callers check first: this one never runs an outgrown digester, or none) */
+        snprintf(why, wl, "the process allocated device memory meanwhile (more chunks than planned, or in a "
+                          "context made since)");
+        return why;
+    }
     for (int k = 0; k < d->nc && !fail; k++) {
         struct dg_ctx *c = &d->c[k];
         size_t m = 0;
         for (size_t i = 0; i < n; i++)
             if (s[i].ctx == c->ctx) {
-                if (m == c->cap) {
-                    snprintf(why, wl, "the process allocated device memory meanwhile (more chunks than planned)");
-                    return why;
-                }
                 if (s[i].ptr % 8) {
                     snprintf(why, wl, "an allocation at %#llx is not 8-byte aligned", (unsigned long long)s[i].ptr);
                     return why;

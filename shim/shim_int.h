@@ -170,7 +170,11 @@ struct digester;
 /* Loads the kernel and makes scratch for up to caps[i] chunks in each context ctxs[i] (before the
  * gate closes).  NULL, with why filled, where the device or the driver cannot. */
 HIDDEN struct digester *dg_open(const uint64_t *ctxs, const size_t *caps, int nctx, char *why, size_t wl);
-/* The digests of n chunks, 2 words each, in the chunks' order, into out; NULL, or why not. */
+/* Whether d (NULL: none was made) has scratch for the n chunks of s: each in a context it was made in,
+ * no more there than it holds.  0 where the process allocated after it was made (nothing is run). */
+HIDDEN int dg_covers(const struct digester *d, const struct dg_span *s, size_t n);
+/* The digests of n chunks, 2 words each, in the chunks' order, into out; NULL, or why not (where
+ * !dg_covers, before anything runs). */
 HIDDEN const char *dg_run(struct digester *d, const struct dg_span *s, size_t n, uint64_t *out, uint64_t *ns,
                           char *why, size_t wl);
 HIDDEN void dg_close(struct digester *d);
