@@ -475,16 +475,21 @@ def verified_image(path: Path, manifest: dict, fd: int, progress: store.Progress
 
 def _live_digests(s: ShimSession, dchunk: int, timeout_ms: int) -> tuple[bytes | None, int]:
     """The live memory's digests (16 bytes a chunk, in address order) and how long the gate was
-    closed for them; None where the shim cannot take them (the restore then reads everything)."""
-    fd = os.memfd_create("gputrace-digests", os.MFD_CLOEXEC)
-    try:
-        r = s.request(f"digest digest={dchunk} timeout={timeout_ms}", fd=fd, timeout_s=copy_timeout(0))
-        if not r.get("ok"):
-            return None, 0
-        raw = os.pread(fd, 16 * int(r["chunks"]), 0)
-    finally:
-        os.close(fd)
-    return raw, int(r.get("freeze_ns", 0))
+    closed for them; None where the shim cannot take them (the restore then reads everything).
+    A job that allocated between the command's preparation (its digester, made while the job ran)
+    and its gate is refused busy, nothing run and the gate open again (overtaken): asked again, up
+    to BUSY_TRIES times in all, each prepared for what the job then holds."""
+    for _ in range(BUSY_TRIES):
+        fd = os.memfd_create("gputrace-digests", os.MFD_CLOEXEC)
+        try:
+            r = s.request(f"digest digest={dchunk} timeout={timeout_ms}", fd=fd, timeout_s=copy_timeout(0))
+            if r.get("ok"):
+                return os.pread(fd, 16 * int(r["chunks"]), 0), int(r.get("freeze_ns", 0))
+        finally:
+            os.close(fd)
+        if not overtaken(r):
+            break
+    return None, 0
 
 
 def _selected_image(sel: chain.Selective, live: bytes, fd: int, progress: store.Progress | None) -> int:
@@ -570,7 +575,7 @@ def restore(pid: int, path: Path | str, *, lanes: int = DEFAULT_LANES, chunk: in
             try:
                 for attempt in (1, 2, 3):
                     tv = time.monotonic_ns()
-                    if sel is not None and attempt < 3:
+                    if sel is not None and why is None and attempt < 3:  # (why: whole from here on)
                         live, pre = _live_digests(s, sel.final.digest_chunk, timeout_ms)
                         prepass_ns += pre
                         if live is None or len(live) != 16 * sel.final.digest_count:

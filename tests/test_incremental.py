@@ -101,6 +101,43 @@ def test_a_rollback_restore_copies_back_only_the_chunks_that_differ(target, tmp_
     assert whole.chunks == 0 and whole.bytes_copied == whole.bytes == ra.bytes and t.sum() == saved
 
 
+BUSY = {"ok": False, "error": "busy", "detail": "the process allocated device memory meanwhile; try again"}
+
+
+@pytest.mark.parametrize("refusals", [1, 2, 3])
+def test_a_digest_prepass_overtaken_by_the_jobs_allocations_is_asked_again(target, tmp_path, monkeypatch, refusals):
+    """The `digest` command a restore takes before reading the chain is refused busy, as a dump is, when
+    the job allocated between its preparation and its gate (tests/test_shim_dump.py makes that race
+    for the shim itself): nothing run, the gate open again.  The restore asks again, up to BUSY_TRIES
+    times, and still reads only the chunks that differ; refused every time, it reads everything."""
+    from gputrace.checkpointer import ops
+
+    t = target(SIZE)
+    ra = checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
+    saved = t.sum()
+    t.cmd(f"touch 0 {5 * DC} 10 61")
+    sent: list[str] = []
+    real = ops.ShimSession.request
+
+    def request(self, words, **kw):
+        if words.startswith("digest"):
+            sent.append(words)
+            if len(sent) <= refusals:
+                return dict(BUSY)
+        return real(self, words, **kw)
+
+    monkeypatch.setattr(ops.ShimSession, "request", request)
+    rr = restore(t.pid, tmp_path / "a")
+    assert t.sum() == saved and t.gate_open()
+    assert rr.chunks == ra.chunks and rr.chunks_copied == 1
+    if refusals < ops.BUSY_TRIES:
+        assert len(sent) == refusals + 1
+        assert rr.verified == "used" and rr.verify_why is None and rr.bytes_read < ra.bytes
+    else:  # every byte read, and said why (the digests are not asked for again)
+        assert len(sent) == ops.BUSY_TRIES and rr.verified == "all"
+        assert rr.verify_why == "the shim could not take the live memory's digests"
+
+
 def test_a_damaged_earlier_link_makes_the_later_ones_invalid_and_leaves_the_job_alone(target, tmp_path):
     t = target(SIZE)
     checkpoint(t.pid, tmp_path / "a", digest_chunk=DC)
