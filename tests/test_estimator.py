@@ -523,6 +523,21 @@ def test_an_exposure_whose_marker_interval_straddles_the_models_singularity_is_t
     assert e.err > 0 and e.value - e.err >= -1e-9 and e.value + e.err <= est.EXPOSURE_MAX + 1e-9, e
 
 
+def test_a_marker_interval_from_below_one_to_past_the_singularity_measures_nothing():
+    """Seen in GPT-2's observations on an H100 and under `top --once` of two simcuda clients: windows
+    that ran as fast as their references or faster (a bursty job's reference spans see other parts
+    of its step), their ratio in/out 1.15 with an interval from 0 to past the point where the model
+    has no finite exposure. Every exposure from 0 to the most fits that; it read "measured, 3.0 +- 0",
+    the most stated as known, which windows read through the exposure then took as certain."""
+    pool = est.MarkerPool()
+    for calls_in in (1300, 1000):  # probes 2% of the windows, 1% of the references: no finite k at 2
+        pool.add(est.Window(0.01, frozenset({0}), {0: calls_in}, 0.0002,
+                            est.MarkerCount(calls_in, 0.01, 1000, 0.01, 0.0001)))
+    e = pool.exposure()
+    assert e.value - e.err <= 1e-9 and e.value + e.err >= est.EXPOSURE_MAX - 1e-9, e
+    assert not e.measured
+
+
 def test_calls_before_a_phase_change_are_not_pooled_away_into_a_firm_window_after_it():
     """Seen in the randomized eBPF runs on CI: a function called at 50k/s in the scout's interval
     (3 ms of window, the probes 40% of the job's time: its rate rests on the exposure), then not at

@@ -837,8 +837,13 @@ class MarkerPool:
         p_in, p_out = self.probe_s / self.t_in, self.probe_out_s / self.t_out
 
         def k_of(ratio: float) -> float:
+            # k falls with the ratio, without bound as it nears p_in / p_out (where d is 0): a ratio at
+            # or past that point bounds k from below by nothing. (It once read EXPOSURE_MAX: a ratio
+            # interval from below 1 to past that point then gave "measured, 3.0 +- 0", the exposure's
+            # most stated as known, where the markers said nothing of it: GPT-2's on an H100, two
+            # simcuda clients under `top --once`.)
             d = p_in - ratio * p_out
-            return (1.0 - ratio) / d if d > 1e-12 else EXPOSURE_MAX
+            return (1.0 - ratio) / d if d > 1e-12 else -math.inf
 
         ratio = self.n_in / self.x
         rel = 1.96 * math.sqrt(1.0 / self.n_in + 1.0 / self.n_out)  # Poisson
@@ -855,6 +860,8 @@ class MarkerPool:
             # more than probes can): nothing is measured, all that stands is the range.
             return UNMEASURED_EXPOSURE
         lo, hi = max(raw_lo, 0.0), min(raw_hi, EXPOSURE_MAX)
+        if lo <= 0.0 and hi >= EXPOSURE_MAX:
+            return UNMEASURED_EXPOSURE  # (the whole range: the markers narrowed nothing)
         return Exposure((lo + hi) / 2, (hi - lo) / 2 + 1e-12, True)
 
 
