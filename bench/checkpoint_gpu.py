@@ -41,6 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "ckpt_job.py"
 sys.path.insert(0, str(HERE))
+from job_protocol import Client  # noqa: E402
 from shim_gpu import nvml_used_bytes  # noqa: E402
 GIB = 1 << 30
 
@@ -56,41 +57,15 @@ def gputrace() -> str:
     return exe
 
 
-class Job:
+class Job(Client):
+    """bench/ckpt_job.py, alone or (shim) under `gputrace run --checkpointable [--suspendable]`."""
+
     def __init__(self, shim: bool, suspendable: bool = True) -> None:
-        env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
         argv = [sys.executable, str(JOB)]
         if shim:
             argv = [gputrace(), "run", "--checkpointable"] + (["--suspendable"] if suspendable else []) + ["--"] + argv
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        hello = self._read()
-        self.pid = hello["pid"]
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the job exited (rc {self.proc.wait()})")
-        return json.loads(line)
-
-    def cmd(self, line: str) -> dict:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        r = self._read()
-        if not r.get("ok"):
-            raise RuntimeError(f"job: {line}: {r}")
-        return r
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.cmd("quit")
-            except (RuntimeError, BrokenPipeError, OSError):
-                pass
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(argv)
+        self.pid = self.hello["pid"]
 
 
 def results_main(ap, run, summary) -> tuple[int, dict | None]:

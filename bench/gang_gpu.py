@@ -17,15 +17,14 @@ Writes OUT.json and OUT.md.  Run after `source bench/gpu-env.sh`.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from checkpoint_gpu import Job, cli, gputrace, log, nvml_used, results_main  # noqa: E402
+from job_protocol import Client  # noqa: E402
 
 JOB = HERE / "gang_job.py"
 
@@ -34,13 +33,11 @@ class Gang(Job):
     """The launcher, spoken to as bench/checkpoint_gpu.py's Job is; each reply is every rank's."""
 
     def __init__(self, shim: bool, ranks: int, port: int) -> None:
-        env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
         argv = [sys.executable, str(JOB), "--ranks", str(ranks), "--port", str(port)]
         if shim:
             argv = [gputrace(), "run", "--checkpointable", "--suspendable", "--"] + argv
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        hello = self._read()
-        self.launcher, self.ranks = hello["launcher"], [r["pid"] for r in hello["ranks"]]
+        Client.__init__(self, argv)
+        self.launcher, self.ranks = self.hello["launcher"], [r["pid"] for r in self.hello["ranks"]]
 
     def cmd(self, line: str) -> list[dict]:
         return super().cmd(line)["ranks"]

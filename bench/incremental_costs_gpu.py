@@ -23,7 +23,8 @@ pinned between suspensions only within that cap), then `--cycles` times: data ch
 `gputrace resume`, the checksum compared.  Per cycle: each command's total and its copy (the bus's part), the
 set-up (the image made and pinned: the first cycle only, where it was kept), the freeze, and whether suspend's
 and resume's totals together are within 0.3 s of their copies (issue 42's done-when; the first cycle, which
-makes the image, is reported apart).
+makes the image, is reported apart).  `--prepare`: `gputrace suspend --prepare` first, while the job runs (the
+image made ahead, its time recorded as `prepare`), so that the first cycle too should make nothing.
 
 OUT/incremental-costs.json is rewritten (tmp, then renamed) after every measurement, so a run ended by
 its time limit keeps what it measured; --budget-s (default 480) stops starting new parts once passed.
@@ -32,6 +33,7 @@ On the GPU machine (one call of at most 9 minutes; the sizes and parts are flags
     source bench/gpu-env.sh
     python3 bench/incremental_costs_gpu.py --sizes 4,16 --storage disk,tmpfs --out /tmp/inc-costs
     python3 bench/incremental_costs_gpu.py --parts suspend --sizes 16,4 --out /tmp/suspend-costs
+    python3 bench/incremental_costs_gpu.py --parts suspend --prepare --sizes 16,4 --out /tmp/suspend-prepared
 Here (simcuda, sizes in MiB):
     .venv/bin/python bench/incremental_costs_gpu.py --simcuda --sizes 4,16 --out /tmp/inc-costs-sim
 """
@@ -52,6 +54,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import provenance  # noqa: E402
+from job_protocol import Client  # noqa: E402
 
 SCHEMA = "gputrace.bench.incremental_costs/1"
 GIB, MIB = 1 << 30, 1 << 20
@@ -79,45 +82,20 @@ def cli(*args: str) -> dict:
     return d
 
 
-class TorchJob:
+class TorchJob(Client):
     """bench/ckpt_job.py under the shim."""
 
     def __init__(self, nbytes: int, env_add: dict | None = None) -> None:
-        env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1", **(env_add or {}))
         flags = ["--checkpointable"] + (["--suspendable"] if env_add and env_add.get("GPUTRACE_SHIM_VMM") else [])
-        argv = [*gputrace_argv(), "run", *flags, "--", sys.executable, str(HERE / "ckpt_job.py")]
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.pid = self._read()["pid"]
+        super().__init__([*gputrace_argv(), "run", *flags, "--", sys.executable, str(HERE / "ckpt_job.py")], env_add)
+        self.pid = self.hello["pid"]
         self.cmd(f"hold {nbytes}")
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the job exited (status {self.proc.wait()})")
-        return json.loads(line)
-
-    def cmd(self, line: str) -> dict:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        r = self._read()
-        if not r.get("ok"):
-            raise RuntimeError(f"job: {line}: {r}")
-        return r
 
     def change(self, n: int, rnd: int) -> None:
         self.cmd(f"write 0 {n}")  # adds 1 to each byte: changed again by the next call
 
     def checksum(self) -> str:
         return json.dumps(self.cmd("checksum")["checksum"])
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.cmd("quit")
-                self.proc.wait(timeout=60)
-            except (RuntimeError, OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
 
 
 class PatternJob:
@@ -190,6 +168,9 @@ def main() -> int:
     ap.add_argument("--storage", default="disk,tmpfs", help="disk, tmpfs or both")
     ap.add_argument("--parts", default="incremental", help="incremental, suspend or both, comma-separated")
     ap.add_argument("--cycles", type=int, default=4, help="suspend/resume cycles a size (the first makes the image)")
+    ap.add_argument("--prepare", action="store_true",
+                    help="--parts suspend: `gputrace suspend --prepare` before the first cycle, so that the image is "
+                         "made while the job runs (timed apart) and no cycle makes it")
     ap.add_argument("--no-driver", action="store_true", help="leave out the driver's checkpoint of the job")
     ap.add_argument("--simcuda", action="store_true", help="simcuda instead of a GPU (sizes in MiB)")
     ap.add_argument("--budget-s", type=float, default=480, help="start no new part after this many seconds")
@@ -328,6 +309,12 @@ def suspend_part(part: dict, nbytes: int, a: argparse.Namespace, save) -> None:
     log(f"{part['size']} {'MiB' if a.simcuda else 'GiB'}: suspend and resume, {a.cycles} cycles")
     job = (PatternJob if a.simcuda else TorchJob)(nbytes, env)
     try:
+        if a.prepare:  # the image made ahead, while the job runs: no cycle should make it
+            pr = cli("suspend", "--prepare", "-p", str(job.pid))
+            part["prepare"] = pr
+            part["prepare_summary"] = {"setup_s": s(pr.get("setup_ns")), "total_s": s(pr.get("total_ns")),
+                                       "image_bytes": pr.get("image_bytes"), "made": pr.get("made")}
+            save()
         for i in range(a.cycles):
             job.change(nbytes, 40 + i)  # every byte: what the copies carry is the same either way
             want = job.checksum()
@@ -363,6 +350,11 @@ def summary(doc: dict) -> str:
            "size storage changed | freeze durable total (target) | restore freeze back (target) | "
            "copied stored read | right"]
     for p in doc.get("suspend", []):
+        if "prepare" in p:
+            pr, ps = p["prepare"], p["prepare_summary"]
+            out.append(f"{p['size']}{doc['unit']} suspend --prepare: failed: {pr['error']}" if "error" in pr else
+                       f"{p['size']}{doc['unit']} suspend --prepare | {ps['image_bytes']} bytes pinned in "
+                       f"{ps['setup_s']:.3f} s ({ps['total_s']:.3f} s in all), job running")
         for c in p.get("cycles", []):
             sm = c.get("summary")
             if not sm:
