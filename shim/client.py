@@ -31,6 +31,11 @@ devices [{ordinal, name, uuid}]; on failure error (and detail, or differences fo
 status's kept (shim/kept.c) also says expect_bytes (what the next incremental dump is planned for),
 staging_copied_bytes and outgrown (such reopened freezes, counted).
 `suspend` adds reserved_bytes and release_ns, `unsuspend` remap_ns and suspended_ns.
+`prepare_suspend` (the image a suspension copies into, made ahead while the job runs): made, allocations,
+bytes, image_bytes, setup_ns, pin_cap, kept_pinned_bytes, suspend_image_allocs, suspend_image_prepared; refused
+with error `over the pin cap` (and needs_bytes, pin_cap, kept_pinned_bytes), `host memory`, `unsupported`,
+`busy` (the gate closed, or a command staged) or `suspended`, nothing pinned.  `release`: released_pinned_bytes,
+released_digester.
 A job of several processes is stopped in steps (checkpointer/gang.py): `close [MS]` (gate closed, no
 drain; replies collectives), `advance N [MS]`, `drain [MS]`, then dump/restore/suspend on the same
 connection and `resume`; status also says collectives (launched so far), collective_kernels (kernels

@@ -33,7 +33,11 @@
  *   digest [digest=BYTES] [timeout=MS]
  *                 with an fd: the live memory's digests into it, under a gate closed for the kernel
  *                 alone (what a restore reads before it: only the chunks that differ)
- *   release       the pinned pool and digest kernel kept between dumps and restores given back
+ *   release       the pinned pool, digest kernel and suspension image kept between commands given back
+ *   prepare_suspend
+ *                 the image the next `suspend keep=1` copies into, made now (mapped and pinned, sized for
+ *                 the device memory held, within the pin cap), while the job runs: nothing is gated, and
+ *                 the first suspension then pays only its copies (suspend.c says what it refuses)
  * A job of several processes (checkpointer/gang.py) is stopped in steps, each bounded, so that no
  * process waits on a peer stopped before it (see "Collectives" in shim.c):
  *   close [MS]    close the gate without waiting for the calls in flight (only for collective launches
@@ -448,6 +452,13 @@ static void v_release(struct client *cl, int idx, char *rest)
     reply_buf(cl, buf, n);
 }
 
+static void v_prepare_suspend(struct client *cl, int idx, char *rest)
+{
+    size_t n = 0;
+    char *buf = suspend_prepare_command(&n);
+    reply_buf(cl, buf, n);
+}
+
 static void v_keep(struct client *cl, int idx, char *rest)
 {
     if (!gate_suspended())
@@ -474,7 +485,7 @@ static const struct verb {
     {"resume", NAME, v_resume},     {"rehome", NAME, v_rehome},   {"emulate", WORDS, v_emulate},
     {"dump", WORDS, v_dump},        {"restore", WORDS, v_restore}, {"suspend", WORDS, v_suspend},
     {"unsuspend", WORDS, v_unsuspend}, {"digest", WORDS, v_digest}, {"release", NAME, v_release},
-    {"keep", NAME, v_keep},
+    {"keep", NAME, v_keep},         {"prepare_suspend", NAME, v_prepare_suspend},
 };
 
 /* One command line: trimmed of spaces (and a CR), then run by the verb it names. */
@@ -496,7 +507,8 @@ static void command(struct client *cl, int idx, char *line)
         return;
     }
     reply(cl, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
-                  "restore, suspend, unsuspend, keep, rehome, digest, release, emulate, close [MS], advance N [MS], drain [MS]\"}");
+                  "restore, suspend, unsuspend, keep, rehome, digest, release, prepare_suspend, emulate, close [MS], "
+                  "advance N [MS], drain [MS]\"}");
 }
 
 static void drop(struct client *cls, int i)

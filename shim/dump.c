@@ -307,10 +307,7 @@ static int prepare_space(struct op *op, int sparse)
     if (op->restore) {
         op->map_len = op->h.data_offset + op->h.data_bytes;
     } else if (c->n) {
-        uint64_t nd = n_digests(&c->v[0].size, sizeof *c->v, c->n, op->dchunk);
-        op->map_len = head_bytes(c->n, nd + nd / 4 + 64, op->o.base);
-        for (int i = 0; i < c->n; i++)
-            op->map_len = round_up(op->map_len + c->v[i].size, IMG_ALIGN);
+        op->map_len = image_len(c->v, c->n, op->dchunk, op->o.base);
         /* Reserve a whole image's space while the job runs: page allocation (tmpfs, memfd) or block
          * allocation (a disk) leaves the freeze, and a full filesystem fails here, before it. */
         int e = sparse || op->simg ? 0 : posix_fallocate(op->fd, 0, (off_t)op->map_len);
@@ -843,6 +840,8 @@ static void cmd_restore(struct op *op)
  * are no part of the freeze.  Any other command of the family, or the connection closing, drops it. */
 static struct op *g_staged;
 static int g_staged_conn = -1;
+
+int dump_staged(void) { return g_staged != NULL; }
 
 static void op_free(struct op *op)
 {

@@ -104,6 +104,7 @@ HIDDEN const char *sync_bounded(const struct collect *c, int timeout_ms, uint64_
 HIDDEN int io_all(int restore, int fd, void *buf, size_t n, uint64_t off); /* 0, or an errno */
 HIDDEN uint64_t n_digests(const uint64_t *sizes, size_t stride, int n, uint64_t dchunk);
 HIDDEN uint64_t head_bytes(int n, uint64_t nd, int partial);
+HIDDEN uint64_t image_len(const struct item *v, int n, uint64_t dchunk, int partial);
 HIDDEN const char *read_image(int fd, int head_only, int partial_ok, struct img_hdr *h, struct img_ent **ents,
                               uint64_t **dig, unsigned char **held);
 HIDDEN int image_diff(const struct img_ent *e, int ne, const struct item *v, int nv, struct sbuf *b);
@@ -193,6 +194,7 @@ HIDDEN int op_layout(struct op *op);
 HIDDEN int op_copy(struct op *op);
 HIDDEN void op_done(struct op *op);
 HIDDEN int run_copy(struct op *op, int restore); /* copy.c */
+HIDDEN int dump_staged(void); /* a command staged (stage=1) waits for its gate: it holds what it prepared */
 
 /* ---- changed.c */
 HIDDEN void digests_prepare(struct op *op);
@@ -245,6 +247,7 @@ struct kept {
     int simg_fd;
     uint64_t simg_len, simg_ctx;
     unsigned long long simg_allocs, simg_reused;
+    unsigned long long simg_prepared; /* of simg_allocs, made ahead by `prepare_suspend` */
     int simg_release; /* `release` came while it was in use: not kept at unsuspend */
 };
 HIDDEN extern struct kept K;
@@ -257,5 +260,7 @@ HIDDEN uint64_t defer_max(uint64_t staging, uint64_t cap);
 HIDDEN void expect_note(uint64_t bytes);
 HIDDEN void simg_drop(void);
 HIDDEN int keep_simg(uint64_t len, uint64_t ctx);
+HIDDEN uint64_t simg_len_for(uint64_t len);
+HIDDEN int simg_fits(uint64_t len, uint64_t ctx);
 
 #endif

@@ -66,6 +66,18 @@ uint64_t head_bytes(int n, uint64_t nd, int partial)
     return round_up(dig_at + nd * 16 + (partial ? nd : 0), IMG_ALIGN);
 }
 
+/* The most a dump's image of these allocations can need: its head, with room for their digests at
+ * `dchunk` bytes each and some more, and every allocation's data, each aligned.  What a dump or a
+ * suspension maps (dump.c prepare_space) and what `prepare_suspend` pins ahead for one (suspend.c). */
+uint64_t image_len(const struct item *v, int n, uint64_t dchunk, int partial)
+{
+    uint64_t nd = n ? n_digests(&v[0].size, sizeof *v, n, dchunk) : 0;
+    uint64_t len = head_bytes(n, nd + nd / 4 + 64, partial);
+    for (int i = 0; i < n; i++)
+        len = round_up(len + v[i].size, IMG_ALIGN);
+    return len;
+}
+
 /* The header, checked against the file's size; *hsize: its length in the file (version 1's is shorter). */
 static const char *read_head(int fd, uint64_t fsize, int head_only, int partial_ok, struct img_hdr *h,
                              size_t *hsize)

@@ -11,9 +11,10 @@
  * it never exceeds the cap: `pin_cap=BYTES` on the command, else $GPUTRACE_SHIM_PIN_CAP, else
  * PIN_CAP_DEFAULT.  `release` (control.c) gives all of it back; the process's exit does too.
  *
- * Also kept, within the same cap: a suspension's image (`suspend keep=1`, keep_simg), so that the next
- * suspension copies straight into memory already pinned; and what the next incremental dump is
- * planned for (expect_note).  `struct kept` in dump_int.h says what each field holds. */
+ * Also kept, within the same cap: a suspension's image (`suspend keep=1`, keep_simg; or made ahead,
+ * while the job runs, by `prepare_suspend` in suspend.c), so that the next suspension copies straight
+ * into memory already pinned; and what the next incremental dump is planned for (expect_note).
+ * `struct kept` in dump_int.h says what each field holds. */
 #include "dump_int.h"
 
 #include <fcntl.h>
@@ -195,10 +196,12 @@ void dump_kept_json(struct sbuf *b)
     sb_printf(b, "\"kept\": {\"pinned_bytes\": %llu, \"staging_bytes\": %llu, \"pin_cap\": %llu, "
                  "\"digester\": %s, \"digester_loads\": %llu, \"pool_allocs\": %llu, \"reused\": %llu, "
                  "\"suspend_image_bytes\": %llu, \"suspend_image_allocs\": %llu, \"suspend_image_reused\": %llu, "
-                 "\"expect_bytes\": %llu, \"staging_copied_bytes\": %llu, \"outgrown\": %llu}",
+                 "\"suspend_image_prepared\": %llu, \"expect_bytes\": %llu, \"staging_copied_bytes\": %llu, "
+                 "\"outgrown\": %llu}",
               (unsigned long long)K.pool_len, (unsigned long long)K.staging_len,
               (unsigned long long)(K.cap ? K.cap : pin_cap_default()), K.dg ? "true" : "false", K.dg_loads, K.pool_allocs, K.reused,
-              (unsigned long long)K.simg_len, K.simg_allocs, K.simg_reused, (unsigned long long)K.expect,
+              (unsigned long long)K.simg_len, K.simg_allocs, K.simg_reused, K.simg_prepared,
+              (unsigned long long)K.expect,
               K.staging_copied, K.outgrown);
 }
 
@@ -215,17 +218,31 @@ void simg_drop(void)
     K.simg_release = 0;
 }
 
+/* The length of the kept image made for a suspension of `len` bytes: a sixteenth more, room for what
+ * the job allocates later (a job that grows more gets a new one at its next suspension). */
+uint64_t simg_len_for(uint64_t len)
+{
+    return round_up(len ? len + len / 16 : IMG_ALIGN, IMG_ALIGN);
+}
+
+/* Whether the kept image serves a suspension of `len` bytes in context `ctx` as it is. */
+int simg_fits(uint64_t len, uint64_t ctx)
+{
+    return K.simg && K.simg_len >= len && K.simg_ctx == ctx;
+}
+
 /* The image a `suspend keep=1` copies into: the kept one where it holds `len` bytes and its context
  * is `ctx`, else a new memfd of the shim's, its pages allocated, mapped and registered now (while the
- * job runs; what every suspension without it pays).  0, or -1 with nothing kept. */
+ * job runs; what every suspension without it pays, unless `prepare_suspend` made it ahead).  0, or
+ * -1 with nothing kept. */
 int keep_simg(uint64_t len, uint64_t ctx)
 {
-    if (K.simg && K.simg_len >= len && K.simg_ctx == ctx) {
+    if (simg_fits(len, ctx)) {
         K.simg_reused++;
         return 0;
     }
     simg_drop();
-    len = round_up(len ? len + len / 16 : IMG_ALIGN, IMG_ALIGN); /* room for what the job allocates later */
+    len = simg_len_for(len);
     int fd = memfd_create("gputrace-suspend", MFD_CLOEXEC);
     if (fd < 0)
         return -1;

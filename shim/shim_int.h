@@ -135,6 +135,7 @@ HIDDEN void dump_unstage(int conn); /* drops a command `conn` staged (-1: whoeve
 HIDDEN const char *dump_rehome(int fd); /* NULL: the suspended image now lives in fd (taken over; suspend.c) */
 HIDDEN char *dump_digest(char *args, int fd, int have_pause, size_t *len); /* the live memory's digests into fd (changed.c) */
 HIDDEN char *dump_release_command(size_t *len); /* what is kept between commands (pinned pool, digester) freed (kept.c) */
+HIDDEN char *suspend_prepare_command(size_t *len); /* a suspension's kept image made ahead (suspend.c) */
 HIDDEN void dump_release(struct sbuf *b);
 HIDDEN void dump_kept_json(struct sbuf *b); /* its part of the status JSON */
 
