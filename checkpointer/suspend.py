@@ -13,6 +13,12 @@ the data back and reopens the gate.
 The suspension belongs to this process's connection until everything it needs is in place (the
 data written, with -o) and it sends `keep`: a suspend killed before that is undone by the shim
 itself when the connection closes (shim/control.c).
+
+prepare() makes ahead, while the job runs, the image a suspension into host memory copies into (the
+shim's `prepare_suspend`): mapping and pinning host memory the size of the job's device memory takes
+about 0.35 s a GiB, which a job's first suspend otherwise pays inside the command, before the GPU is
+free.  The image stays pinned in the job until the shim's `release` (`gputrace shim release -p PID`)
+or the job's end.
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gputrace.base.errors import CheckpointError, NotSuspendable
-from gputrace.base.procs import stop_point
+from gputrace.base.errors import CheckpointBusy, CheckpointError, NotSuspendable, TargetLost
+from gputrace.base.procs import alive, stop_point
 
 from . import store
 from .ops import (BUSY_TRIES, DEFAULT_CHUNK, DEFAULT_LANES, copy_timeout, ShimSession, shim_failure, manifest_of,
@@ -66,6 +72,76 @@ class ResumeReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class PrepareReport:
+    pid: int
+    made: bool  # the image was made now (False: a kept one holds the job's memory already, or it holds none)
+    allocations: int
+    bytes: int  # the device memory the job holds
+    image_bytes: int  # host memory the image holds, mapped and pinned in the job (0: none)
+    setup_ns: int  # the shim's allocating, mapping and pinning it, while the job ran (0 where nothing was made)
+    total_ns: int
+    pin_cap: int  # the cap it is kept within, beside the checkpoints' pool (GPUTRACE_SHIM_PIN_CAP)
+    kept_pinned_bytes: int  # the checkpoints' pinned pool, within the same cap
+    image_allocs: int  # how often the shim has made a suspension image for the job
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def prepare(pid: int) -> PrepareReport:
+    """Makes the image the next suspend of shimmed process `pid` copies into, now, while the job
+    runs (the shim's `prepare_suspend`): its first suspend then pays only its copies.  Nothing is
+    gated; where the shim refuses, nothing was pinned and the job runs on as before."""
+    t0 = time.monotonic_ns()
+    what = "suspend --prepare"
+    try:
+        with ShimSession(pid, what) as s:
+            st = s.request("status")
+            if st.get("suspended"):
+                raise CheckpointError(f"process {pid} is suspended: its data are in the suspension's image already",
+                                      f"`gputrace resume -p {pid}` brings it back; the image stays kept for its next "
+                                      "suspension (within the pin cap), so it needs no --prepare")
+            nbytes = st.get("totals", {}).get("device_bytes", 0)
+            r = s.request("prepare_suspend", timeout_s=copy_timeout(nbytes))
+    except TargetLost as exc:
+        if not alive(pid):
+            raise TargetLost(f"process {pid} exited during the {what}", "nothing of it is left to prepare") from None
+        raise TargetLost(exc.msg, f"its shim may still be pinning the image: `gputrace shim status -p {pid}` shows "
+                                  f"what it keeps, `gputrace shim release -p {pid}` gives it back") from None
+    if not r.get("ok"):
+        raise _prepare_failure(r, pid)
+    return PrepareReport(pid, bool(r["made"]), r["allocations"], r["bytes"], r["image_bytes"], r["setup_ns"],
+                         time.monotonic_ns() - t0, r["pin_cap"], r.get("kept_pinned_bytes", 0),
+                         r.get("suspend_image_allocs", 0))
+
+
+def _prepare_failure(r: dict, pid: int) -> CheckpointError:
+    """The shim's refusal of `prepare_suspend` (shim/suspend.c): nothing was pinned, the job runs on."""
+    err, detail = str(r.get("error", "unknown error")), r.get("detail")
+    msg = f"the shim of process {pid} did not prepare its suspension: {err}" + (f" ({detail})" if detail else "")
+    untouched = "nothing was pinned and the job runs on, untouched"
+    if err == "unsupported":
+        return NotSuspendable(f"process {pid} cannot be suspended, so nothing was prepared: {detail}",
+                              _unsupported_hint(pid, str(detail or "")))
+    if err == "over the pin cap":
+        need = int(r.get("needs_bytes", 0)) + int(r.get("kept_pinned_bytes", 0))
+        unit = 1 << 30 if need >= 1 << 30 else 1 << 20
+        need = -(-need // unit) * unit  # a round number that holds it
+        pool = (f"; or give the checkpoints' pinned pool ({r.get('kept_pinned_bytes')} bytes) back first with "
+                f"`gputrace shim release -p {pid}`" if r.get("kept_pinned_bytes") else "")
+        return CheckpointError(msg, "the job runs on, untouched. Start it with a cap that holds the image, e.g. "
+                                    f"`GPUTRACE_SHIM_PIN_CAP={need} gputrace run --checkpointable --suspendable -- CMD`"
+                                    f"{pool}; `gputrace suspend -p {pid}` works without it, pinning its image "
+                                    "inside the command and giving it back at resume")
+    if err == "busy":
+        return CheckpointBusy(msg, f"{untouched}; try again once the checkpoint or suspension under way has ended")
+    if err == "suspended":
+        return CheckpointError(msg, f"`gputrace resume -p {pid}` brings it back; its image stays kept for the next "
+                                    "suspension (within the pin cap)")
+    return CheckpointError(msg, f"{untouched}; `gputrace suspend -p {pid}` still works, pinning its image itself")
 
 
 def suspend(pid: int, *, lanes: int = DEFAULT_LANES, chunk: int = DEFAULT_CHUNK, timeout_ms: int = 5000,

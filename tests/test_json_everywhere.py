@@ -70,9 +70,11 @@ def test_each_command_prints_one_document(procs, shim_dir, tmp_path):  # noqa: F
         ("top", ["top", "--once", "--replay", str(rec)], lambda d: d["kind"] == "gputrace.top.frame"),
         ("report", ["report", str(rec)], lambda d: d["kind"] == "gputrace.fleet"),
         ("shim", ["shim", "status", "-p", pid], lambda d: d["pid"] == job.pid),
+        ("shim", ["shim", "release", "-p", pid], lambda d: d["ok"] and d["pid"] == job.pid),
         ("ps", ["ps"], lambda d: job.pid in {p["pid"] for p in d["processes"]}),
         ("checkpoint", ["checkpoint", "-p", pid, "-o", str(ck)], lambda d: d["path"] == str(ck)),
         ("restore", ["restore", "-p", pid, str(ck), "--device-only"], lambda d: d["host_state_restored"] is False),
+        ("suspend", ["suspend", "--prepare", "-p", pid], lambda d: d["made"] and d["image_bytes"] > 0),
         ("suspend", ["suspend", "-p", pid], lambda d: d["reserved_bytes"] > 0),
         ("resume", ["resume", "-p", pid], lambda d: d["allocations"] > 0),
     ]

@@ -75,6 +75,10 @@ SHIM_EPILOG = """examples:
   gputrace shim emulate --tree 1200 --cost-ns 2000 --classes submission
                                         the same on every rank of a job (a launcher and its ranks;
                                         or -p 1234,1235): all of them, or none
+  gputrace shim release -p 1234         give back the host memory the shim keeps pinned in the job
+                                        between commands (the checkpoints' pool, a suspension's image,
+                                        made by a suspend or by `suspend --prepare`) and its digest kernel;
+                                        the next checkpoint or suspend makes what it needs again
 
 The emulated layer spins on the calling thread for --cost-ns before each intercepted call of those
 classes (or --functions, or --preset), as a layer's bookkeeping would, until --off. Compare the job's speed with
@@ -85,8 +89,10 @@ EMULATE_CLASSES = ("submission", "synchronization", "state", "query")
 
 
 def configure_shim(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["status", "emulate"],
-                   help="status: the GPU state the shim has recorded; emulate: add a set cost to intercepted calls")
+    p.add_argument("action", choices=["status", "emulate", "release"],
+                   help="status: the GPU state the shim has recorded; emulate: add a set cost to intercepted calls; "
+                        "release: give back the pinned host memory the shim keeps between checkpoints and "
+                        "suspensions")
     add_job(p, bound=False)
     p.add_argument("--cost-ns", type=number(hi=1e9), help="emulate: ns of busy CPU time added to each call")
     p.add_argument("--classes", type=nonempty, help=f"emulate: comma-separated classes ({', '.join(EMULATE_CLASSES)})")
@@ -238,15 +244,39 @@ def shim_cmd(args: argparse.Namespace) -> int:
             print(render_emulate(reply["emulate"]))
         return 0
     if len(args.pids or []) > 1 or args.tree is not None:
-        raise UsageError("shim status takes one process", "gputrace shim status -p PID, for each of the job's")
+        raise UsageError(f"shim {args.action} takes one process",
+                         f"gputrace shim {args.action} -p PID, for each of the job's")
     if args.cost_ns is not None or args.classes or args.functions or args.off or args.preset:
         raise UsageError("--cost-ns, --classes, --functions, --preset and --off go with `shim emulate`",
                          "gputrace shim emulate -p PID --cost-ns 2000 --classes submission")
+    if args.action == "release":
+        return _release(args)
     st = status(args.pid)
     if args.json:
         dump_json(st)
     else:
         print(render_status(st, comm(args.pid)))
+    return 0
+
+
+def _release(args: argparse.Namespace) -> int:
+    """`shim release`: what the shim keeps pinned between commands given back (its `release`), under the
+    per-process lock, so that no checkpoint or suspension of the job is under way meanwhile."""
+    from ..checkpointer.ops import ShimSession
+
+    with ShimSession(args.pid, "release") as s:
+        suspended = bool(s.request("status").get("suspended"))
+        r = s.request("release")
+    if not r.get("ok"):
+        raise GputraceError(f"the shim of process {args.pid} did not release: {r.get('error')}",
+                            "the job runs on as before")
+    if args.json:
+        dump_json({"schema": 1, "pid": args.pid, "suspended": suspended, **r})
+        return 0
+    print(f"pid {args.pid}: {fmt_bytes(r['released_pinned_bytes'])} of pinned host memory given back now"
+          + (", and the digest kernel" if r.get("released_digester") else ""))
+    if suspended:
+        print(f"  suspended: the image its data wait in is given back at `gputrace resume -p {args.pid}`, not kept")
     return 0
 
 
