@@ -135,7 +135,7 @@ class TextRenderer:
         if len(s.functions) > self.top_functions:
             w(f"  ... and {len(s.functions) - self.top_functions} more (all of them with --json)\n")
         w("\n  what an interception layer would cost this job (its cost a call, and up to 1.5x that on the\n"
-          "  job's own code when nothing hides it, as measured on the H200: bench/results/audit-h200.md):\n")
+          "  job's own code when nothing hides it, as measured on the H200: bench/results/audit-gpu-h200.md):\n")
         for a in r.audits:
             what = (f"the {a.preset_functions} functions the shim gates ({', '.join(a.classes)})" if a.preset == "shim"
                     and a.preset_functions is not None else ', '.join(a.classes))

@@ -724,7 +724,7 @@ def test_one_window_left_standing_for_the_span_after_the_loose_ones_are_absorbed
 
 
 def test_the_time_before_the_step_function_was_kept_weighs_its_own_windows_rate():
-    """The MLP on the H200 (audit-h200-13 run 26, its second 5-s attach): the step function was
+    """The MLP on the H200 (audit round 13, run 26, its second 5-s attach): the step function was
     kept only in the last interval, at 933 steps/s, and that rate alone stood for the 4.4 s before,
     where the job made 801 (it sped up as the attach went on): every function read +16.4%, outside
     +-10%. The step function's own windows of time there read 812; weighed against the kept rate by

@@ -148,7 +148,7 @@ def test_the_marker_is_the_most_called_function_cheap_enough_to_be_a_reference()
 
 
 def test_a_marker_is_chosen_where_the_unmeasured_exposure_makes_every_window_seem_to_stop_the_job():
-    # The copy loop's scout on the H200 (bench/results/audit-h200-6/run9, copies' second attach): four
+    # The copy loop's scout on the H200 (audit round 5, run 9, copies' second attach; bench/HISTORY.md): four
     # functions counted in 3.2 ms with probes taking 1.8 ms of it; read at the unmeasured exposure's
     # middle (1.5) the window stood for 0.5 ms, so the rates came out about six times too high.
     calls = {0: 1260, 1: 463, 2: 132, 3: 67}  # cuCtxGetDevice_v2, ...PrimaryCtxGetState, IsCapturing, Sync
@@ -1109,7 +1109,7 @@ def test_the_step_function_is_kept_beyond_the_kept_share_and_the_windows_are_who
 
 
 def test_a_gpt2_step_at_the_rates_of_an_attach_that_read_them_high_still_gets_a_whole_step_window():
-    """One 5-s attach to GPT-2 on the H200 (audit-h200-11/run24, its third): rates read 1.4x high
+    """One 5-s attach to GPT-2 on the H200 (audit round 11, run 24, its third): rates read 1.4x high
     (15 functions, 0.9M calls/s at 529 ns a probe, exposure 1.5), an 80/s loss copy kept as the step.
     The step stretched as 1 / (1 - cost) planned its 12.5-ms step at 40 ms, which five intervals'
     budget did not pay for: no whole-step window in the attach, and its hottest rates stayed +36..+64%.
@@ -1152,7 +1152,7 @@ def test_a_step_once_measured_sets_the_period_not_the_stretch_at_the_exposures_f
 
 
 def test_the_mlps_once_a_step_copy_is_kept_at_the_dearest_calibration_seen_on_the_h200():
-    """audit-h200-13 run 28, the MLP's first 5-s attach: the copy once a step at 856 calls/s, a
+    """Audit round 13 on the H200, run 28, the MLP's first 5-s attach: the copy once a step at 856 calls/s, a
     calibrated 701 ns a probe, the exposure not measured yet (planned at its most): 1.8 ms of the
     job a second to count every call, over a quarter of the planned 1% and kept nowhere in the
     attach, which had no step window and four of eight rates outside +-10%. Within STEP_KEEP_SHARE."""
@@ -1183,7 +1183,7 @@ def test_a_kept_function_that_stops_being_called_is_no_step():
 
 
 def test_a_gpt2_step_priced_at_the_unmeasured_exposure_still_gets_a_whole_step_window():
-    """audit-h200-14 run 32, GPT-2's fourth 5-s attach: 15 functions at its final rates, 718 ns a
+    """Audit round 14 on the H200, run 32, GPT-2's fourth 5-s attach: 15 functions at its final rates, 718 ns a
     probe, the once-a-step loss copy kept, the exposure not measured (planned at its most). A
     whole-step window of every function is priced at about 35 ms of window costing all of it, which
     five intervals' budget did not pay for: the attach had none, and its rates came from 3-ms windows
