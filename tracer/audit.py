@@ -9,7 +9,7 @@ a call, launch-bound jobs: the job's time a step rose 1.05-1.39x the added time 
 up to 1.4x over launches alone where the phases resolve it; with the driver's own time in the slowed
 calls timed, GPT-2's launches took 5.0 us after a spin against 4.5 us after none; at 10 us a call
 1.05-1.22x: the part beyond the layer's own time grows more slowly than the layer;
-bench/results/audit-h200.md, eighth round). Both bounds are reported with every input behind them.
+bench/results/audit-gpu-h200.md, eighth round). Both bounds are reported with every input behind them.
 
 Where the session measured which threads make the calls (tracer/threads.py), the lower bound is per
 thread: the layer adds A_k = (thread k's share of the intercepted calls) x rate x c to thread k, which

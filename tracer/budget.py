@@ -50,16 +50,17 @@ from .estimator import EXPOSURE_MAX, REF_MIN_IN, REF_PROBE_MAX
 
 # Job time one breakpoint write costs (attach or detach): a page table update and a TLB flush on
 # the CPUs the job runs on. Assumed: too small for paired phases to resolve on the H200
-# (bench/results/tracer-costs-h200.md); with it, the accounted cost came within 0.3 points of the
-# loss measured window by window there (bench/results/audit-h200.md).
+# (bench/results/tracer-costs-h200.md); with it, the accounted cost came within 0.35 points of the
+# loss measured window by window there in 19 of 22 attaches (bench/results/audit-gpu-h200.md,
+# eighth round).
 WRITE_S = 5e-6
 # The scout's interval is this long at most: until the scout has run no rate is known, so its
 # interval has no other window, and one short window must not stand for a whole second (a 2-s job
 # would be read from 5 ms of it). The windows planned once rates are known start this much later.
 SCOUT_INTERVAL_S = 0.2
 # The share of the budget the windows are planned to spend. What a plan cannot see costs the job
-# too: on the H200 the loss measured window by window came to 1.0-1.5x what the tracer accounted
-# on the launch-bound jobs at 5-s attaches (bench/results/audit-h200.md, third round), so planning
+# too: on the H200 the loss measured window by window came to 0.8-2.0x (median 1.2x) what the tracer
+# accounted on the launch-bound jobs at 5-s attaches (bench/results/audit-gpu-h200.md, third round), so planning
 # to the whole budget overran it. The rest is the margin for that.
 PLAN_SHARE = 0.6
 # The share of the planned budget that may go on counting every call of functions cheap enough for
