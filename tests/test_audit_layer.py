@@ -82,8 +82,10 @@ def test_emulate_preset_shim_slows_the_set_the_audit_counts(procs, shim_dir):
 def measured_slowdown(pid: int, pairs: int, phase_s: float) -> float:
     """The emulated shim layer at 2 us a call, switched on and off over the control socket; the job's
     progress is its launches as the shim counts them. Each phase with the layer on against the mean
-    rate of its two neighbours without it (drift cancels); the mean of those, time-based (how much
-    longer the same work takes)."""
+    rate of its two neighbours without it (drift cancels); the median of those, time-based (how much
+    longer the same work takes): a pair that a burst of other work on the host lands in moves a mean
+    by points (a full run beside other test runs read -3.04% for a worker whose bounds were 0..49%),
+    not the median."""
     rates: list[tuple[bool, float]] = []
     with Connection(pid) as c:
         def launches() -> int:
@@ -98,7 +100,7 @@ def measured_slowdown(pid: int, pairs: int, phase_s: float) -> float:
         assert c.request("emulate off")["ok"]
     slow = [(rates[i - 1][1] + rates[i + 1][1]) / 2 / r - 1 for i, (on, r) in enumerate(rates)
             if on and 0 < i < len(rates) - 1 and r > 0]
-    return statistics.mean(slow)
+    return statistics.median(slow)
 
 
 CLIENTS = {
@@ -136,7 +138,7 @@ def test_a_2us_layers_slowdown_lies_inside_the_audits_bounds(procs, shim_dir, cl
     assert carriers and all(t["headroom_s_per_s"] is not None for t in carriers)
     lo = a["slowdown_lower_min"] if a["slowdown_lower_min"] is not None else a["slowdown_lower"]
     hi = a["slowdown_upper_max"] if a["slowdown_upper_max"] is not None else a["slowdown_upper"]
-    got = measured_slowdown(p.pid, pairs=20, phase_s=0.25)
+    got = measured_slowdown(p.pid, pairs=30, phase_s=0.25)
     assert lo - SLACK <= got <= hi + SLACK, (client, got, lo, hi, a["threads"])
 
 
