@@ -171,8 +171,16 @@ def test_checkpoint_full_killed_at_each_step_leaves_the_job_running(train, tmp_p
             # job. (The gate is known by its command line, which exec sets before the parent can go on;
             # its comm may still be the parent's then: the kernel renames a task after closing its
             # close-on-exec descriptors, which is what lets Popen return.)
-            kids = [int(k) for k in Path(f"/proc/{g.pid}/task/{g.pid}/children").read_text().split()]
-            gates = [k for k in kids if Path(f"/proc/{k}/cmdline").read_bytes().startswith(b"/bin/sh\0-c\0")]
+            # Its command line is only there once exec has laid out the new program's arguments, after the
+            # close-on-exec descriptors close (what lets Popen return): a full run saw both children with
+            # none yet. Looked at until it is, within a deadline.
+            deadline = time.monotonic() + 10
+            while True:
+                kids = [int(k) for k in Path(f"/proc/{g.pid}/task/{g.pid}/children").read_text().split()]
+                gates = [k for k in kids if Path(f"/proc/{k}/cmdline").read_bytes().startswith(b"/bin/sh\0-c\0")]
+                if gates or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)  # (no event says a task's arguments are laid out)
             assert len(gates) == 1, kids
             assert guardian._tracer(j.pid) is None
     finally:
