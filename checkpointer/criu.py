@@ -97,6 +97,40 @@ def check(c: Criu) -> tuple[bool, str]:
     return r.returncode == 0, (lines[-1] if lines else f"exit status {r.returncode}")
 
 
+#: What a pre-dump, and a dump of only the pages written since it, need of the kernel: its soft-dirty
+#: bits (CONFIG_MEM_SOFT_DIRTY), by which CRIU tells the pages a process wrote since it last looked.
+DIRTY_TRACK = "mem_dirty_track"
+DIRTY_TRACK_HINT = ("the kernel must track the pages a process writes (its soft-dirty bits: CONFIG_MEM_SOFT_DIRTY=y); "
+                    "on this host take `checkpoint --full` alone, which dumps the whole host memory in the freeze "
+                    "(CRIU 4.x run for a pre-dump here aborts half-way and leaves its own code mapped in the job, "
+                    "so it is not run)")
+
+
+class DirtyTrackingUnavailable(CheckpointError):
+    """`criu check --feature mem_dirty_track` fails: no pre-dump, no dump of only what changed."""
+
+
+def feature(c: Criu, name: str) -> tuple[bool, str]:
+    """`criu check --feature NAME`: (passed, what it said last)."""
+    try:
+        r = subprocess.run([c.path, "check", "--feature", name], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    lines = [re.sub(r"^(\(\s*[0-9.]+\)\s*)?((Warn|Error)\s*\([^)]*\):\s*)?", "", ln).strip()
+             for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if "RLIMIT_NOFILE" not in ln]
+    return r.returncode == 0, (lines[-1] if lines else f"exit status {r.returncode}")
+
+
+def require_dirty_tracking(c: Criu) -> None:
+    """Refuses (DirtyTrackingUnavailable, before anything is run on a job) where the kernel cannot say
+    which pages a process wrote since CRIU last looked."""
+    ok, said = feature(c, DIRTY_TRACK)
+    if not ok:
+        raise DirtyTrackingUnavailable(f"this host cannot dump only the pages a job changed: `criu check --feature "
+                                       f"{DIRTY_TRACK}` fails ({said})", DIRTY_TRACK_HINT)
+
+
 def _errors(log: Path, limit: int = 4) -> list[str]:
     try:
         text = log.read_text(errors="replace")
@@ -118,6 +152,9 @@ def _dump_hint(errs: list[str]) -> str:
                 "dump the kernel's [uprobes] page; scripts/install-criu installs 4.2 (--allow-uprobes)")
     if "tty" in text.lower() or "shell-job" in text.lower():
         return "start the job with setsid and its stdin, stdout and stderr on files (not a terminal or a pipe)"
+    if "/dev/nvidia" in text or "non-regular mapping" in text or "Unsupported mapping" in text:
+        return ("the job maps a device (the GPU driver's mappings, which only the driver's lock and checkpoint drop): "
+                "CRIU cannot copy it while the job runs")
     if "pipe" in text.lower():
         return "the job's stdio is a pipe to another process: start it with its stdio on files"
     return "see the log for the whole story; the job was left running"
@@ -172,18 +209,97 @@ def _run(c: Criu, cmd: list[str], log: Path, on_start: Callable[[int], None] | N
 
 
 def dump(c: Criu, pid: int, images: Path, leave_stopped: bool = True,
-         on_start: Callable[[int], None] | None = None, timeout_s: float | None = None) -> int:
+         on_start: Callable[[int], None] | None = None, timeout_s: float | None = None,
+         parent: str | None = None) -> int:
     """`criu dump` of pid's process tree into `images`; the tasks are left stopped (SIGSTOP) when
     leave_stopped, else killed.  Returns the ns it took; CriuFailed (with the log's errors) if it fails,
-    in which case CRIU has let the tasks run on.  `timeout_s`: killed past it (a job's one bound)."""
+    in which case CRIU has let the tasks run on.  `timeout_s`: killed past it (a job's one bound).
+    `parent`: a pre-dump's images, as a path relative to `images` (`../pre-1`): only the pages written
+    since it are dumped (`--track-mem --prev-images-dir`), the rest named as in it."""
     log = images / "dump.log"
     cmd = [c.path, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", "-v2", "--file-locks"]
+    if parent is not None:
+        cmd += ["--track-mem", "--prev-images-dir", parent]
     if leave_stopped:
         cmd.append("--leave-stopped")
     ns, errs = _run(c, cmd, log, on_start, timeout_s)
     if errs is not None:
         raise CriuFailed(f"criu dump of process {pid} failed: " + " | ".join(errs), f"{_dump_hint(errs)} (log: {log})")
     return ns
+
+
+def pre_dump(c: Criu, pid: int, images: Path, parent: str | None = None) -> int:
+    """`criu pre-dump --track-mem` of pid's process tree into `images` (its pages; the tasks frozen only
+    while their page maps are collected, then running on while the pages are written), after `parent`
+    (a path relative to `images`) when given. Never killed on a bound: killed while its code runs in
+    the job, CRIU could leave it there.  Returns the ns it took; CriuFailed if it fails."""
+    log = images / "pre-dump.log"
+    cmd = [c.path, "pre-dump", "-t", str(pid), "-D", str(images), "-o", "pre-dump.log", "-v2", "--track-mem"]
+    if parent is not None:
+        cmd += ["--prev-images-dir", parent]
+    ns, errs = _run(c, cmd, log, None)
+    if errs is not None:
+        raise CriuFailed(f"criu pre-dump of process {pid} failed: " + " | ".join(errs), f"{_dump_hint(errs)} (log: {log})")
+    return ns
+
+
+#: The fields of CRIU's stats-dump image (images/stats.proto, DumpStatsEntry) that a report uses.
+_STATS = {1: "freezing_time_us", 2: "frozen_time_us", 3: "memdump_time_us", 4: "memwrite_time_us",
+          5: "pages_scanned", 6: "pages_skipped_parent", 7: "pages_written", 9: "pages_lazy"}
+_SERVICE_MAGIC, _STATS_MAGIC = 0x55105940, 0x57093306
+
+
+def stats(images: Path) -> dict[str, int]:
+    """What CRIU counted of its dump or pre-dump into `images` (its stats-dump file): pages scanned,
+    skipped as in the parent's images, written; the tasks' freezing and frozen time (us). {} where the
+    file is absent or not as expected."""
+    import struct
+
+    try:
+        data = (images / "stats-dump").read_bytes()
+    except OSError:
+        return {}
+    if len(data) < 12 or struct.unpack_from("<II", data) != (_SERVICE_MAGIC, _STATS_MAGIC):
+        return {}
+    (n,) = struct.unpack_from("<I", data, 8)
+    msg = data[12:12 + n]
+    out: dict[str, int] = {}
+    try:
+        i = 0
+        while i < len(msg):
+            key, i = _varint(msg, i)
+            if key == (1 << 3) | 2:  # dump: a DumpStatsEntry
+                size, i = _varint(msg, i)
+                sub, j = msg[i:i + size], 0
+                i += size
+                while j < len(sub):
+                    k, j = _varint(sub, j)
+                    if k & 7 != 0:
+                        return out
+                    v, j = _varint(sub, j)
+                    if (k >> 3) in _STATS:
+                        out[_STATS[k >> 3]] = v
+            elif key & 7 == 2:
+                size, i = _varint(msg, i)
+                i += size
+            elif key & 7 == 0:
+                _, i = _varint(msg, i)
+            else:
+                return out
+    except IndexError:
+        return out
+    return out
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    v = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v, i
+        shift += 7
 
 
 def restore(c: Criu, images: Path, work: Path, pid: int, on_start: Callable[[int], None] | None = None,
@@ -215,13 +331,13 @@ def restore(c: Criu, images: Path, work: Path, pid: int, on_start: Callable[[int
     return ns
 
 
-def kept_log(exc: CriuFailed, images: Path) -> CriuFailed:
+def kept_log(exc: CriuFailed, images: Path, name: str = "dump.log") -> CriuFailed:
     """CRIU's dump log, out of the partial directory that is about to go, and the hint pointing
     there (the hint names the log; a failed checkpoint removes its directory)."""
-    log = images / "dump.log"
+    log = images / name
     if not log.exists():
         return exc
-    keep = Path(tempfile.mkdtemp(prefix="gputrace-criu-dump-")) / "dump.log"
+    keep = Path(tempfile.mkdtemp(prefix="gputrace-criu-dump-")) / name
     try:
         shutil.copy2(log, keep)
     except OSError:
