@@ -2,7 +2,7 @@
  * whole-process checkpoint tests (checkpoint at some step, kill, restore: do the remaining steps print
  * what an uninterrupted run prints?).
  *
- *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2|3] [--churn N]
+ *   usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2|3] [--churn N] [--host BYTES]
  *
  * Holds a cuMemAlloc_v2 buffer of --size bytes (default 4 MiB) and a VMM mapping of one allocation
  * granule (unless --vmm 0; --vmm 2: its handle released as soon as it is mapped; --vmm 3: that granule
@@ -15,6 +15,9 @@
  * step), copies a slice of the first buffer into each, folds them into the step's checksum and frees
  * them again, as a training loop's activations come and go: the allocator hands the same addresses
  * to other data step after step, which a rollback of device memory alone cannot follow.
+ * --host BYTES: the job also holds that much host memory (filled once), of which each step writes one
+ * word in one page (the step's checksum into page K mod the pages), as a job whose host memory is large
+ * but changes little between checkpoints; "done" then adds a checksum of all of it.
  * After the last step: "done HISTSUM" (a checksum of the whole host-side history), exit 0.  The output
  * depends only on the step numbers, never on timing: an uninterrupted run is the reference. */
 #define _GNU_SOURCE
@@ -49,6 +52,7 @@ int main(int argc, char **argv)
     long long kernel_ns = 10000000;
     int vmm = 1;
     long churn = 0;
+    size_t hostb = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--size"))
             size = strtoull(argv[i + 1], NULL, 0);
@@ -60,8 +64,11 @@ int main(int argc, char **argv)
             vmm = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--churn"))
             churn = strtol(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--host"))
+            hostb = strtoull(argv[i + 1], NULL, 0) & ~(size_t)4095;
         else {
-            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2|3] [--churn N]\n");
+            fprintf(stderr, "usage: train [--size BYTES] [--steps N] [--kernel-ns NS] [--vmm 0|1|2|3] [--churn N] "
+                            "[--host BYTES]\n");
             return 2;
         }
     }
@@ -113,12 +120,15 @@ int main(int argc, char **argv)
     size_t big = size > gran ? size : gran;
     uint32_t *host = malloc(big);
     uint64_t *hist = calloc((size_t)steps + 1, sizeof *hist);
-    if (!host || !hist) {
+    uint64_t *ballast = hostb ? malloc(hostb) : NULL;
+    if (!host || !hist || (hostb && !ballast)) {
         fprintf(stderr, "train: out of memory\n");
         return 1;
     }
     for (size_t i = 0; i < big / 4; i++)
         host[i] = (uint32_t)(i * 2654435761u);
+    for (size_t i = 0; i < hostb / 8; i++)
+        ballast[i] = i * 0x9E3779B97F4A7C15ull;
     CK(cuMemcpyHtoD_v2(a, host, size));
     CK(cuMemcpyHtoD_v2(v, host, gran));
 
@@ -151,11 +161,16 @@ int main(int argc, char **argv)
             CK(cuMemFree_v2(t));
         }
         hist[k] = sum;
+        if (hostb)
+            ballast[((size_t)k % (hostb / 4096)) * 512] ^= sum;
         chain = (chain ^ sum ^ hist[k / 2]) * 0x100000001b3ull;
         printf("step %ld %016llx %016llx\n", k, (unsigned long long)sum, (unsigned long long)chain);
         fflush(stdout);
     }
-    printf("done %016llx\n", (unsigned long long)fnv(hist, ((size_t)steps + 1) * 8, 0xcbf29ce484222325ull));
+    printf("done %016llx", (unsigned long long)fnv(hist, ((size_t)steps + 1) * 8, 0xcbf29ce484222325ull));
+    if (hostb)
+        printf(" %016llx", (unsigned long long)fnv(ballast, hostb, 0xcbf29ce484222325ull));
+    printf("\n");
     fflush(stdout);
     if (vmm == 3) {
         CK(cuMemFreeAsync(v, s));
