@@ -58,7 +58,7 @@ from gputrace.base.procs import (boot_id, comm as procs_comm, environ, require_p
                                  stat_fields, stop_point)
 
 from . import criu as criu_mod
-from . import driver, driverapi, hold, store, uprobes
+from . import driver, driverapi, hold, predump, store, uprobes
 from .store import HASH, MANIFEST, Progress, check_target, disk_error
 from .guardian import Guardian
 from .schema import open_regular
@@ -94,6 +94,17 @@ class FullCheckpointReport:
     # what the shim kept between the job's commands (its pinned pool, a suspension's image) and gave back
     # before the freeze, so that CRIU did not dump it
     released_pinned_bytes: int = 0
+    # What CRIU's dump wrote of the job's pages (its stats): pages considered, written, and named as in
+    # the pre-dumps it dumped after instead of written (0 without pre-dumps); the bytes of its pages
+    pages_scanned: int = 0
+    pages_written: int = 0
+    pages_in_pre_dumps: int = 0
+    page_bytes: int = 0
+    # the pre-dumps the dump came after (checkpoint --full --pre-dump, earlier), their pages' bytes, and why
+    # pre-dumps waiting for this checkpoint were not used (None where none waited or they were)
+    pre_dumps: int = 0
+    pre_dump_bytes: int = 0
+    pre_dump_unused: str | None = None
 
     def to_dict(self) -> dict:
         return {"kind": "full", **asdict(self)}
@@ -180,8 +191,25 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
     comm = procs_comm(pid)
     require_running(pid, "checkpoint")  # a stopped job's driver and shim answer nothing: fail now
     c = criu_mod.find()  # before the job is touched: no CRIU, no freeze
+    pend = predump.pending_dir(pid, Path(out).absolute() if out else None)
     out = Path(out).absolute() if out else store.default_out(pid, prefix="full-")
     check_target(out)
+    if not pend.exists():
+        return _checkpoint_full(pid, out, None, None, t_start=t_start, comm=comm, c=c, leave_running=leave_running,
+                                timeout_ms=timeout_ms, use_shim=use_shim, progress=progress)
+    # Pre-dumps wait for this checkpoint: the kernel's page tracking of the job stays theirs (locked)
+    # until the dump that comes after them has run.
+    with predump.Tracking(pid, start_time(pid)) as track:
+        chain, unused = predump.usable(pid, out, c, track)
+        return _checkpoint_full(pid, out, (chain, unused, pend), track, t_start=t_start, comm=comm, c=c,
+                                leave_running=leave_running, timeout_ms=timeout_ms, use_shim=use_shim,
+                                progress=progress)
+
+
+def _checkpoint_full(pid: int, out: Path, pre: tuple | None, track: "predump.Tracking | None", *, t_start: int,
+                     comm: str, c: criu_mod.Criu, leave_running: bool, timeout_ms: int, use_shim: bool | None,
+                     progress: Progress | None) -> FullCheckpointReport:
+    chain, unused, pend = pre if pre else (None, None, None)
     d = driver.Driver(pid)
     if d.state() != "running":
         raise CheckpointError(f"process {pid} is {d.state()} in the driver, not running",
@@ -201,6 +229,13 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         raise
     guard.note(partial=str(tmp))
     images = tmp / IMAGES
+    if chain is not None:
+        try:
+            chain.link_into(tmp)  # before the freeze: links, not copies, where they share a filesystem
+        except OSError as exc:
+            chain, unused = None, f"its pre-dumps could not be linked into the checkpoint ({exc.strerror or exc})"
+            for e in pend.glob(f"{predump.PREFIX}*") if pend else ():
+                shutil.rmtree(tmp / e.name, ignore_errors=True)
     shim_report, shim_ns, stopped, suspended = None, 0, False, False
     t0 = time.monotonic_ns()
     try:
@@ -234,9 +269,12 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         # Told before CRIU starts: killed between its start and the note of its pid, gputrace would
         # leave the guardian not knowing that a CRIU it never heard of stops the job.
         guard.note(stopped=True)
+        if chain is not None:
+            track.set(out / IMAGES, "running")  # the dump clears the job's page tracking; failed, nothing counts
         try:
             dump_ns = criu_mod.dump(c, pid, images, leave_stopped=True,
-                                    on_start=lambda criu_pid: guard.note(criu=criu_pid, stopped=True))
+                                    on_start=lambda criu_pid: guard.note(criu=criu_pid, stopped=True),
+                                    parent=f"../{chain.last}" if chain is not None else None)
         except criu_mod.CriuFailed as exc:
             stopped = _is_stopped(pid)  # a failed dump lets the job run on
             raise criu_mod.kept_log(exc, images) from None
@@ -255,9 +293,18 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         # ms is enough) left its breakpoints in the images, and the restored job would trap.
         ti = time.monotonic_ns()
         image_check = _check_images(images, pid, layout)
+        for e in chain.state["pre_dumps"] if chain is not None else ():
+            # the pages the dump named as in a pre-dump: a tracer's breakpoint there would come back too
+            again = _check_images(tmp / e["dir"], pid, layout)
+            if again != "clean" and image_check == "clean":
+                image_check = f"{again} (pre-dump {e['dir']})"
         image_check_ns = time.monotonic_ns() - ti
         tw = time.monotonic_ns()
-        files = checksums(tmp, images, progress)
+        # The pre-dumps' files were checksummed as they were written (and their sizes checked since)
+        files = (chain.files() if chain is not None else []) + checksums(tmp, images, progress,
+                                                                         skip=predump.PREFIX)
+        stats = criu_mod.stats(images)
+        page_bytes = predump.page_bytes(images)
         manifest = {
             "schema": store.FULL.schema, "format": store.FULL.format, "complete": True, "created_unix": time.time(),
             "host": socket.gethostname(),
@@ -265,7 +312,11 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                        "boot_id": boot_id(), "job": environ(pid).get("GPUTRACE_JOB"), "open_files": opened},
             "gpu": {"libcuda": d.path, "shim": shim_report, "driver_state": "checkpointed",
                     "released_pinned_bytes": released},
-            "criu": {"path": c.path, "version": c.version_str, "allow_uprobes": traced, "image_check": image_check},
+            "criu": {"path": c.path, "version": c.version_str, "allow_uprobes": traced, "image_check": image_check,
+                     "stats": stats, "page_bytes": page_bytes,
+                     # restore needs every one: the dump holds only the pages written after the last
+                     "pre_dumps": chain.manifest() if chain is not None else [],
+                     "pre_dump_unused": unused},
             "hash": HASH, "files": files,
             "leave_running": leave_running,
             "timings": {"shim_ns": shim_ns, "lock_ns": lock_ns, "checkpoint_ns": ck_ns, "dump_ns": dump_ns,
@@ -276,6 +327,8 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
         manifest["timings"]["total_ns"] = time.monotonic_ns() - t_start
         part.write_file(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
         part.commit()
+        if chain is not None:
+            track.set(out / IMAGES, "done")
     except BaseException as exc:
         try:
             _give_back(pid, d, stopped, suspended)  # before the directory goes: the shim reads gpu.img back
@@ -289,6 +342,8 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
             raise disk_error(exc, out) from None
         raise
     try:
+        if pend is not None:
+            shutil.rmtree(pend, ignore_errors=True)  # used (linked into the checkpoint), or of no use any more
         if not leave_running:
             os.kill(pid, signal.SIGKILL)  # its state is safe on disk: the job ends here
     finally:
@@ -298,7 +353,91 @@ def checkpoint_full(pid: int, out: str | os.PathLike | None = None, *, leave_run
                                 shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
                                 leave_running, f"{c.path} {c.version_str}", image_check, image_check_ns, held_ns,
-                                released)
+                                released, stats.get("pages_scanned", 0), stats.get("pages_written", 0),
+                                stats.get("pages_skipped_parent", 0), page_bytes,
+                                len(chain.state["pre_dumps"]) if chain is not None else 0,
+                                chain.bytes() if chain is not None else 0, unused)
+
+
+def pre_dump(pid: int, out: str | os.PathLike | None = None) -> predump.PreDumpReport:
+    """`checkpoint --full --pre-dump`: one pre-dump of the running job `pid`, for the final checkpoint
+    `out` (checkpointer/predump.py says how they chain and where they wait).
+    The job is never locked, checkpointed in the driver or gated; CRIU freezes its tasks for their page
+    maps alone.  A failure keeps nothing (and says so); the final checkpoint then dumps whole."""
+    t_start = time.monotonic_ns()
+    require_process(pid)
+    require_running(pid, "pre-dump")
+    c = criu_mod.find()
+    criu_mod.require_dirty_tracking(c)  # without it CRIU aborts half-way and leaves its code in the job
+    target = Path(out).absolute() if out else None
+    if target is not None:
+        store.check_target(target)
+    pend = predump.pending_dir(pid, target)
+    st = predump.read_state(pend)
+    if st is not None and not predump.same_process(st, pid):
+        t = st.get("target", {})
+        raise CheckpointError(f"{pend} holds pre-dumps of another process (pid {t.get('pid')}, {t.get('comm')}), "
+                              f"not of {pid}", f"remove {pend}, or give another -o")
+    _check_traces(pid, c, "")
+    released = release_kept(pid)  # not dumped: the final dump gives it back too
+    start = start_time(pid)
+    with predump.Tracking(pid, start) as track:
+        restarted = None
+        if st is not None and st.get("pre_dumps") and not track.counts_from(predump.last_images(pend, st)):
+            restarted = ("another pre-dump or dump of the job cleared the kernel's page tracking since the last "
+                         "one there: it started again")
+            shutil.rmtree(pend, ignore_errors=True)
+            st = None
+        if st is None:
+            pend.parent.mkdir(parents=True, exist_ok=True)  # the default root, without -o
+            pend.mkdir(mode=0o700, exist_ok=True)
+            st = {"schema": 1, "format": predump.FORMAT, "created_unix": time.time(),
+                  "target": {"pid": pid, "comm": procs_comm(pid), "start_time": start, "boot_id": boot_id(),
+                             "checkpoint": str(target) if target else None},
+                  "criu": {"path": c.path, "version": c.version_str}, "hash": HASH, "pre_dumps": []}
+            predump.write_state(pend, st)
+        n = len(st["pre_dumps"]) + 1
+        name = f"{predump.PREFIX}{n}"
+        work = pend / f".{name}.partial"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(mode=0o700)
+        parent = f"../{st['pre_dumps'][-1]['dir']}" if st["pre_dumps"] else None
+        images = pend / name
+        track.set(images, "running")  # should it fail half-way, nothing counts from it
+        try:
+            ns = criu_mod.pre_dump(c, pid, work, parent)
+        except criu_mod.CriuFailed as exc:
+            failed = criu_mod.kept_log(exc, work, "pre-dump.log")
+            shutil.rmtree(pend, ignore_errors=True)
+            left = predump.parasite_left(pid)
+            raise predump.PreDumpFailed(
+                f"{failed.msg}; the job runs on" + (", but CRIU left its own code mapped in it (/memfd:CRIUMFD): "
+                                                    "a whole-process checkpoint would carry that, so restart the job "
+                                                    "when you can" if left else ""),
+                f"{failed.hint}. Nothing was kept: the next `checkpoint --full` dumps the whole host memory in its "
+                "freeze") from None
+        except BaseException:
+            shutil.rmtree(pend, ignore_errors=True)
+            raise
+        tw = time.monotonic_ns()
+        try:
+            os.rename(work, images)
+            track.set(images, "done")
+            (images / "pre-dump.log").unlink(missing_ok=True)  # a log, not an image: nothing restores from it
+            stats = criu_mod.stats(images)
+            entry = {"dir": name, "created_unix": time.time(), "ns": ns, "stats": stats,
+                     "bytes": predump.page_bytes(images), "files": predump.hash_files(images, name)}
+            st["pre_dumps"].append(entry)
+            predump.write_state(pend, st)
+        except BaseException:
+            shutil.rmtree(pend, ignore_errors=True)
+            raise
+    write_ns = time.monotonic_ns() - tw
+    return predump.PreDumpReport(pid, str(pend), str(target) if target else "", n, restarted, ns,
+                                 stats.get("frozen_time_us", 0) * 1000, stats.get("pages_scanned", 0),
+                                 stats.get("pages_written", 0), entry["bytes"], n,
+                                 sum(e["bytes"] for e in st["pre_dumps"]), released, write_ns,
+                                 time.monotonic_ns() - t_start, f"{c.path} {c.version_str}")
 
 
 def open_files(pid: int) -> list[dict]:
@@ -322,10 +461,12 @@ def open_files(pid: int) -> list[dict]:
     return out
 
 
-def checksums(tmp: Path, images: Path, progress: Progress | None) -> list[dict]:
-    """Every file under tmp checksummed (the manifest's `files`) and synced, with the images' directory."""
+def checksums(tmp: Path, images: Path, progress: Progress | None, skip: str | None = None) -> list[dict]:
+    """Every file under tmp checksummed (the manifest's `files`) and synced, with the images' directory
+    (but those under a directory of tmp whose name starts with `skip`, and symbolic links)."""
     files = []
-    parts = sorted(p for p in tmp.rglob("*") if p.is_file())
+    parts = sorted(p for p in tmp.rglob("*") if p.is_file() and not p.is_symlink()
+                   and not (skip and p.relative_to(tmp).parts[0].startswith(skip) and len(p.relative_to(tmp).parts) > 1))
     total = sum(p.stat().st_size for p in parts)
     done = 0
     for p in parts:
@@ -460,17 +601,47 @@ def _is_stopped(pid: int) -> bool:
     return f is not None and f[0] in (b"T", b"t")
 
 
+def _pre_dump_links(path: Path, m: dict) -> None:
+    """A checkpoint dumped after pre-dumps: every pre-dump its manifest names is there, and CRIU's
+    `parent` links chain them as they were written (criu/ -> the last, each to the one before)."""
+    pre = [e["dir"] for e in (m.get("criu") or {}).get("pre_dumps") or []]
+    for i, name in enumerate(pre):
+        if not (path / name).is_dir():
+            raise CorruptCheckpoint(f"{path / name}, a pre-dump of this checkpoint, is missing: its final dump holds "
+                                    f"only the pages the job wrote after it", _PRE_HINT)
+    for d, want in [(IMAGES, pre[-1] if pre else None)] + [(pre[i], pre[i - 1]) for i in range(1, len(pre))] + \
+            ([(pre[0], None)] if pre else []):
+        link = path / d / "parent"
+        have = os.readlink(link) if link.is_symlink() else None
+        if have != (f"../{want}" if want else None):
+            raise CorruptCheckpoint(f"{link} is {'missing' if have is None else repr(have)}, where the manifest "
+                                    f"says {('../' + want) if want else 'none'}: the pre-dumps do not chain as they "
+                                    f"were written", _PRE_HINT)
+
+
+_PRE_HINT = ("restore needs every pre-N directory of the checkpoint with its `parent` link as written: copy a "
+             "checkpoint whole (cp -a, rsync -a); nothing was restored")
+
+
 def verify(path: Path, m: dict, progress: Progress | None = None) -> None:
     """Every file the manifest lists: a plain file inside the checkpoint, of its size, with its checksum
-    (`progress("verify", done, total)` in bytes as it goes)."""
+    (`progress("verify", done, total)` in bytes as it goes); and the pre-dumps it was dumped after,
+    chained as they were."""
+    _pre_dump_links(path, m)
     total = sum(f["bytes"] for f in m["files"])
     done = 0
     for f in m["files"]:
         p = path / f["path"]
-        fd, size = open_regular(p, what="image file")
+        pre = f["path"].split("/", 1)[0] if f["path"].startswith(predump.PREFIX) else None
+        why = (f": a pre-dump's, which the final dump needs for the pages the job did not write after it"
+               if pre else "")
+        try:
+            fd, size = open_regular(p, what="image file")
+        except CorruptCheckpoint as exc:
+            raise CorruptCheckpoint(exc.msg + why, _PRE_HINT if pre else exc.hint) from None
         with os.fdopen(fd, "rb", buffering=0) as src:
             if size != f["bytes"]:
-                raise CorruptCheckpoint(f"{p} is {size} bytes, the manifest says {f['bytes']}",
+                raise CorruptCheckpoint(f"{p} is {size} bytes, the manifest says {f['bytes']}{why}",
                                         "the checkpoint is damaged; take a new one")
             h = xxhash.xxh3_64()
             buf = bytearray(_BLOCK)
@@ -480,7 +651,7 @@ def verify(path: Path, m: dict, progress: Progress | None = None) -> None:
                 if progress:
                     progress("verify", done, total)
         if h.hexdigest() != f[HASH]:
-            raise CorruptCheckpoint(f"{p} fails its {HASH} checksum", "the checkpoint is damaged; take a new one")
+            raise CorruptCheckpoint(f"{p} fails its {HASH} checksum{why}", "the checkpoint is damaged; take a new one")
 
 
 def _taken_tids(images: Path) -> list[tuple[int, str]]:

@@ -22,6 +22,14 @@ with `gputrace run --checkpointable --suspendable`), then CPU state by CRIU >= 4
 The job must be started the way CRIU needs: `setsid CMD </dev/null >out.log 2>&1`.  If the CRIU dump
 fails, the job is given back running and unlocked.
 
+a freeze of only what changed on the host (CRIU's pre-dump; the kernel must track written pages:
+`criu check --feature mem_dirty_track`):
+  gputrace checkpoint --full --pre-dump -p 1234 -o /ckpt/job   while the job runs: its host memory copied
+  gputrace checkpoint --full --pre-dump -p 1234 -o /ckpt/job   again: only the pages written since
+  gputrace checkpoint --full -p 1234 -o /ckpt/job --leave-running   the freeze dumps the pages written since
+The pre-dumps wait beside the checkpoint (.job.pre-dump) and go into it; `restore --full` needs every one.
+A pre-dump takes no driver lock and no GPU checkpoint; CRIU freezes the job only to read its page maps.
+
 a job of several processes (a launcher and its ranks, all under `gputrace run --checkpointable`):
   gputrace checkpoint --full --tree 1200 -o /ckpt/j1  the launcher 1200 and everything below it
   gputrace checkpoint --full -p 1200,1201,1202 -o /ckpt/j1 --leave-running   the same tree, named in full
@@ -58,10 +66,15 @@ def parse_gpu_map(items: list[str] | None) -> list[tuple[str, str]]:
 
 def configure_checkpoint(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leave-running", action="store_true", help="with --full: the job runs on after the dump")
+    p.add_argument("--pre-dump", action="store_true",
+                   help="with --full: copy the job's host memory now, while it runs (CRIU's pre-dump; no GPU lock), "
+                        "so that the checkpoint -o DIR taken next dumps in its freeze only the pages written since")
 
 
 @mode("checkpoint", "full", "the whole process: GPU state, then CPU state by CRIU", FULL_EXAMPLES,
-      only_with={"leave_running": "a GPU-memory checkpoint always leaves the job running"})(configure_checkpoint)
+      only_with={"leave_running": "a GPU-memory checkpoint always leaves the job running",
+                 "pre_dump": "a pre-dump is of a whole process: gputrace checkpoint --full --pre-dump -p PID -o DIR"})(
+    configure_checkpoint)
 def checkpoint(args: argparse.Namespace) -> int:
     from ..checkpointer.full import checkpoint_full
     from ..progress import Progress
@@ -69,6 +82,8 @@ def checkpoint(args: argparse.Namespace) -> int:
     if args.backend != "shim":
         raise UsageError("--full chooses its own GPU path (the shim where it can, the driver always)",
                          "drop --backend")
+    if args.pre_dump:
+        return _pre_dump(args)
     if len(args.pids or []) > 1 or args.tree is not None or args.timeout is not None:
         return _checkpoint_job(args)
     if args.pid is None:
@@ -87,6 +102,15 @@ def checkpoint(args: argparse.Namespace) -> int:
     gpu = (f"shim copy {ms(r.shim_ns)}, " if r.shim else "") + f"driver lock {ms(r.lock_ns)}, " \
           f"checkpoint {ms(r.checkpoint_ns)}"
     print(f"  freeze   {ms(r.freeze_ns)} ({gpu}, criu dump {ms(r.dump_ns)})")
+    if r.pre_dumps:
+        print(f"  pages    the dump wrote {r.pages_written:,} of {r.pages_scanned:,} ({fmt_bytes(r.page_bytes)}); "
+              f"{r.pages_in_pre_dumps:,} were as in its {r.pre_dumps} pre-dump(s) ({fmt_bytes(r.pre_dump_bytes)}, "
+              "written while the job ran)")
+    elif r.pages_scanned:
+        print(f"  pages    the dump wrote {r.pages_written:,} of {r.pages_scanned:,} ({fmt_bytes(r.page_bytes)})")
+    if r.pre_dump_unused:
+        print(f"  note: the pre-dumps waiting for this checkpoint were not used ({r.pre_dump_unused}): the dump "
+              "was whole", file=sys.stderr)
     if r.held_ns is not None:
         print(f"  held     {ms(r.held_ns)} in all: the freeze, then its GPU state given back; it ran on from there")
     print(f"  write    {ms(r.write_ns)} (checksums, manifest, sync)")
@@ -96,6 +120,34 @@ def checkpoint(args: argparse.Namespace) -> int:
               "ran during the dump, the restored job may trap", file=sys.stderr)
     print(f"  the job {'runs on' if r.leave_running else 'has ended'}; "
           f"bring it back with: gputrace restore --full {r.path}")
+    return 0
+
+
+def _pre_dump(args: argparse.Namespace) -> int:
+    """checkpoint --full --pre-dump: the job's host memory copied while it runs (checkpointer/predump.py)."""
+    from ..checkpointer.full import pre_dump
+
+    if args.leave_running:
+        raise UsageError("a pre-dump always leaves the job running", "drop --leave-running")
+    if len(args.pids or []) > 1 or args.tree is not None or args.timeout is not None:
+        raise UsageError("--pre-dump takes one process: a job of several (--tree, -p A,B) is dumped whole",
+                         "gputrace checkpoint --full --pre-dump -p PID -o DIR")
+    if args.since or args.incremental or args.digest_chunk is not None:
+        raise UsageError("--since, --incremental and --digest-chunk do not go with --full", "drop them")
+    if args.pid is None:
+        raise UsageError("--pre-dump needs -p PID", "gputrace checkpoint --full --pre-dump -p PID -o DIR")
+    r = pre_dump(args.pid, args.output)
+    if args.json:
+        dump_json({"schema": 1, **r.to_dict()})
+        return 0
+    print(f"pre-dump {r.index} of pid {r.pid} (for {r.target or 'its next checkpoint --full without -o'}): {r.path}")
+    if r.restarted:
+        print(f"  note: {r.restarted}", file=sys.stderr)
+    print(f"  wrote    {r.pages_written:,} of {r.pages_scanned:,} pages ({fmt_bytes(r.bytes)}) in {ms(r.ns)}, the job "
+          f"frozen {ms(r.frozen_ns)} of it (CRIU's count); no GPU lock")
+    print(f"  waiting  {r.pre_dumps} pre-dump(s), {fmt_bytes(r.pre_dump_bytes)}; the job runs on")
+    out = f" -o {r.target}" if r.target else ""
+    print(f"  next: gputrace checkpoint --full -p {r.pid}{out} dumps only the pages written since")
     return 0
 
 
