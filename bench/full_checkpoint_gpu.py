@@ -21,6 +21,12 @@ spun; checkpointing it under the live tracer must be refused, and after the trac
 [uprobes] page stays in the job) it must checkpoint, restore and train on as the others (CRIU >= 4.2).
 A JAX job (bench/full_job_jax.py: XLA's allocator, its many threads and fds) instead of PyTorch's:
     python3 bench/full_checkpoint_gpu.py --framework jax --out bench/results/full-jax-h200 --sizes 1,4 --images /dev/shm/gtfull
+With --pre-dump each path runs a second time as PATH+pre: a pre-dump (`checkpoint --full --pre-dump`: CRIU's
+pre-dump --track-mem, no driver lock) while the job trains, then the checkpoint at the pause dumps only the
+host pages written since; the table sets its freeze, CRIU dump and pages written beside the whole dump's.
+It needs a kernel that tracks written pages (`criu check --feature mem_dirty_track`); where CRIU cannot
+pre-dump the live job (its device mappings), the case records the refusal and its checkpoint is whole:
+    python3 bench/full_checkpoint_gpu.py --pre-dump --out bench/results/full-predump-h100 --sizes 4 --images /dev/shm/gtfull
 Here, without a GPU (simcuda's train workload in device mode, sizes in MiB):
     .venv/bin/python bench/full_checkpoint_gpu.py --simcuda --out /tmp/full-sim --sizes 4,64
     .venv/bin/python bench/full_checkpoint_gpu.py --dry-run --out /tmp/x     checks only, runs nothing
@@ -120,6 +126,7 @@ class TorchJob:
                 *(["--spin"] if spin else [])]
 
     marker = '"paused"'
+    running = '"step": 1,'  # a step done, the job training on: when --pre-dump takes its pre-dump
     spinning = '"spinning"'  # with argv(spin=True): a phase of driver calls for a tracer, ended by end_spin
 
     def continue_(self, pid: int) -> None:
@@ -196,12 +203,15 @@ class SimJob:
 
         if spin:  # long enough for a tracer to start and see it before the step it is checkpointed at
             kernel_ns = 500_000_000
+        host = ["--host", str(self.args.host_mib * MIB)] if self.args.host_mib else []
         return simcuda.workload("train") + ["--size", str(size * self.unit), "--steps", str(self.steps),
-                                            "--kernel-ns", str(kernel_ns), "--vmm", "0"]
+                                            "--kernel-ns", str(kernel_ns), "--vmm", "0", *host]
 
     @property
     def marker(self) -> str:
         return f"step {self.args.steps_before} "
+
+    running = "step 1 "
 
     spinning = "step 1 "  # its steps are driver calls enough; argv(spin=True) makes them last
 
@@ -328,11 +338,14 @@ def top_first(job, p: subprocess.Popen, log: Path, timeout_s: float):
 
 def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float,
         gpu_map: list[tuple[str, str]] | None = None) -> dict:
-    from gputrace.checkpointer.full import checkpoint_full, restore_full
+    from gputrace.base.errors import CheckpointError
+    from gputrace.checkpointer.full import checkpoint_full, pre_dump, restore_full
 
     log = work / f"{path}-{size}.log"
     from gputrace.checkpointer import uprobes
 
+    path, pre = path.removesuffix("+pre"), path.endswith("+pre")
+    pre_report: dict | None = None
     shimmed = path in ("gputrace", "traced", "top")
     traced, src = None, None
     argv = job.argv(size, spin=path in ("traced", "top"))
@@ -342,10 +355,16 @@ def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float,
             traced = traced_first(job, p, log, timeout_s)
         if path == "top":
             src, traced = top_first(job, p, log, timeout_s)
+        ck = images / f"{path}{'+pre' if pre else ''}-{size}"
+        shutil.rmtree(ck, ignore_errors=True)
+        if pre:  # while the job trains: CRIU's pre-dump, no driver lock; the checkpoint at the pause comes after it
+            wait_for_text(log, job.running, p, timeout_s)
+            try:
+                pre_report = pre_dump(p.pid, ck).to_dict()
+            except CheckpointError as exc:  # e.g. a live CUDA job's device mappings: the checkpoint is whole
+                pre_report = {"refused": exc.msg, "hint": exc.hint}
         wait_for_text(log, job.marker, p, timeout_s)
         gpu_before = gpu_of(p.pid) if gpu_map else None
-        ck = images / f"{path}-{size}"
-        shutil.rmtree(ck, ignore_errors=True)
         with src.hold_tracing(p.pid) if src is not None else contextlib.nullcontext(True) as quiet:
             if src is not None:
                 left = uprobes.settle(p.pid)
@@ -373,6 +392,8 @@ def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float,
     if shimmed and not (c.shim or {}).get("allocations"):
         raise RuntimeError(f"the shim's fast path did not run: {c.shim}")
     gpu_ns = c.shim_ns + c.lock_ns + c.checkpoint_ns
+    if pre:
+        path += "+pre"
     return {"size": size, "path": path, "pid": c.pid, "freeze_s": c.freeze_ns / 1e9, "gpu_s": gpu_ns / 1e9,
             "shim_s": c.shim_ns / 1e9, "lock_s": c.lock_ns / 1e9, "driver_checkpoint_s": c.checkpoint_ns / 1e9,
             "dump_s": c.dump_ns / 1e9, "write_s": c.write_ns / 1e9, "image_bytes": c.image_bytes,
@@ -381,6 +402,9 @@ def one(job, size: int, path: str, work: Path, images: Path, timeout_s: float,
             "shim_bytes": (c.shim or {}).get("bytes", 0), "back_s": r.total_ns / 1e9,
             "criu_restore_s": r.criu_ns / 1e9, "driver_restore_s": r.driver_restore_ns / 1e9,
             "unlock_s": r.unlock_ns / 1e9, "shim_restore_s": r.shim_ns / 1e9, "verify_s": r.verify_ns / 1e9,
+            "pages_scanned": c.pages_scanned, "pages_written": c.pages_written,
+            "pages_in_pre_dumps": c.pages_in_pre_dumps, "page_bytes": c.page_bytes, "pre_dumps": c.pre_dumps,
+            "pre_dump_unused": c.pre_dump_unused, **({"pre_dump": pre_report} if pre else {}),
             "exit_status": status, "outcome": out, **({"traced": traced} if traced else {}),
             **({"gpu_map": gpu_map, "gpu_before": gpu_before, "gpu_after": gpu_after} if gpu_map else {})}
 
@@ -398,6 +422,24 @@ def markdown(doc: dict) -> str:
                     f"{c['criu_bytes'] / GIB:.2f} GiB | {c['image_bytes'] / GIB:.2f} GiB | {c['same_as_reference']} |")
     lines = [f"# Whole-process checkpoint: gputrace vs driver API + CRIU ({doc['mode']})", "",
              f"{doc['host']}, {doc['criu']}, {doc['when']}; command: `{doc['command']}`", "", *rows, ""]
+    pre = [c for c in doc["cases"] if "pre_dump" in c]
+    if pre:
+        lines += ["Pre-dumps (`--pre-dump`): the dump in the freeze after a pre-dump taken while the job trained, "
+                  "beside the whole dump of the same path and size.", "",
+                  "| size | path | pre-dump s | its frozen s | its pages | freeze s | whole's freeze s | CRIU dump s "
+                  "| whole's dump s | pages written / scanned | whole's pages written |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c in pre:
+            w = next((x for x in doc["cases"] if x["size"] == c["size"] and x["path"] == c["path"][:-4]), {})
+            pd = c["pre_dump"]
+            if "refused" in pd:
+                first = f"refused: {pd['refused'][:120]} | - | -"
+            else:
+                first = f"{pd['ns'] / 1e9:.3f} | {pd['frozen_ns'] / 1e9:.3f} | {pd['pages_written']:,}"
+            lines.append(f"| {c['size']} {u} | {c['path']} | {first} | {c['freeze_s']:.3f} | "
+                         f"{w.get('freeze_s', float('nan')):.3f} | {c['dump_s']:.3f} | {w.get('dump_s', float('nan')):.3f} | "
+                         f"{c['pages_written']:,} / {c['pages_scanned']:,} | {w.get('pages_written', 0):,} |")
+        lines.append("")
     for t in doc["targets"]:
         lines.append(f"- {t}")
     lines += ["", "freeze: from the first step that stops the job (shim copy or driver lock) to the end of the "
@@ -425,6 +467,11 @@ def main() -> int:
     ap.add_argument("--simcuda", action="store_true", help="simcuda's train workload instead of PyTorch (no GPU)")
     ap.add_argument("--framework", choices=("torch", "jax"), default="torch",
                     help="the GPU job: PyTorch (bench/full_job.py) or JAX (bench/full_job_jax.py)")
+    ap.add_argument("--pre-dump", action="store_true",
+                    help="run each path again as PATH+pre: a pre-dump while the job trains, then the checkpoint, "
+                         "whose freeze is set beside the whole dump's (needs `criu check --feature mem_dirty_track`)")
+    ap.add_argument("--host-mib", type=int, default=0,
+                    help="with --simcuda: host memory the job holds besides (train --host), a step writing one word")
     ap.add_argument("--dry-run", action="store_true", help="check the prerequisites and print the plan only")
     args = ap.parse_args()
     _imports()
@@ -449,6 +496,13 @@ def main() -> int:
         problems.append(f"{exc.msg} ({exc.hint}; on the GPU machine: bench/make-criu-bundle here, carry .gpu)")
     if os.geteuid() != 0:
         problems.append("CRIU needs root")
+    if args.pre_dump and "c" in locals():
+        ok, said = criu.feature(c, criu.DIRTY_TRACK)
+        criu_text += f"; {criu.DIRTY_TRACK} {'passes' if ok else 'FAILS: ' + said}"
+        if not ok:  # run all the same: each +pre case records the refusal, its checkpoint whole
+            print(f"warning: --pre-dump: `criu check --feature {criu.DIRTY_TRACK}` fails here ({said}): every "
+                  "pre-dump will be refused and the +pre cases' checkpoints whole", file=sys.stderr)
+        paths = [q for p in paths for q in (p, f"{p}+pre") if not p.endswith("+pre")]
     if not args.simcuda:
         r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available(), "
                             "torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"],
@@ -508,6 +562,13 @@ def main() -> int:
                 ratio = by["gputrace"]["gpu_s"] / lim
                 targets.append(f"{size} {unit}: GPU part {ratio:.2f}x the bus limit (target <= 1.25x): "
                                f"{'met' if ratio <= 1.25 else 'NOT met'}")
+        for path in [q for q in by if q.endswith("+pre") and q[:-4] in by]:
+            w, i = by[path[:-4]], by[path]
+            targets.append(f"{size} {unit} {path[:-4]}: freeze after a pre-dump {i['freeze_s']:.3f} s against "
+                           f"{w['freeze_s']:.3f} s whole (CRIU dump {i['dump_s']:.3f} s against {w['dump_s']:.3f} s; "
+                           f"{i['pages_written']:,} pages written against {w['pages_written']:,})"
+                           + (f"; the pre-dump was refused: {i['pre_dump']['refused']}" if "refused" in i["pre_dump"]
+                              else ""))
     doc = {"schema": 1, "mode": "simcuda" if args.simcuda else "gpu", "unit": unit,
            "host": f"{platform.node()} ({platform.platform()})", "criu": criu_text,
            "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
