@@ -34,6 +34,10 @@
  *                 with an fd: the live memory's digests into it, under a gate closed for the kernel
  *                 alone (what a restore reads before it: only the chunks that differ)
  *   release       the pinned pool, digest kernel and suspension image kept between commands given back
+ *   writeback [bytes=N]
+ *                 after a `dump stream=1`: the next N bytes (default 64 MiB) of the chunks it left in the
+ *                 pinned pool written into its image, so that the client stores each batch while the
+ *                 next is written (dump.c); any other command of the family writes what is left first
  *   prepare_suspend
  *                 the image the next `suspend keep=1` copies into, made now (mapped and pinned, sized for
  *                 the device memory held, within the pin cap), while the job runs: nothing is gated, and
@@ -396,6 +400,7 @@ static int take_passed(struct client *cl)
 static void v_rehome(struct client *cl, int idx, char *rest)
 {
     int fd = take_passed(cl);
+    dump_writeback_finish();
     const char *e = fd < 0 ? "pass the file's descriptor with the command" : dump_rehome(fd);
     if (e) {
         if (fd >= 0)
@@ -441,6 +446,7 @@ static void v_digest(struct client *cl, int idx, char *rest)
 {
     int fd = take_passed(cl);
     size_t n = 0;
+    dump_writeback_finish(); /* (the pool is no longer a streamed dump's: dump.c) */
     char *buf = dump_digest(rest, fd, g_pauser == idx, &n);
     reply_buf(cl, buf, n);
 }
@@ -448,6 +454,7 @@ static void v_digest(struct client *cl, int idx, char *rest)
 static void v_release(struct client *cl, int idx, char *rest)
 {
     size_t n = 0;
+    dump_writeback_finish();
     char *buf = dump_release_command(&n);
     reply_buf(cl, buf, n);
 }
@@ -455,7 +462,15 @@ static void v_release(struct client *cl, int idx, char *rest)
 static void v_prepare_suspend(struct client *cl, int idx, char *rest)
 {
     size_t n = 0;
+    dump_writeback_finish();
     char *buf = suspend_prepare_command(&n);
+    reply_buf(cl, buf, n);
+}
+
+static void v_writeback(struct client *cl, int idx, char *rest)
+{
+    size_t n = 0;
+    char *buf = dump_writeback_command(rest, &n);
     reply_buf(cl, buf, n);
 }
 
@@ -486,6 +501,7 @@ static const struct verb {
     {"dump", WORDS, v_dump},        {"restore", WORDS, v_restore}, {"suspend", WORDS, v_suspend},
     {"unsuspend", WORDS, v_unsuspend}, {"digest", WORDS, v_digest}, {"release", NAME, v_release},
     {"keep", NAME, v_keep},         {"prepare_suspend", NAME, v_prepare_suspend},
+    {"writeback", WORDS, v_writeback},
 };
 
 /* One command line: trimmed of spaces (and a CR), then run by the verb it names. */
@@ -507,7 +523,7 @@ static void command(struct client *cl, int idx, char *line)
         return;
     }
     reply(cl, "{\"ok\": false, \"error\": \"unknown command; try status, pause [MS], resume, ping, dump, "
-                  "restore, suspend, unsuspend, keep, rehome, digest, release, prepare_suspend, emulate, close [MS], "
+                  "restore, suspend, unsuspend, keep, rehome, digest, release, prepare_suspend, writeback, emulate, close [MS], "
                   "advance N [MS], drain [MS]\"}");
 }
 
@@ -523,6 +539,7 @@ static void drop(struct client *cls, int i)
     cls[i].fd = -1;
     cls[i].len = 0;
     dump_unstage(i); /* what it staged is no one's now */
+    dump_writeback_drop(i); /* ... and a streamed dump's chunks it did not ask for */
     if (g_susp_holder == i) { /* its suspender went away before keeping it: give the job back */
         g_susp_holder = -1;
         size_t n = 0;

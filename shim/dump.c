@@ -57,6 +57,8 @@ int parse_opts(char *args, struct opts *o, char **path)
             o->stage = 1;
         } else if (!strcmp(w, "keep=1")) {
             o->keep = 1;
+        } else if (!strcmp(w, "stream=1") || !strcmp(w, "stream=0")) {
+            o->stream = w[7] == '1';
         } else if (!strncmp(w, "pin_cap=", 8)) {
             unsigned long long v = strtoull(w + 8, &end, 10);
             if (*end || w[8] == '-' || !v)
@@ -147,7 +149,7 @@ static int op_usage(struct op *op)
 {
     snprintf(op->err, sizeof op->err, "usage: %s [lanes=N] [chunk=BYTES] [timeout=MS] [direct=0|1] [stage=1] "
              "[pin_cap=BYTES]%s%s",
-             mode_name[op->mode], op->mode == M_DUMP ? " [digest=BYTES|0] [base=0|1]"
+             mode_name[op->mode], op->mode == M_DUMP ? " [digest=BYTES|0] [base=0|1] [stream=0|1]"
              : op->mode == M_RESTORE ? " [diff=0|1]" : "", op->mode == M_UNSUSPEND ? "" : " [/PATH] (or pass an fd)");
     return fail(op, op->err, NULL);
 }
@@ -649,6 +651,132 @@ static int op_writeback(struct op *op)
     return 0;
 }
 
+/* A streamed dump's deferred chunks (stream=1): the dump replies once the gate has reopened, and the
+ * chunks it left in the kept pool are written into its image at the client's `writeback` commands,
+ * a batch at each, so that the client hashes and stores one batch while the next is written (the
+ * write after the freeze, overlapped).  All on the control thread, as every command is: one at most,
+ * and any command that may touch the pool (a dump, restore or suspension, digest, release, prepare)
+ * writes what is left first, so the pool is never reused or freed under it; the client that asked
+ * for it closing drops it (no one reads that image).  Its image is a descriptor of its own. */
+static struct writeback {
+    int active, fd, err, conn;
+    struct piece *p; /* the deferred pieces, in image order (each a place in the pool) */
+    size_t np, next;
+    uint64_t total, written, ns, image_end, batch_start, batch_end;
+} W = {.fd = -1, .conn = -1};
+
+static void wb_clear(void)
+{
+    free(W.p);
+    W.p = NULL;
+    if (W.fd >= 0)
+        close(W.fd);
+    W.fd = -1;
+    W.active = 0;
+    W.np = W.next = 0;
+}
+
+/* The op's deferred pieces handed to W; 0, or -1 where they could not be (written now instead). */
+static int wb_start(struct op *op)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < op->np; i++)
+        n += op->pieces[i].host != NULL;
+    struct piece *p = malloc((n ? n : 1) * sizeof *p);
+    int fd = p ? fcntl(op->fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (fd < 0) {
+        free(p);
+        return -1;
+    }
+    wb_clear();
+    W = (struct writeback){.active = 1, .fd = fd, .conn = op->conn, .p = p, .np = n,
+                           .image_end = op->h.data_offset + op->h.data_bytes};
+    for (size_t i = 0, k = 0; i < op->np; i++)
+        if (op->pieces[i].host) {
+            W.p[k++] = op->pieces[i];
+            W.total += op->pieces[i].len;
+        }
+    op->streamed = W.total;
+    return 0;
+}
+
+/* The next pieces written, `max` bytes at most (one piece at least); W cleared once all are (or one
+ * failed: W.err says why). */
+static void wb_run(uint64_t max)
+{
+    uint64_t t0 = now_ns(), done = 0;
+    W.batch_start = t0;
+    while (W.active && W.next < W.np && (!done || done + W.p[W.next].len <= max)) {
+        struct piece *q = &W.p[W.next];
+        int e = io_all(0, W.fd, q->host, q->len, q->off);
+        if (e) {
+            W.err = e;
+            wb_clear();
+            break;
+        }
+        done += q->len;
+        W.written += q->len;
+        W.next++;
+    }
+    W.batch_end = now_ns();
+    W.ns += W.batch_end - t0;
+    if (W.active && W.next == W.np)
+        wb_clear();
+}
+
+void dump_writeback_finish(void)
+{
+    if (W.active)
+        wb_run(UINT64_MAX);
+}
+
+void dump_writeback_drop(int conn)
+{
+    if (W.active && W.conn == conn) {
+        wb_clear();
+        W.err = ECANCELED;
+    }
+}
+
+/* `writeback [bytes=N]` (default 64 MiB): the next batch of the streamed dump's chunks written.  The
+ * reply says how far the image is whole (written_to: every byte below it is final), what is left, and
+ * when this batch began and ended (CLOCK_MONOTONIC ns, the clock time.monotonic_ns() reads). */
+char *dump_writeback_command(char *args, size_t *len)
+{
+    uint64_t max = 64ull << 20;
+    while (*args == ' ')
+        args++;
+    struct sbuf b = {0};
+    if (*args) {
+        char *end;
+        unsigned long long v = strncmp(args, "bytes=", 6) ? 0 : strtoull(args + 6, &end, 10);
+        if (!v || args[6] == '-' || *end) {
+            json_err(&b, "usage: writeback [bytes=N]", NULL);
+            goto out;
+        }
+        max = v;
+    }
+    W.batch_start = W.batch_end = 0;
+    if (W.active)
+        wb_run(max);
+    if (W.err && !W.active) {
+        json_err(&b, "writing the image failed", strerror(W.err));
+        goto out;
+    }
+    sb_printf(&b, "{\"ok\": true, \"done\": %s, \"written_to\": %llu, \"written_bytes\": %llu, "
+              "\"pending_bytes\": %llu, \"writeback_ns\": %llu, \"batch_start_ns\": %llu, \"batch_end_ns\": %llu}",
+              W.active ? "false" : "true", (unsigned long long)(W.active ? W.p[W.next].off : W.image_end),
+              (unsigned long long)W.written, (unsigned long long)(W.total - W.written), (unsigned long long)W.ns,
+              (unsigned long long)W.batch_start, (unsigned long long)W.batch_end);
+out:
+    if (b.oom || !b.p) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}
+
 /* The gate reopened if this command closed it, and the reply's common part. */
 void op_done(struct op *op)
 {
@@ -677,6 +805,9 @@ void op_done(struct op *op)
               "\"kept_pinned_bytes\": %llu, \"digester_loads\": %llu, \"pool_allocs\": %llu",
               (unsigned long long)op->deferred, (unsigned long long)op->writeback_ns,
               (unsigned long long)op->preloaded, (unsigned long long)K.pool_len, K.dg_loads, K.pool_allocs);
+    if (op->mode == M_DUMP) /* stream=1: what is left for `writeback`, and how far the image is whole */
+        sb_printf(&op->b, ", \"writeback_pending_bytes\": %llu, \"written_to\": %llu", (unsigned long long)op->streamed,
+                  (unsigned long long)(op->streamed && W.active ? W.p[W.next].off : op->h.data_offset + op->h.data_bytes));
     if (!used && op->dg_why[0]) {
         sb_printf(&op->b, ", \"digest_why\": \"");
         for (const char *p = op->dg_why; *p; p++)
@@ -819,7 +950,7 @@ static void cmd_dump(struct op *op)
         op_again(op);
     }
     op_reopen(op);
-    if (op->deferred && op_writeback(op))
+    if (op->deferred && !(op->o.stream && wb_start(op) == 0) && op_writeback(op))
         return;
     op_done(op);
     identity_json(&op->b, &op->c);
@@ -929,6 +1060,7 @@ static void (*const cmd_of[])(struct op *) = {cmd_dump, cmd_restore, cmd_suspend
 
 char *dump_command(int mode, char *args, int fd, int have_pause, int conn, size_t *len)
 {
+    dump_writeback_finish(); /* a streamed dump's chunks still in the pool: written before it is touched */
     struct op *op = take_staged(mode, args, fd, have_pause, conn);
     if (op) {
         fd = -1;
@@ -937,6 +1069,7 @@ char *dump_command(int mode, char *args, int fd, int have_pause, int conn, size_
             close(fd);
         return NULL;
     }
+    op->conn = conn;
     if (op->prepared || op_open(op, args, fd) == 0) {
         if (!op->o.stage || op->prepared)
             cmd_of[mode](op);

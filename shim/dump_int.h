@@ -125,6 +125,9 @@ struct opts {
     int stage;       /* only prepare (map and pin the image, load the digests) and keep it for the next command */
     uint64_t pin_cap; /* the most pinned memory kept between commands (0: the default) */
     int keep;         /* suspend: into the shim's own image, kept mapped and pinned for the next suspension */
+    int stream;       /* dump: chunks deferred to the pool are written into the image afterwards, batch by batch,
+                       * at the client's `writeback` commands (it hashes and stores each batch as the next is
+                       * written), not all of them before the reply */
 };
 
 struct timing {
@@ -181,6 +184,8 @@ struct op {
     uint64_t aborted_ns, setup_prev, staging_bytes;
     uint64_t found; /* a dump given a base: the bytes its digests found changed (what a retry plans for) */
     const char *plan; /* where the copies went: "image" (mapped and pinned), "pool" or "staging" */
+    int conn;         /* the connection the command came on (-1: the shim's own) */
+    uint64_t streamed; /* dump stream=1: deferred bytes left for `writeback` commands (not written before the reply) */
 };
 
 HIDDEN int parse_opts(char *args, struct opts *o, char **path);

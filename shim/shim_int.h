@@ -132,6 +132,9 @@ HIDDEN const char *dump_sync(int timeout_ms, uint64_t *ns); /* every context syn
 enum dump_mode { M_DUMP, M_RESTORE, M_SUSPEND, M_UNSUSPEND };
 HIDDEN char *dump_command(int mode, char *args, int fd, int have_pause, int conn, size_t *len);
 HIDDEN void dump_unstage(int conn); /* drops a command `conn` staged (-1: whoever staged it) */
+HIDDEN char *dump_writeback_command(char *args, size_t *len); /* a streamed dump's next deferred chunks written (dump.c) */
+HIDDEN void dump_writeback_finish(void); /* ... all of them, now: before any command that may touch the pool */
+HIDDEN void dump_writeback_drop(int conn); /* ... none of them: `conn` closed, no one reads that image */
 HIDDEN const char *dump_rehome(int fd); /* NULL: the suspended image now lives in fd (taken over; suspend.c) */
 HIDDEN char *dump_digest(char *args, int fd, int have_pause, size_t *len); /* the live memory's digests into fd (changed.c) */
 HIDDEN char *dump_release_command(size_t *len); /* what is kept between commands (pinned pool, digester) freed (kept.c) */
