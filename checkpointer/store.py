@@ -15,6 +15,13 @@ Manifest (schema 1): schema, format ("gputrace-checkpoint"), complete (true), cr
 Schema 2, a link of an incremental chain (chain.py): as schema 1, plus parent {path, relative,
   manifest_xxh3}, and data {image_bytes, runs [[offset, length] of the image that data.img holds, in order]}.
 
+The data are hashed and written by two threads at once, each in the image's order (xxhash and the
+writes release the GIL): the writer pwrites each piece at its place in data.img and starts the
+storage's writeback every WRITEBACK_KICK bytes (sync_file_range), so that the disk writes while the
+rest is hashed and written, and one fsync at the end waits for what is left.  Where the image is
+still being written by the shim (a streamed dump: ops.checkpoint), `source` says how far it is whole
+and asks for more; what is whole is hashed and written meanwhile.
+
 Writing goes to a hidden sibling `.NAME.partial-PID`: data, then the manifest, each fsynced, then the
 directory, then one rename(2) to NAME and an fsync of the parent.  A crash at any point leaves at
 most a `.partial` directory, never a NAME with a manifest that is not backed by its data.
@@ -23,10 +30,13 @@ most a `.partial` directory, never a NAME with a manifest that is not backed by 
 from __future__ import annotations
 
 import bisect
+import ctypes
 import errno
 import mmap
 import os
+import queue
 import shutil
+import threading
 import time
 from pathlib import Path
 from dataclasses import dataclass
@@ -81,6 +91,131 @@ def _write_all(fd: int, mv: memoryview) -> None:
     while done < len(mv):
         with mv[done:] as rest:
             done += os.write(fd, rest)
+
+
+def _pwrite_all(fd: int, mv: memoryview, off: int) -> None:
+    done = 0
+    while done < len(mv):
+        with mv[done:] as rest:
+            done += os.pwrite(fd, rest, off + done)
+
+
+WRITEBACK_KICK = 64 << 20  # bytes written between two starts of the storage's writeback
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _sync_file_range():
+    try:
+        f = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    f.restype = ctypes.c_int
+    return f
+
+
+_SFR = _sync_file_range()
+
+
+def start_writeback(fd: int, off: int, n: int) -> None:
+    """The storage asked to start writing [off, off+n) of `fd` now (not waited for): the final fsync
+    then finds little left.  Nothing where the call is missing or the filesystem has no such thing."""
+    if _SFR is not None and n > 0:
+        _SFR(fd, off, n, _SYNC_FILE_RANGE_WRITE)
+
+
+class Source:
+    """Where write() learns how far an image still being written is whole: `written_to` (every byte
+    below it is final), and `advance(end)`, which returns once it is at least `end` (the default: an
+    image that is whole already).  `end_ns`: when the last of it was written (CLOCK_MONOTONIC)."""
+
+    written_to: float = float("inf")
+    end_ns: int = 0
+
+    def advance(self, end: int) -> None:
+        pass
+
+
+@dataclass
+class WriteStats:
+    """How write() went: the threads' busy time, and what was hashed before its source was whole."""
+
+    pipelined: bool = True
+    segments: int = 0
+    hash_ns: int = 0       # the hashing thread busy
+    io_ns: int = 0         # the writing thread busy (pwrite)
+    kicks: int = 0         # writebacks started before the fsync
+    waits: int = 0         # times the source was asked for more
+    hashed_before_source_end_bytes: int = 0  # hashing began before the source's last byte was written
+    written_before_source_end_bytes: int = 0  # ... written into data.img before it
+
+
+class _Worker(threading.Thread):
+    """One of write()'s two threads: `fn(i)` for each segment index queued, in order; the first
+    exception kept (the rest of the queue is skipped).  `started`: segments begun."""
+
+    def __init__(self, fn) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.q, self.exc = fn, queue.SimpleQueue(), None
+        self.started = 0
+        self.cv = threading.Condition()
+        self.begun_ns: list[int] = []
+
+    def run(self) -> None:
+        while (i := self.q.get()) is not None:
+            if self.exc is not None:
+                continue
+            with self.cv:
+                self.started += 1
+                self.cv.notify_all()
+            self.begun_ns.append(time.monotonic_ns())
+            try:
+                self.fn(i)
+            except BaseException as exc:  # noqa: BLE001 (re-raised by write())
+                self.exc = exc
+
+    def wait_started(self, n: int) -> None:
+        with self.cv:
+            self.cv.wait_for(lambda: self.started >= n or self.exc is not None or not self.is_alive())
+
+
+class _Flusher(threading.Thread):
+    """Starts the storage's writeback of what the writer has written, WRITEBACK_KICK bytes at a time
+    at least, on a thread of its own: sync_file_range can block while the device's queue is full, and
+    the writer must not wait for the disk (the final fsync does)."""
+
+    def __init__(self, fd: int, stats: "WriteStats") -> None:
+        super().__init__(daemon=True)
+        self.fd, self.stats = fd, stats
+        self.cv = threading.Condition()
+        self.written = self.kicked = 0
+        self.done = False
+
+    def note(self, end: int) -> None:
+        with self.cv:
+            self.written = end
+            if end - self.kicked >= WRITEBACK_KICK:
+                self.cv.notify()
+
+    def stop(self) -> None:
+        with self.cv:
+            self.done = True
+            self.cv.notify()
+        self.join()
+
+    def run(self) -> None:
+        while True:
+            with self.cv:
+                self.cv.wait_for(lambda: self.done or self.written - self.kicked >= WRITEBACK_KICK)
+                if self.done:
+                    return
+                start, end = self.kicked, self.written
+                self.kicked = end
+            try:
+                start_writeback(self.fd, start, end - start)
+            except Exception:  # noqa: BLE001 (only a head start for the fsync, which follows anyway)
+                return
+            self.stats.kicks += 1
 
 
 def fsync_dir(path: Path) -> None:
@@ -220,15 +355,19 @@ def _segments(runs: list[tuple[int, int]], cuts: list[int]):
 
 
 def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: Progress | None = None,
-          runs: list[tuple[int, int]] | None = None, pieces: list[tuple[int, int]] | None = None) -> dict:
+          runs: list[tuple[int, int]] | None = None, pieces: list[tuple[int, int]] | None = None,
+          source: Source | None = None, pipelined: bool = True) -> dict:
     """Hashes and writes the image in `image_fd` and the manifest (completed here with the data
     section, write_ns and fsync_ns) to `out`, atomically and durably: when it returns, data, manifest
-    and directory are fsynced and renamed into place.  Returns the manifest as written.
+    and directory are fsynced and renamed into place.  Returns the manifest as written, with
+    `write_stats` (WriteStats, not in the file).
     `runs`: (offset, length) of the parts of the image to keep, in order (an incremental link's head
     and changed chunks); data.img is then their concatenation, and the data section says where each
     came from.  Default: the whole image, byte for byte.  `pieces`: (offset, length) in the image of
     what is also checksummed one by one (image.Header.pieces: the head and each digest chunk kept),
-    each within the runs, in order."""
+    each within the runs, in order.  `source`: how far the image is whole, where it is still being
+    written (each part is read only once it is).  `pipelined` False: hashed and written in turn by
+    this thread, then fsynced (as before the pipeline: what bench/incremental_costs_gpu.py compares)."""
     part = PartialDir(out)
     t0 = time.monotonic_ns()
     fsync_ns = 0
@@ -239,6 +378,9 @@ def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: 
     pieces = list(pieces or [])
     cuts = sorted({x for o, n in pieces for x in (o, o + n)})
     sums: list[str] = []
+    src = source or Source()
+    segs = list(_segments(runs, cuts))
+    stats = WriteStats(pipelined=pipelined, segments=len(segs))
     tmp = part.create()
     try:
         fd = os.open(tmp / DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -246,34 +388,64 @@ def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: 
             with mmap.mmap(image_fd, image_bytes, prot=mmap.PROT_READ) if image_bytes else _Empty() as mm:
                 mv = memoryview(mm)
                 h, ph = xxhash.xxh3_64(), xxhash.xxh3_64()
-                done, p = 0, 0
+                at = [0]  # the file offset of each segment
+                for _, n, _ in segs:
+                    at.append(at[-1] + n)
+                p = 0
+                flusher = _Flusher(fd, stats) if pipelined and _SFR is not None else None
+
+                def hash_one(i: int) -> None:
+                    nonlocal p
+                    off, n, ends = segs[i]
+                    t = time.monotonic_ns()
+                    with mv[off:off + n] as piece:
+                        h.update(piece)
+                        while p < len(pieces) and pieces[p][0] + pieces[p][1] <= off:
+                            p += 1
+                        inside = p < len(pieces) and pieces[p][0] <= off
+                        if inside:
+                            ph.update(piece)
+                    if inside and off + n == pieces[p][0] + pieces[p][1]:
+                        sums.append(ph.hexdigest())
+                        ph.reset()
+                    if ends:
+                        chunks.append(h.hexdigest())
+                        h.reset()
+                    stats.hash_ns += time.monotonic_ns() - t
+
+                def write_one(i: int) -> None:
+                    off, n, _ = segs[i]
+                    t = time.monotonic_ns()
+                    with mv[off:off + n] as piece:  # released even when a write fails
+                        _pwrite_all(fd, piece, at[i])
+                    if flusher is not None:
+                        flusher.note(at[i + 1])
+                    stats.io_ns += time.monotonic_ns() - t
+                    if progress and (i == len(segs) - 1 or at[i + 1] // CHUNK_BYTES != at[i] // CHUNK_BYTES):
+                        progress("write", at[i + 1], size)
+
                 try:
-                    for off, n, ends in _segments(runs, cuts):
-                        with mv[off:off + n] as piece:  # released even when a write fails
-                            h.update(piece)
-                            while p < len(pieces) and pieces[p][0] + pieces[p][1] <= off:
-                                p += 1
-                            inside = p < len(pieces) and pieces[p][0] <= off
-                            if inside:
-                                ph.update(piece)
-                            _write_all(fd, piece)
-                        done += n
-                        if inside and off + n == pieces[p][0] + pieces[p][1]:
-                            sums.append(ph.hexdigest())
-                            ph.reset()
-                        if ends:
-                            chunks.append(h.hexdigest())
-                            h.reset()
-                            if progress:
-                                progress("write", done, size)
+                    if flusher is not None:
+                        flusher.start()
+                    if pipelined:
+                        _run_pipelined(segs, src, stats, hash_one, write_one)
+                    else:
+                        for i, (off, n, _) in enumerate(segs):
+                            if off + n > src.written_to:
+                                stats.waits += 1
+                                src.advance(off + n)
+                            hash_one(i)
+                            write_one(i)
                 finally:
+                    if flusher is not None and flusher.is_alive():
+                        flusher.stop()
                     mv.release()
             ts = time.monotonic_ns()
             os.fsync(fd)
             fsync_ns += time.monotonic_ns() - ts
         finally:
             os.close(fd)
-        if len(sums) != len(pieces):
+        if len(sums) != len(pieces) or len(chunks) != -(-size // CHUNK_BYTES):
             raise CheckpointError(f"{len(sums)} of {len(pieces)} pieces of the image were checksummed",
                                   "this is a bug; nothing was kept")
         manifest = dict(manifest)
@@ -288,11 +460,47 @@ def write(out: Path, image_fd: int, image_bytes: int, manifest: dict, progress: 
         part.write_file(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
         part.commit()
         manifest["timings"]["fsync_ns"] = fsync_ns + time.monotonic_ns() - ts  # (not in the file: after it)
+        manifest["write_stats"] = stats
         return manifest
     except OSError as exc:
         raise disk_error(exc, out) from None
     finally:
         part.discard()
+
+
+def _run_pipelined(segs: list, src: Source, stats: WriteStats, hash_one, write_one) -> None:
+    """Every segment hashed (one thread) and written (another), each in order, as soon as `src` says
+    it is whole.  Before asking the source for more, this waits until the hasher has begun a segment
+    handed since it last asked: so the source's next part is written while earlier ones are hashed
+    (and the report's counts of what was hashed before the source's end say so, whatever the timing)."""
+    hasher, writer = _Worker(hash_one), _Worker(write_one)
+    hasher.start()
+    writer.start()
+    mark = 0  # segments handed before the source was last asked for more
+    try:
+        for i, (off, n, _) in enumerate(segs):
+            if hasher.exc is not None or writer.exc is not None:
+                break
+            if off + n > src.written_to:
+                if i > mark:
+                    hasher.wait_started(mark + 1)
+                mark = i
+                stats.waits += 1
+                src.advance(off + n)
+            hasher.q.put(i)
+            writer.q.put(i)
+    finally:
+        hasher.q.put(None)
+        writer.q.put(None)
+        hasher.join()
+        writer.join()
+    for w in (hasher, writer):
+        if w.exc is not None:
+            raise w.exc
+    if src.end_ns:
+        stats.hashed_before_source_end_bytes = sum(segs[i][1] for i, t in enumerate(hasher.begun_ns) if t < src.end_ns)
+        stats.written_before_source_end_bytes = sum(segs[i][1] for i, t in enumerate(writer.begun_ns)
+                                                    if t < src.end_ns)
 
 
 def load_manifest(path: Path, hint: str) -> object:
