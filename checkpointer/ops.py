@@ -3,6 +3,12 @@
 Checkpoint: the shim closes the gate, synchronizes, copies every allocation into a memfd this
 process passes it (pinned staging, several lanes), reopens the gate and replies; only then are the
 data hashed and written to disk, while the job runs on.  The freeze is the shim's part alone.
+Chunks the shim copied into its kept pool (an incremental checkpoint's) reach the memfd after the
+reply, a batch at each `writeback` command (a streamed dump), while this process hashes and writes
+the batches before them (store.write's two threads): the write after the freeze is one pipeline,
+shim's copy, hashing, writing and the storage's own writeback overlapped, with one fsync at the end.
+GPUTRACE_CKPT_PIPELINE=0 takes the serial way instead (all written by the shim before its reply, then
+hashed and written in turn, then fsynced), for bench/incremental_costs_gpu.py to compare.
 
 Restore: the manifest and every chunk's checksum are checked while copying the data into a memfd,
 and the allocations compared with the live ones, before anything is asked of the process; the shim
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import os
 import stat
 import time
@@ -32,6 +39,12 @@ from . import chain, digest, image, store
 
 DEFAULT_LANES = 4
 DEFAULT_CHUNK = 8 << 20
+WRITEBACK_BATCH = 64 << 20  # a streamed dump's chunks asked of the shim at a time
+
+
+def pipelined() -> bool:
+    """Whether a checkpoint's write is the pipeline (default) or the serial way (GPUTRACE_CKPT_PIPELINE=0)."""
+    return os.environ.get("GPUTRACE_CKPT_PIPELINE", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,17 @@ class CheckpointReport:
     staging_copied_bytes: int = 0  # ... of which through the lanes' staging buffers, under the gate
     attempts: int = 1  # freezes: more than one where the changes outgrew the pool the first time
     aborted_freeze_ns: int = 0  # the freezes before the last, ended without a copy (freeze_ns is the last's)
+    # The write after the freeze (store.write): pipelined (hashing and writing on two threads, the storage's
+    # writeback started as it goes, one fsync at the end) or serial (GPUTRACE_CKPT_PIPELINE=0).
+    pipelined: bool = True
+    streamed_bytes: int = 0     # of what the shim wrote from its pool after the reply (writeback_ns), in batches
+    writeback_batches: int = 0  # ... asked for while the batches before them were hashed and written
+    hash_ns: int = 0            # the hashing thread busy
+    io_ns: int = 0              # the writing thread busy
+    # Bytes whose hashing (writing) began before the shim had written the last streamed batch: the
+    # overlap, from both sides' CLOCK_MONOTONIC times (0 where nothing was streamed)
+    hashed_during_writeback_bytes: int = 0
+    written_during_writeback_bytes: int = 0
 
     @property
     def copy_gbps(self) -> float | None:
@@ -257,7 +281,8 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
         held = sum(size for _, size, _ in image.saved_allocations(status))
         if progress:
             progress("freeze", 0, held)
-        memfd, r = _dump(s, pid, lanes, chunk, timeout_ms, direct, digest_chunk, base, base_link, held)
+        pipe = pipelined()
+        memfd, r = _dump(s, pid, lanes, chunk, timeout_ms, direct, digest_chunk, base, base_link, held, pipe)
         try:
             if not r.get("ok"):
                 raise shim_failure(r, pid, "dump its device memory")
@@ -271,23 +296,56 @@ def checkpoint(pid: int, out: Path | str | None = None, *, lanes: int = DEFAULT_
                 manifest["schema"] = store.SCHEMA_LINK
                 manifest["parent"] = chain.parent_ref(parent, out)
                 runs = [(0, hdr.data_offset), *hdr.held_runs()]
-            m = store.write(out, memfd, nbytes, manifest, progress, runs, hdr.pieces())
+            wb = _Writeback(s, pid, r)
+            m = store.write(out, memfd, nbytes, manifest, progress, runs, hdr.pieces(), wb, pipe)
+            wb.finish()
             durable = time.monotonic_ns() - t0
         finally:
             os.close(memfd)
-    t = m["timings"]
+    t, ws = m["timings"], m["write_stats"]
     return CheckpointReport(str(out), pid, len(hdr.entries), r["bytes"], nbytes, t["drain_ns"], t["sync_ns"],
                             t["copy_ns"], t["freeze_ns"], t["write_ns"], time.monotonic_ns() - t0, r.get("direct", False),
                             r.get("digest_ns", 0), r.get("chunks", 0), r.get("chunks_copied", 0),
                             r.get("bytes_copied", r["bytes"]), m["data"]["bytes"],
                             str(parent) if hdr.partial else None, _digest_why(r, since), durable, t["fsync_ns"],
-                            r.get("setup_ns", 0), r.get("writeback_ns", 0), r.get("kept_pinned_bytes", 0),
+                            r.get("setup_ns", 0), r.get("writeback_ns", 0) + wb.ns, r.get("kept_pinned_bytes", 0),
                             r.get("plan"), r.get("staging_copied_bytes", 0), r.get("attempts", 1),
-                            r.get("aborted_freeze_ns", 0))
+                            r.get("aborted_freeze_ns", 0), ws.pipelined, wb.streamed, wb.batches, ws.hash_ns,
+                            ws.io_ns, ws.hashed_before_source_end_bytes, ws.written_before_source_end_bytes)
+
+
+class _Writeback(store.Source):
+    """A streamed dump's chunks still in the shim's pool, asked for a batch at a time as store.write
+    needs them (the shim writes each into the memfd while the batches before it are hashed and
+    written here).  Nothing pending: the image is whole already."""
+
+    def __init__(self, s: ShimSession, pid: int, r: dict) -> None:
+        self.s, self.pid = s, pid
+        self.streamed = int(r.get("writeback_pending_bytes", 0) or 0)
+        self.written_to = int(r.get("written_to", 0)) if self.streamed else math.inf
+        self.batches = self.ns = self.end_ns = 0
+
+    def advance(self, end: int) -> None:
+        while self.written_to < end:
+            r = self.s.request(f"writeback bytes={WRITEBACK_BATCH}", timeout_s=copy_timeout(WRITEBACK_BATCH))
+            if not r.get("ok"):
+                raise CheckpointError(f"the shim of process {self.pid} could not write its image: "
+                                      f"{r.get('error')} ({r.get('detail')})",
+                                      "the job runs on, untouched; nothing was kept: try again")
+            self.batches += 1
+            self.ns = int(r.get("writeback_ns", 0))
+            self.end_ns = int(r.get("batch_end_ns", 0)) or self.end_ns
+            self.written_to = math.inf if r.get("done") else int(r["written_to"])
+
+    def finish(self) -> None:
+        """Whatever store.write did not need written too (nothing, where the runs cover every chunk
+        the pool held), so that the shim holds nothing of this dump."""
+        if self.written_to != math.inf:
+            self.advance(math.inf)
 
 
 def _dump(s: ShimSession, pid: int, lanes: int, chunk: int, timeout_ms: int, direct: bool,
-          digest_chunk: int | None, base, base_link, held: int) -> tuple[int, dict]:
+          digest_chunk: int | None, base, base_link, held: int, stream: bool = True) -> tuple[int, dict]:
     """The shim's dump into a new memfd: the descriptor (the caller closes it) and the reply. A job that
     allocates and frees every step (a training loop's temporaries) can hold more at the freeze than at
     the plan, made a moment before while it ran: the shim then refuses, busy, having copied nothing and
@@ -296,6 +354,8 @@ def _dump(s: ShimSession, pid: int, lanes: int, chunk: int, timeout_ms: int, dir
     for attempt in range(BUSY_TRIES):
         staged = not direct or attempt == BUSY_TRIES - 1
         words = f"dump lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(not staged)}"
+        if stream:
+            words += " stream=1"  # the pool's chunks written at our `writeback` commands, after the reply
         if digest_chunk is not None:
             words += f" digest={digest_chunk}"
         memfd = os.memfd_create(f"gputrace-ckpt-{pid}", os.MFD_CLOEXEC)
@@ -304,6 +364,12 @@ def _dump(s: ShimSession, pid: int, lanes: int, chunk: int, timeout_ms: int, dir
                 _write_head(memfd, base, base_link)
                 words += " base=1"
             r = s.request(words, fd=memfd, timeout_s=copy_timeout(held))
+            if stream and str(r.get("error", "")).startswith("usage:"):  # a shim without streamed dumps
+                stream = False
+                os.ftruncate(memfd, 0)
+                if base is not None:
+                    _write_head(memfd, base, base_link)
+                r = s.request(words.replace(" stream=1", ""), fd=memfd, timeout_s=copy_timeout(held))
         except BaseException:
             os.close(memfd)
             raise

@@ -247,7 +247,11 @@ def checkpoint_cmd(args: argparse.Namespace) -> int:
     if r.staging_copied_bytes:
         print(f"  staging  {fmt_bytes(r.staging_copied_bytes)} copied through the staging buffers inside the freeze")
     print(f"  write    {ms(r.write_ns)}, {fmt_bytes(r.stored_bytes)} at {gbps(r.stored_bytes, r.write_ns)} "
-          "(job running)")
+          f"(job running; {'hashed and written on two threads' if r.pipelined else 'hashed and written in turn'})")
+    if r.streamed_bytes:
+        print(f"  pool     {fmt_bytes(r.streamed_bytes)} written out of the shim's pinned pool in {r.writeback_batches} "
+              f"batch(es), {ms(r.writeback_ns)}, while the ones before were hashed and written "
+              f"({fmt_bytes(r.hashed_during_writeback_bytes)} hashed before its last)")
     print(f"  durable  {ms(r.durable_ns)} after it began: data, manifest and directory fsynced "
           f"({ms(r.fsync_ns)} of fsync)")
     print(f"  total    {ms(r.total_ns)}")
