@@ -40,6 +40,7 @@ from . import chain, digest, image, store
 DEFAULT_LANES = 4
 DEFAULT_CHUNK = 8 << 20
 WRITEBACK_BATCH = 64 << 20  # a streamed dump's chunks asked of the shim at a time
+READERS = 4  # a selective restore's chunks read and checked at once
 
 
 def pipelined() -> bool:
@@ -573,13 +574,36 @@ def _selected_image(sel: chain.Selective, live: bytes, fd: int, progress: store.
     os.pwrite(fd, head, 0)
     total = sum(sel.spans[d][2] for d in want)
     done = 0
-    for d in want:
+
+    def one(d: int) -> int:
         i = sel.spans[d][0]
         data = sel.chunk(d)
         os.pwrite(fd, data, offs[i] + (d - sel.first[i]) * dc)
-        done += len(data)
-        if progress:
-            progress("verify", done, total)
+        return len(data)
+
+    if not pipelined() or len(want) < 2:
+        for d in want:
+            done += one(d)
+            if progress:
+                progress("verify", done, total)
+        return size
+    # Several chunks read, checked and put in place at once (pread, xxh3 and pwrite release the GIL):
+    # reading one overlaps hashing another, and a disk gets more than one request at a time.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(READERS, thread_name_prefix="gputrace-verify") as ex:
+        pending = []
+        try:
+            for k, d in enumerate(want):
+                pending.append(ex.submit(one, d))
+                if len(pending) >= 4 * READERS or k == len(want) - 1:
+                    while pending and (len(pending) >= 2 * READERS or k == len(want) - 1):
+                        done += pending.pop(0).result()  # the first failure, in order, raised here
+                        if progress:
+                            progress("verify", done, total)
+        finally:
+            for f in pending:
+                f.cancel()
     return size
 
 

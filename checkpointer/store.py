@@ -73,12 +73,14 @@ class ReadStats:
 
 
 READS = ReadStats()
+_READS_LOCK = threading.Lock()  # a restore reads on several threads (ops._selected_image)
 
 
 def read_at(fd: int, n: int, off: int) -> bytes:
     b = os.pread(fd, n, off)
-    READS.bytes += len(b)
-    READS.reads += 1
+    with _READS_LOCK:
+        READS.bytes += len(b)
+        READS.reads += 1
     return b
 
 
