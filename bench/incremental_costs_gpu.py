@@ -26,6 +26,16 @@ and resume's totals together are within 0.3 s of their copies (issue 42's done-w
 makes the image, is reported apart).  `--prepare`: `gputrace suspend --prepare` first, while the job runs (the
 image made ahead, its time recorded as `prepare`), so that the first cycle too should make nothing.
 
+The write after the freeze (`--modes`, issue 42 part 3): `pipelined` (the default: the shim's pool
+written out in batches while the batches before are hashed and written on two threads, the storage's
+writeback started as it goes, one fsync) and `serial` (GPUTRACE_CKPT_PIPELINE=0: as before it, each
+stage after the last), each with its own change, checkpoint and restore, and beside them a plain
+fsynced write (and cold read) of the same stored bytes on the same storage, measured right after
+(`plain_same`).  Per mode, `after_freeze_s` is the time to durable less the set-up and the freezes
+(what the pipeline changes: the pool's growth before the freeze is paid by whichever mode comes first
+at a new size of change, so compare that, or run the modes twice).  On simcuda the "device" copies are
+host memcpy and the digests the CPU's, so the freezes are long and the copies no bus's.
+
 OUT/incremental-costs.json is rewritten (tmp, then renamed) after every measurement, so a run ended by
 its time limit keeps what it measured; --budget-s (default 480) stops starting new parts once passed.
 
@@ -34,8 +44,11 @@ On the GPU machine (one call of at most 9 minutes; the sizes and parts are flags
     python3 bench/incremental_costs_gpu.py --sizes 4,16 --storage disk,tmpfs --out /tmp/inc-costs
     python3 bench/incremental_costs_gpu.py --parts suspend --sizes 16,4 --out /tmp/suspend-costs
     python3 bench/incremental_costs_gpu.py --parts suspend --prepare --sizes 16,4 --out /tmp/suspend-prepared
+    python3 bench/incremental_costs_gpu.py --sizes 16 --storage disk,tmpfs --modes serial,pipelined --no-driver --out /tmp/pipe
 Here (simcuda, sizes in MiB):
     .venv/bin/python bench/incremental_costs_gpu.py --simcuda --sizes 4,16 --out /tmp/inc-costs-sim
+    .venv/bin/python bench/incremental_costs_gpu.py --simcuda --sizes 1024 --storage disk,tmpfs --changed 10,100 \
+        --modes serial,pipelined,serial,pipelined --no-driver --out /tmp/pipe-sim
 """
 
 from __future__ import annotations
@@ -70,10 +83,11 @@ def gputrace_argv() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "gputrace"]
 
 
-def cli(*args: str) -> dict:
+def cli(*args: str, env_add: dict | None = None) -> dict:
     """A gputrace command with --json: its report, with wall_s; {"error": ...} where it failed."""
     t0 = time.monotonic()
-    p = subprocess.run([*gputrace_argv(), *args, "--json"], capture_output=True, text=True)
+    p = subprocess.run([*gputrace_argv(), *args, "--json"], capture_output=True, text=True,
+                       env=dict(os.environ, **env_add) if env_add else None)
     wall = time.monotonic() - t0
     if p.returncode != 0:
         return {"error": (p.stderr or p.stdout).strip()[-800:], "rc": p.returncode, "wall_s": wall}
@@ -173,6 +187,10 @@ def main() -> int:
                          "made while the job runs (timed apart) and no cycle makes it")
     ap.add_argument("--no-driver", action="store_true", help="leave out the driver's checkpoint of the job")
     ap.add_argument("--simcuda", action="store_true", help="simcuda instead of a GPU (sizes in MiB)")
+    ap.add_argument("--modes", default="pipelined",
+                    help="the write after the freeze, comma-separated, in this order for each change: pipelined, "
+                         "serial (GPUTRACE_CKPT_PIPELINE=0); with more than one, a plain fsynced write of the same "
+                         "bytes is measured beside them")
     ap.add_argument("--budget-s", type=float, default=480, help="start no new part after this many seconds")
     ap.add_argument("--out", type=Path, required=True, help="directory for incremental-costs.json")
     a = ap.parse_args()
@@ -183,6 +201,10 @@ def main() -> int:
     for st in storages:
         if st not in ROOTS:
             ap.error(f"--storage {st}: disk or tmpfs")
+    modes = [x for x in a.modes.split(",") if x]
+    for x in modes:
+        if x not in MODES:
+            ap.error(f"--modes {x}: pipelined or serial")
     parts = [x for x in a.parts.split(",") if x]
     for x in parts:
         if x not in ("incremental", "suspend"):
@@ -245,41 +267,22 @@ def main() -> int:
                     if over() or "error" in part["whole"]:
                         break
                     n = max(4096, int(nbytes * pct / 100))
-                    job.change(n, 2 * i)
-                    want = job.checksum()
-                    d = root / f"inc-{i}"
-                    log(f"{pct}% changed: incremental checkpoint")
-                    ck = cli("checkpoint", "-p", str(job.pid), "-o", str(d), "--since", str(base))
-                    job.change(n, 2 * i + 1)  # the same bytes changed again: exactly those differ
-                    log(f"{pct}% changed: restore")
-                    rs = cli("restore", "-p", str(job.pid), str(d), "--device-only", "--force")
-                    ok = job.checksum() == want
-                    c = {"pct": pct, "changed_bytes": n, "checkpoint": ck, "restore": rs, "data_right": ok}
-                    if "error" not in ck and "error" not in rs:
-                        wr, rd = part["plain"]["write_gb_s"], part["plain"]["read_gb_s"]
-                        c["summary"] = {
-                            "freeze_s": s(ck["freeze_ns"]), "durable_s": s(ck["durable_ns"]),
-                            "total_s": s(ck["total_ns"]), "bytes_copied": ck["bytes_copied"],
-                            "stored_bytes": ck["stored_bytes"], "setup_s": s(ck.get("setup_ns")),
-                            "restore_freeze_s": s(rs["freeze_ns"]), "back_s": s(rs["total_ns"]),
-                            "bytes_read": rs.get("bytes_read"), "restore_bytes_copied": rs["bytes_copied"],
-                            # where the shim copied (pool, image, staging), how much through staging under
-                            # the gate, and the freezes before the last that found more changed than planned
-                            "plan": ck.get("plan"), "attempts": ck.get("attempts", 1),
-                            "aborted_freeze_s": s(ck.get("aborted_freeze_ns", 0)),
-                            "staging_copied_bytes": ck.get("staging_copied_bytes"),
-                            "restore_plan": rs.get("plan"), "restore_setup_s": s(rs.get("setup_ns", 0)),
-                            "restore_staging_copied_bytes": rs.get("staging_copied_bytes"),
-                            "target_checkpoint_s": ck["stored_bytes"] / (wr * 1e9),
-                            "target_restore_s": rs.get("bytes_read", 0) / (rd * 1e9) if rd else None,
-                        }
-                        sm = c["summary"]
-                        sm["within_0_3s"] = {
-                            "checkpoint": sm["total_s"] <= sm["target_checkpoint_s"] + 0.3,
-                            "restore": sm["target_restore_s"] is not None and
-                            sm["back_s"] <= sm["target_restore_s"] + 0.3}
+                    c = {"pct": pct, "changed_bytes": n}
+                    for k, mode in enumerate(modes):
+                        run = measure_change(job, root, part, n, 2 * (i * len(modes) + k), i, mode, log)
+                        if k == 0:
+                            c.update(run)  # the first mode's, where a single-mode run has always put them
+                        if len(modes) > 1:
+                            c.setdefault("modes", []).append(run)
+                        save()
+                    if len(modes) > 1 and any("summary" in r for r in c["modes"]):
+                        stored = max(r["checkpoint"].get("stored_bytes", 0) for r in c["modes"])
+                        c["plain_same"] = plain_io(root, stored)
+                        for r in c["modes"]:
+                            if "summary" in r:
+                                r["summary"]["plain_same_write_s"] = c["plain_same"]["write_s"]
+                                r["summary"]["over_plain_write_s"] = r["summary"]["total_s"] - c["plain_same"]["write_s"]
                     part["changes"].append(c)
-                    shutil.rmtree(d, ignore_errors=True)
                     save()
                 if not a.no_driver and not over():
                     log("the driver's checkpoint and restore of the same job")
@@ -339,6 +342,58 @@ def suspend_part(part: dict, nbytes: int, a: argparse.Namespace, save) -> None:
         job.close()
 
 
+MODES = {"pipelined": {"GPUTRACE_CKPT_PIPELINE": "1"}, "serial": {"GPUTRACE_CKPT_PIPELINE": "0"}}
+
+
+def measure_change(job, root: Path, part: dict, n: int, rnd: int, i: int, mode: str, log) -> dict:
+    """`n` bytes of the job changed, an incremental checkpoint since the whole one and its restore, the
+    write after the freeze done the `mode` way: the reports, whether the data came back right, the summary."""
+    base = root / "base"
+    job.change(n, rnd)
+    want = job.checksum()
+    d = root / f"inc-{i}-{mode}"
+    log(f"{n} bytes changed: incremental checkpoint ({mode})")
+    ck = cli("checkpoint", "-p", str(job.pid), "-o", str(d), "--since", str(base), env_add=MODES[mode])
+    job.change(n, rnd + 1)  # the same bytes changed again: exactly those differ
+    log(f"{n} bytes changed: restore ({mode})")
+    rs = cli("restore", "-p", str(job.pid), str(d), "--device-only", "--force", env_add=MODES[mode])
+    ok = job.checksum() == want
+    c = {"mode": mode, "checkpoint": ck, "restore": rs, "data_right": ok}
+    if "error" not in ck and "error" not in rs:
+        wr, rd = part["plain"]["write_gb_s"], part["plain"]["read_gb_s"]
+        c["summary"] = {
+            "mode": mode,
+            "freeze_s": s(ck["freeze_ns"]), "durable_s": s(ck["durable_ns"]),
+            "total_s": s(ck["total_ns"]), "bytes_copied": ck["bytes_copied"],
+            "stored_bytes": ck["stored_bytes"], "setup_s": s(ck.get("setup_ns")),
+            # the time to durable after the set-up and the freezes: the write the pipeline overlaps
+            "after_freeze_s": s(ck["durable_ns"] - ck.get("setup_ns", 0) - ck["freeze_ns"] -
+                                ck.get("aborted_freeze_ns", 0)),
+            "writeback_s": s(ck.get("writeback_ns", 0)), "write_s": s(ck["write_ns"]), "fsync_s": s(ck["fsync_ns"]),
+            "hash_s": s(ck.get("hash_ns", 0)), "io_s": s(ck.get("io_ns", 0)),
+            "streamed_bytes": ck.get("streamed_bytes"), "writeback_batches": ck.get("writeback_batches"),
+            "hashed_during_writeback_bytes": ck.get("hashed_during_writeback_bytes"),
+            "restore_freeze_s": s(rs["freeze_ns"]), "back_s": s(rs["total_ns"]), "verify_s": s(rs["verify_ns"]),
+            "bytes_read": rs.get("bytes_read"), "restore_bytes_copied": rs["bytes_copied"],
+            # where the shim copied (pool, image, staging), how much through staging under
+            # the gate, and the freezes before the last that found more changed than planned
+            "plan": ck.get("plan"), "attempts": ck.get("attempts", 1),
+            "aborted_freeze_s": s(ck.get("aborted_freeze_ns", 0)),
+            "staging_copied_bytes": ck.get("staging_copied_bytes"),
+            "restore_plan": rs.get("plan"), "restore_setup_s": s(rs.get("setup_ns", 0)),
+            "restore_staging_copied_bytes": rs.get("staging_copied_bytes"),
+            "target_checkpoint_s": ck["stored_bytes"] / (wr * 1e9),
+            "target_restore_s": rs.get("bytes_read", 0) / (rd * 1e9) if rd else None,
+        }
+        sm = c["summary"]
+        sm["within_0_3s"] = {
+            "checkpoint": sm["total_s"] <= sm["target_checkpoint_s"] + 0.3,
+            "restore": sm["target_restore_s"] is not None and
+            sm["back_s"] <= sm["target_restore_s"] + 0.3}
+    shutil.rmtree(d, ignore_errors=True)
+    return c
+
+
 def _root(storage: str, sim: bool) -> Path:
     r = ROOTS[storage]
     r.mkdir(parents=True, exist_ok=True)
@@ -370,6 +425,22 @@ def summary(doc: dict) -> str:
             out.append(f"{p['size']}{doc['unit']} suspend: {p['error']}")
     for p in doc["parts"]:
         for c in p["changes"]:
+            if len(c.get("modes", [])) > 1:
+                ps = c.get("plain_same", {})
+                out.append(f"{p['size']}{doc['unit']} {p['storage']} {c['pct']}% | plain fsynced write of "
+                           f"{ps.get('bytes')} bytes: {ps.get('write_s', float('nan')):.3f} s")
+                for r in c["modes"]:
+                    sm = r.get("summary")
+                    if not sm:
+                        out.append(f"    {r['mode']}: failed: {r['checkpoint'].get('error') or r['restore'].get('error')}")
+                        continue
+                    out.append(f"    {r['mode']:9} total {sm['total_s']:.3f} durable {sm['durable_s']:.3f} (setup "
+                               f"{sm['setup_s']:.3f}, freezes {sm['freeze_s'] + sm['aborted_freeze_s']:.3f}, after "
+                               f"them {sm['after_freeze_s']:.3f}: shim writeback {sm['writeback_s']:.3f}, write "
+                               f"{sm['write_s']:.3f} of which fsync {sm['fsync_s']:.3f}) | over the plain write "
+                               f"{sm['over_plain_write_s']:+.3f} s | restore {sm['back_s']:.3f} (verify "
+                               f"{sm['verify_s']:.3f}) | right {r['data_right']}")
+                continue
             sm = c.get("summary")
             if not sm:
                 out.append(f"{p['size']}{doc['unit']} {p['storage']} {c['pct']}%: failed: "
