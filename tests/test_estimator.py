@@ -817,3 +817,28 @@ def test_the_decode_loops_rarer_functions_are_known_from_one_step_window_and_the
         assert _known(e) and abs(e.rate_hz / t - 1) <= 0.1, (n, t, e)
     within = [1 for a, n, t, e in pairs if _known(e) and abs(e.rate_hz / t - 1) <= 0.1]
     assert len(within) >= 0.9 * len(pairs), (len(within), len(pairs))
+
+
+def test_a_function_counted_in_one_interval_stands_for_the_next_at_their_pace_and_keeps_its_ratio():
+    """JAX on an H100: three once-a-step functions were probed only in one long window, whose
+    interval's reference read the job 11% faster than its mean, and that rate stood for the
+    intervals after; the functions in every interval's windows read each at its own pace: their
+    1 : 3 ratio read 1 : 2.8. A windowless interval goes at the pace its marker measured there."""
+    pace = [3600.0, 4000.0, 3400.0, 3500.0, 3300.0]  # steps a second, interval by interval
+    m, g, f = 1, 2, 3                               # 9, 16 and 1 calls a step
+    slowed = 0.9                                    # the job's pace inside a window
+    obs = []
+    for i, p in enumerate(pace):
+        def window(t: float, per: dict[int, int]) -> est.Window:
+            calls = {h: round(k * p * t * slowed) for h, k in per.items()}
+            marker = est.MarkerCount(calls[m], t, round(9 * p * t), t, 0.0001 * t, func=m)
+            return est.Window(t, frozenset(per), calls, 0.1 * t, marker=marker)
+        wins = [window(0.004, {m: 9, g: 16}), window(0.004, {m: 9, g: 16})]
+        if i == 1:
+            wins.append(window(0.046, {m: 9, f: 1}))
+        obs.append(est.Observation(1.0, tuple(wins), {}, {m: 1.0, g: 1.0, f: 1.0}))
+    e = est.estimate(obs, MEASURED)
+    after = sum(pace[1:]) / 4  # f's truth over the intervals from its first window on
+    assert e[f].measured_s == pytest.approx(4.0)
+    assert abs(e[f].rate_hz / after - 1) < 0.02, (e[f], after)  # (its interval's pace alone: +12.7%)
+    assert abs(e[m].rate_hz / (9 * sum(pace) / 5) - 1) < 0.02

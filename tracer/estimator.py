@@ -515,9 +515,14 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
     per_obs: list[dict[int, _Unit]] = []
     steps_hz = step_rates(observations)
     timings = []
+    refs_of: list[dict[int | None, Reference]] = []
     for o in observations:
         refs = reference_rates(o)
+        refs_of.append(refs)
         timings.append([(w, referenced(w, refs), *window_time(w, expo, steps_hz, refs)) for w in o.windows])
+    # Per interval and function, the marker whose reference read all its windows there (None: not
+    # one, or not all): the pace of the windowless intervals it stands for is that marker's there.
+    paced_by: list[dict[int, int | None]] = []
     set_aside: dict[int, int] = {}  # calls in the windows left out below: observed all the same
     for o, timing in zip(observations, timings):
         # Functions that a window of this interval read against a reference (its steps, its marker)
@@ -525,6 +530,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         # fill most of a window, an exposure off by a little moves its rate several-fold).
         anchored = {f for w, ref, *_ in timing if ref for f in w.probed}
         acc: dict[int, _Unit] = {}
+        paced: dict[int, int | None] = {}
         last_resort: dict[int, _Unit] = {}
         for w, ref, eff, rel, rand in timing:
             # (A referenced window's rate has no range from the probes' share: its time is its own.)
@@ -536,7 +542,10 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 probed = probed - anchored
             calls = w.calls
             into = last_resort if w.discovery else acc
+            m = w.marker.func if ref and w.marker is not None and not w.steps else None
             for f in probed:
+                if not w.discovery:
+                    paced[f] = m if paced.get(f, m) == m else None
                 a = into.get(f)
                 if a is None:
                     a = into[f] = _Unit()
@@ -546,6 +555,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 a.alone = True
                 acc[f] = a
         per_obs.append(acc)
+        paced_by.append(paced)
     out: dict[int, Estimate] = {}
     parts: dict[int, _Figures] = {}
     for f in funcs:
@@ -560,7 +570,8 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         # windows out, an old window's rate stood for it: 0 calls/s +-0 for 478k).
         latest_exact: tuple[int, float] | None = None
         stood: list[tuple[Observation, float]] = []  # (interval, its time off the watch link measured)
-        for o, d in zip(observations, per_obs):
+        pace: tuple[int, float] | None = None  # the last unit's marker and its rate in that interval
+        for o, d, refs, paced in zip(observations, per_obs, refs_of, paced_by):
             c = o.watched_calls.get(f, 0)
             observed += c
             exact += c
@@ -576,6 +587,8 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                     units.append(mine)
                     observed += mine.n
                     latest_exact = None
+                    g = paced.get(f)
+                    pace = (g, refs[g].rate_hz) if g is not None and g in refs and not mine.alone else None
             if u <= 0:
                 if o.span_s > 0 and (c or units or latest_exact):
                     latest_exact = (c, o.span_s)
@@ -585,9 +598,16 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 x = _Unit(span=span_x, exact=True)
                 x.add(n_x, span_x, 0.0, span_x)
                 units.append(x)
-                latest_exact = None
+                latest_exact = pace = None
             if units:
-                units[-1].u += u
+                # A windowless interval goes at the last unit's rate, times the job's pace there
+                # against the unit's, as the marker that read the unit's windows measured both:
+                # functions counted together keep their ratio. (JAX on an H100: three once-a-step
+                # functions probed only in one long window, whose interval's reference read the
+                # job 11% fast, stood at that pace for the next three intervals; the functions in
+                # every interval's windows read each at its own: +11% against +5%.)
+                g_ref = refs.get(pace[0]) if pace is not None and mine is None else None
+                units[-1].u += u * (g_ref.rate_hz / pace[1] if g_ref is not None else 1.0)
                 stood.append((o, u))
             elif carry and f in carry:
                 carried_u += u
