@@ -20,6 +20,7 @@ from typing import Callable
 
 from gputrace.base.errors import CheckpointError
 from gputrace.base.procs import stop_point
+from gputrace.checkpointer.uprobes import ImageError, _varint
 
 MIN_VERSION = (4, 0)
 UPROBES_VERSION = (4, 2)  # --allow-uprobes: dump and restore a process holding the kernel's [uprobes] page
@@ -286,20 +287,9 @@ def stats(images: Path) -> dict[str, int]:
                 _, i = _varint(msg, i)
             else:
                 return out
-    except IndexError:
+    except ImageError:
         return out
     return out
-
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    v = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        v |= (b & 0x7F) << shift
-        if b < 0x80:
-            return v, i
-        shift += 7
 
 
 def restore(c: Criu, images: Path, work: Path, pid: int, on_start: Callable[[int], None] | None = None,
