@@ -77,7 +77,7 @@ class CheckpointReport:
     plan: str | None = None  # where the copies went under the gate: "pool" (kept, pinned), "image" (mapped and
     #                          pinned for this checkpoint), "staging" (lanes' buffers, written under the gate)
     staging_copied_bytes: int = 0  # ... of which through the lanes' staging buffers, under the gate
-    attempts: int = 1  # freezes: more than one where the changes outgrew the pool the first time
+    attempts: int = 1  # tries: more than one where the changes outgrew the pool, or the job's allocations overtook the plan
     aborted_freeze_ns: int = 0  # the freezes before the last, ended without a copy (freeze_ns is the last's)
     # The write after the freeze (store.write): pipelined (hashing and writing on two threads, the storage's
     # writeback started as it goes, one fsync at the end) or serial (GPUTRACE_CKPT_PIPELINE=0).
@@ -352,6 +352,7 @@ def _dump(s: ShimSession, pid: int, lanes: int, chunk: int, timeout_ms: int, dir
     the plan, made a moment before while it ran: the shim then refuses, busy, having copied nothing and
     reopened the gate. That is tried again on a fresh plan, the last time through the staging buffers,
     which take any size (a direct copy maps the image for the plan's)."""
+    refused = aborted_ns = 0  # the tries overtaken before this one: counted in the report's attempts
     for attempt in range(BUSY_TRIES):
         staged = not direct or attempt == BUSY_TRIES - 1
         words = f"dump lanes={lanes} chunk={chunk} timeout={timeout_ms} direct={int(not staged)}"
@@ -375,7 +376,12 @@ def _dump(s: ShimSession, pid: int, lanes: int, chunk: int, timeout_ms: int, dir
             os.close(memfd)
             raise
         if not overtaken(r) or attempt == BUSY_TRIES - 1:
+            if refused and r.get("ok"):
+                r = {**r, "attempts": int(r.get("attempts", 1)) + refused,
+                     "aborted_freeze_ns": int(r.get("aborted_freeze_ns", 0)) + aborted_ns}
             return memfd, r
+        refused += int(r.get("attempts", 1))
+        aborted_ns += int(r.get("freeze_ns", 0)) + int(r.get("aborted_freeze_ns", 0))
         os.close(memfd)
     raise AssertionError("unreachable")
 

@@ -362,6 +362,7 @@ def test_a_dump_overtaken_by_the_jobs_allocations_is_tried_again_the_last_time_s
     assert [" direct=1" in w for w in sent] == [True] * refusals + [not last_staged]
     if last_staged:
         assert not rep.direct
+    assert rep.attempts == refusals + 1  # the report counts the tries planned again
     assert t.gate_open()
     assert t.cmd("fill 9")["sum"] != saved
     restore(t.pid, tmp_path / "ck")
