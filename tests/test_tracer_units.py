@@ -1616,3 +1616,16 @@ def test_a_reference_is_picked_with_room_to_spare_where_one_has_it():
     p.rates.update(hz)
     assert p.reference(frozenset({0, 2})) == 0  # none with room: the most-called within REF_PROBE_MAX
     assert p.spares(1, frozenset(classes)) == ()  # 0 and 2 take more than half of it
+
+
+def test_a_kept_functions_rate_is_its_exact_count_not_mixed_with_a_windows():
+    """GPT-2 on an H100: the step's copy, kept at 63 calls a second, counted once in a 3-ms window
+    that timed every function (333 a second there); averaged with that, the step was planned at 5 ms
+    for a 13-ms step and its step window refused as "not called lately"."""
+    p = scouted({0: QUERY, 1: SUB, 2: QUERY}, {f: CHEAP for f in range(3)}, {0: 50, 1: 1, 2: 10}, budget=0.01,
+                interval_s=1.0, rare_share=0.0)
+    p.observe_kept({1: 63.0})
+    assert p.kept == frozenset({1})
+    p.observe(1, {0: 10_000.0, 1: 333.0, 2: 2_000.0}, {0: 30, 1: 1, 2: 6})
+    assert p.rates[1] == 63.0
+    assert p.period_s(0.0) == pytest.approx(1 / 63.0)
