@@ -795,7 +795,7 @@ def _known(e: est.Estimate) -> bool:
 
 
 @pytest.mark.parametrize("results", ["rates-h100-2", "rates-h100-3/1-jax-mlp", "rates-h100-4", "rates-h100-5",
-                                     "rates-h100-5/top"])
+                                     "rates-h100-5/top", "rates-h100-6"])
 def test_the_h100s_saved_attaches_read_again_cover_the_truth(results):
     """The H100's 5-s attaches of GPT-2, KV-cache decode, a conv net, a jitted JAX step and an MLP
     (their observations as saved, their truth from --exact): the stated 95% intervals of the known
