@@ -843,3 +843,22 @@ def test_a_function_counted_in_one_interval_stands_for_the_next_at_their_pace_an
     assert e[f].measured_s == pytest.approx(4.0)
     assert abs(e[f].rate_hz / after - 1) < 0.02, (e[f], after)  # (its interval's pace alone: +12.7%)
     assert abs(e[m].rate_hz / (9 * sum(pace) / 5) - 1) < 0.02
+
+
+def test_step_windows_of_two_step_functions_count_in_one_at_their_rates_ratio():
+    """A conv net on an H100: two kept functions called once a step, at one rate, took turns as the
+    policy's step; its three step windows were set aside as not of one step function, and its rarer
+    functions read from windows of time alone (-7%, where its busiest read +3%)."""
+    a, b, f = 1, 2, 3
+    hz = {a: 400.0, b: 800.0}  # b twice a step
+    obs = []
+    for i in range(5):
+        wins = [est.Window(0.004, frozenset({f}), {f: 13}, 0.0)]  # the job's pace there: 0.8x
+        if i in (1, 3, 4):
+            g = a if i == 1 else b
+            k = 2 if g == a else 3
+            wins.append(est.Window(k / hz[g], frozenset({f, g}), {f: round(10 * k * 400 / hz[g]), g: k}, 0.0,
+                                   step_func=g, steps=k))
+        obs.append(est.Observation(1.0, tuple(wins), {a: 400, b: 800}, {f: 1.0}))
+    e = est.estimate(obs, MEASURED)[f]
+    assert e.rate_hz == pytest.approx(4000.0, rel=0.01), e  # (the windows of time alone: 3250)

@@ -1629,3 +1629,17 @@ def test_a_kept_functions_rate_is_its_exact_count_not_mixed_with_a_windows():
     p.observe(1, {0: 10_000.0, 1: 333.0, 2: 2_000.0}, {0: 30, 1: 1, 2: 6})
     assert p.rates[1] == 63.0
     assert p.period_s(0.0) == pytest.approx(1 / 63.0)
+
+
+def test_the_step_function_stays_while_another_is_as_slow():
+    """Two kept functions called once a step at one rate (a conv net on an H100) must not take turns
+    as the step: each step window would count another's steps."""
+    p = scouted({0: QUERY, 1: SUB, 2: SUB}, {f: CHEAP for f in range(3)}, {0: 50, 1: 1, 2: 1}, budget=0.01,
+                interval_s=1.0, rare_share=0.0)
+    p.kept = frozenset({1, 2})  # (both cheap enough to count every call)
+    p.observe_kept({1: 400.0, 2: 401.0})
+    assert p.step_of(0.0)[0] == 1
+    p.observe_kept({1: 402.0, 2: 399.0})
+    assert p.step_of(0.0)[0] == 1  # (the slowest now: 2)
+    p.observe_kept({1: 500.0, 2: 399.0})
+    assert p.step_of(0.0)[0] == 2  # far slower: that one
