@@ -203,7 +203,8 @@ class SimJob:
 
         if spin:  # long enough for a tracer to start and see it before the step it is checkpointed at
             kernel_ns = 500_000_000
-        host = ["--host", str(self.args.host_mib * MIB)] if self.args.host_mib else []
+        host_mib = getattr(self.args, "host_mib", 0)  # (bench/ckpt_costs_gpu.py names no --host-mib)
+        host = ["--host", str(host_mib * MIB)] if host_mib else []
         return simcuda.workload("train") + ["--size", str(size * self.unit), "--steps", str(self.steps),
                                             "--kernel-ns", str(kernel_ns), "--vmm", "0", *host]
 
