@@ -486,7 +486,8 @@ def top_phase(jobs: dict, names: list[str], raw: Path, duration: float | None, t
     out_f, err_f = raw / "top-once.json", raw / "top-once.err"
     t0 = time.monotonic()
     with open(out_f, "wb") as o, open(err_f, "wb") as e:
-        proc = subprocess.Popen(cmd, stdout=o, stderr=e)
+        # (Each row's observations too, as obs-PID.json beside it: its figures can be worked out again.)
+        proc = subprocess.Popen(cmd, stdout=o, stderr=e, env=os.environ | {"GPUTRACE_OBSERVATIONS": str(raw)})
     # Until it exits, or TOP_CLOSE_S after its frame is out (taking its probes off can outlast the
     # frame where a probe hit is slow: the frame is what is measured), or timeout_s.
     printed, note, ended = None, None, None
