@@ -128,15 +128,20 @@ def device(tmp_path):
         yield d
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """What an uninterrupted run prints (kernel time does not change the output)."""
-    root = tmp_path_factory.mktemp("ref")
+def uninterrupted(root: Path, steps: int, *args: str) -> str:
+    """What simcuda's train prints run uninterrupted for `steps` (kernel time does not change it), with
+    `args`, on a device of its own under root."""
     with Device(root / "dev") as d:
-        r = subprocess.run(simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", "0"],
+        r = subprocess.run(simcuda.workload("train") + ["--steps", str(steps), "--kernel-ns", "0", *args],
                            env=d.env(sim_env()), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """What an uninterrupted run prints."""
+    return uninterrupted(tmp_path_factory.mktemp("ref"), STEPS)
 
 
 class Job:

@@ -22,7 +22,7 @@ from gputrace.checkpointer import criu as criu_mod
 from gputrace.checkpointer import full, predump
 from gputrace.simcuda.device import Device
 
-from test_full_checkpoint import FOREIGN_TRACER, Job, _criu_reason, sim_env, state, wait_exit
+from test_full_checkpoint import FOREIGN_TRACER, Job, _criu_reason, sim_env, state, uninterrupted, wait_exit
 from test_full_checkpoint import gputrace as _gputrace
 
 pytestmark = pytest.mark.skipif(_criu_reason() is not None, reason=str(_criu_reason()))
@@ -74,13 +74,7 @@ def big(tmp_path, device):
 
 @pytest.fixture(scope="module")
 def big_reference(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ref")
-    with Device(root / "dev") as d:
-        r = subprocess.run(simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", "0", "--size", "65536",
-                                                         "--host", str(HOST)],
-                           env=d.env(sim_env()), capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    return uninterrupted(tmp_path_factory.mktemp("ref"), STEPS, "--size", "65536", "--host", str(HOST))
 
 
 def gputrace(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

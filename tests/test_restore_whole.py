@@ -24,7 +24,7 @@ from gputrace import shim, simcuda
 from gputrace.simcuda.device import Device
 
 from shimtest import shim_dir  # noqa: F401  (fixture)
-from test_full_checkpoint import FOREIGN_TRACER, _criu_reason, sim_env, wait_exit, wait_for_text
+from test_full_checkpoint import FOREIGN_TRACER, _criu_reason, sim_env, uninterrupted, wait_exit, wait_for_text
 
 pytestmark = pytest.mark.skipif(_criu_reason() is not None, reason=str(_criu_reason()))
 
@@ -44,13 +44,7 @@ def gputrace(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """What an uninterrupted run prints (the kernels' duration does not change it)."""
-    root = tmp_path_factory.mktemp("ref")
-    with Device(root / "dev") as d:
-        r = subprocess.run(simcuda.workload("train") + ["--steps", str(STEPS), "--kernel-ns", "0", "--vmm", "0",
-                                                        "--churn", str(CHURN)],
-                           env=d.env(sim_env()), capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    return uninterrupted(tmp_path_factory.mktemp("ref"), STEPS, "--vmm", "0", "--churn", str(CHURN))
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
