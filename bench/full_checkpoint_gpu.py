@@ -498,7 +498,7 @@ def main() -> int:
     if os.geteuid() != 0:
         problems.append("CRIU needs root")
     if args.pre_dump and "c" in locals():
-        ok, said = criu.feature(c, criu.DIRTY_TRACK)
+        ok, said = criu.check(c, criu.DIRTY_TRACK)
         criu_text += f"; {criu.DIRTY_TRACK} {'passes' if ok else 'FAILS: ' + said}"
         if not ok:  # run all the same: each +pre case records the refusal, its checkpoint whole
             print(f"warning: --pre-dump: `criu check --feature {criu.DIRTY_TRACK}` fails here ({said}): every "

@@ -88,13 +88,18 @@ def find() -> Criu:
     raise CriuUnavailable(f"no CRIU >= {'.'.join(map(str, MIN_VERSION))} here: {'; '.join(seen)}", INSTALL_HINT)
 
 
-def check(c: Criu) -> tuple[bool, str]:
-    """`criu check`: (passed, its last line)."""
+def check(c: Criu, feature: str | None = None) -> tuple[bool, str]:
+    """`criu check` (`--feature FEATURE` where given): (passed, what it said last, without CRIU's
+    timestamps and Warn/Error prefixes)."""
     try:
-        r = subprocess.run([c.path, "check"], capture_output=True, text=True, timeout=60)
+        r = subprocess.run([c.path, "check", *(["--feature", feature] if feature else [])],
+                           capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, str(exc)
-    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip() and not ln.startswith("Warn")]
+    lines = [re.sub(r"^(\(\s*[0-9.]+\)\s*)?((Warn|Error)\s*\([^)]*\):\s*)?", "", ln).strip()
+             for ln in (r.stdout + r.stderr).splitlines()
+             if ln.strip() and not (feature is None and ln.startswith("Warn"))]
+    lines = [ln for ln in lines if "RLIMIT_NOFILE" not in ln]
     return r.returncode == 0, (lines[-1] if lines else f"exit status {r.returncode}")
 
 
@@ -111,22 +116,10 @@ class DirtyTrackingUnavailable(CheckpointError):
     """`criu check --feature mem_dirty_track` fails: no pre-dump, no dump of only what changed."""
 
 
-def feature(c: Criu, name: str) -> tuple[bool, str]:
-    """`criu check --feature NAME`: (passed, what it said last)."""
-    try:
-        r = subprocess.run([c.path, "check", "--feature", name], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, str(exc)
-    lines = [re.sub(r"^(\(\s*[0-9.]+\)\s*)?((Warn|Error)\s*\([^)]*\):\s*)?", "", ln).strip()
-             for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
-    lines = [ln for ln in lines if "RLIMIT_NOFILE" not in ln]
-    return r.returncode == 0, (lines[-1] if lines else f"exit status {r.returncode}")
-
-
 def require_dirty_tracking(c: Criu) -> None:
     """Refuses (DirtyTrackingUnavailable, before anything is run on a job) where the kernel cannot say
     which pages a process wrote since CRIU last looked."""
-    ok, said = feature(c, DIRTY_TRACK)
+    ok, said = check(c, DIRTY_TRACK)
     if not ok:
         raise DirtyTrackingUnavailable(f"this host cannot dump only the pages a job changed: `criu check --feature "
                                        f"{DIRTY_TRACK}` fails ({said})", DIRTY_TRACK_HINT)

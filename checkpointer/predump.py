@@ -265,7 +265,7 @@ def usable(pid: int, out: Path, c: criu_mod.Criu, track: Tracking) -> tuple[Chai
     if not track.counts_from(last_images(pend, st)):
         return None, ("another pre-dump or dump of the job cleared the kernel's page tracking after the last "
                       "pre-dump there")
-    ok, said = criu_mod.feature(c, criu_mod.DIRTY_TRACK)
+    ok, said = criu_mod.check(c, criu_mod.DIRTY_TRACK)
     if not ok:
         return None, f"`criu check --feature {criu_mod.DIRTY_TRACK}` fails now ({said})"
     chain = Chain(pend, st)

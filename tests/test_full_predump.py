@@ -34,7 +34,7 @@ HOST = 64 << 20  # the job's host memory, of which a step writes one word
 def _dirty_reason() -> str | None:
     if _criu_reason() is not None:
         return _criu_reason()
-    ok, said = criu_mod.feature(criu_mod.find(), criu_mod.DIRTY_TRACK)
+    ok, said = criu_mod.check(criu_mod.find(), criu_mod.DIRTY_TRACK)
     return None if ok else (f"this kernel cannot track the pages a process writes (`criu check --feature "
                             f"{criu_mod.DIRTY_TRACK}`: {said}; CONFIG_MEM_SOFT_DIRTY)")
 
