@@ -759,35 +759,15 @@ def test_two_estimates_of_one_rate_weigh_by_their_errors_and_widen_where_they_di
 
 
 def _replayed(results: str) -> list[tuple[str, str, float, est.Estimate]]:
-    """Every (attach, function above 1k calls/s) pair of a committed GPU rates run
-    (bench/rates_gpu.py), its saved observations read again by this estimator, with the exposure
-    worked out from them as the tracer does: (attach, function, true rate, estimate)."""
-    import io
-    import lzma
-    import tarfile
+    """Every (attach, function above 1k calls/s) pair of a committed GPU rates run read again by this
+    estimator (bench/rates_replay.py): (attach, function, true rate, estimate)."""
+    import importlib.util
 
-    root = Path(__file__).resolve().parent.parent / "bench" / "results" / results
-    doc = orjson.loads(lzma.open(root / "rates.json.xz").read())
-    tar = tarfile.open(root / "raw.tar.xz")
-    saved = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
-    out = []
-    for job in doc["order"]:
-        j = doc["jobs"].get(job) or {}
-        per_step = (j.get("exact") or {}).get("calls_per_step")
-        for at in j.get("attaches", []) if per_step else []:
-            d = orjson.loads(tar.extractfile(saved[Path(at["observations"]).name]).read())
-            obs, _ = est.load_observations(d)
-            pools = est.MarkerPools()
-            for o in obs:
-                hz = est.step_rates([o])
-                for w in o.windows:
-                    pools.add(w, hz.get(w.step_func) if w.step_func is not None else None)
-            for f, e in est.estimate(obs, pools.exposures()).items():
-                name = d["functions"][str(f)]
-                true = per_step.get(name, 0.0) * at["steps_per_s"]
-                if true >= 1000:
-                    out.append((at["observations"], name, true, e))
-    return out
+    spec = importlib.util.spec_from_file_location("rates_replay", Path(__file__).resolve().parent.parent
+                                                  / "bench" / "rates_replay.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return [(a, n, t, e) for _, a, n, t, _, e in mod.replayed(results)]
 
 
 def _known(e: est.Estimate) -> bool:
