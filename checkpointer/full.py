@@ -96,9 +96,10 @@ class FullCheckpointReport:
     released_pinned_bytes: int = 0
     # What CRIU's dump wrote of the job's pages (its stats): pages considered, written, and named as in
     # the pre-dumps it dumped after instead of written (0 without pre-dumps); the bytes of its pages
-    pages_scanned: int = 0
-    pages_written: int = 0
-    pages_in_pre_dumps: int = 0
+    # (None: no stats-dump from CRIU to read them from: not known, never 0)
+    pages_scanned: int | None = None
+    pages_written: int | None = None
+    pages_in_pre_dumps: int | None = None
     page_bytes: int = 0
     # the pre-dumps the dump came after (checkpoint --full --pre-dump, earlier), their pages' bytes, and why
     # pre-dumps waiting for this checkpoint were not used (None where none waited or they were)
@@ -353,8 +354,8 @@ def _checkpoint_full(pid: int, out: Path, pre: tuple | None, track: "predump.Tra
                                 shim_ns,
                                 lock_ns, ck_ns, dump_ns, freeze_ns, write_ns, time.monotonic_ns() - t_start,
                                 leave_running, f"{c.path} {c.version_str}", image_check, image_check_ns, held_ns,
-                                released, stats.get("pages_scanned", 0), stats.get("pages_written", 0),
-                                stats.get("pages_skipped_parent", 0), page_bytes,
+                                released, *(stats.get(k, 0) if stats else None for k in ("pages_scanned", "pages_written",
+                                                                          "pages_skipped_parent")), page_bytes,
                                 len(chain.state["pre_dumps"]) if chain is not None else 0,
                                 chain.bytes() if chain is not None else 0, unused)
 
@@ -434,8 +435,8 @@ def pre_dump(pid: int, out: str | os.PathLike | None = None) -> predump.PreDumpR
             raise
     write_ns = time.monotonic_ns() - tw
     return predump.PreDumpReport(pid, str(pend), str(target) if target else "", n, restarted, ns,
-                                 stats.get("frozen_time_us", 0) * 1000, stats.get("pages_scanned", 0),
-                                 stats.get("pages_written", 0), entry["bytes"], n,
+                                 *(stats.get(k, 0) * m if stats else None for k, m in (("frozen_time_us", 1000),
+                                   ("pages_scanned", 1), ("pages_written", 1))), entry["bytes"], n,
                                  sum(e["bytes"] for e in st["pre_dumps"]), released, write_ns,
                                  time.monotonic_ns() - t_start, f"{c.path} {c.version_str}")
 

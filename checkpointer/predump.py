@@ -68,9 +68,9 @@ class PreDumpReport:
     index: int  # this pre-dump's N (pre-N)
     restarted: str | None  # why an earlier chain there was dropped first (stale), or None
     ns: int  # the whole CRIU pre-dump
-    frozen_ns: int  # CRIU's own count of the time the job's tasks were frozen
-    pages_scanned: int
-    pages_written: int
+    frozen_ns: int | None  # CRIU's own count of the time the job's tasks were frozen (None: it said nothing)
+    pages_scanned: int | None  # ... and of the pages (None: not known)
+    pages_written: int | None
     bytes: int  # the pages this pre-dump wrote
     pre_dumps: int  # pre-dumps waiting there now, this one included
     pre_dump_bytes: int  # the pages they hold together

@@ -103,11 +103,11 @@ def checkpoint(args: argparse.Namespace) -> int:
           f"checkpoint {ms(r.checkpoint_ns)}"
     print(f"  freeze   {ms(r.freeze_ns)} ({gpu}, criu dump {ms(r.dump_ns)})")
     if r.pre_dumps:
-        print(f"  pages    the dump wrote {r.pages_written:,} of {r.pages_scanned:,} ({fmt_bytes(r.page_bytes)}); "
-              f"{r.pages_in_pre_dumps:,} were as in its {r.pre_dumps} pre-dump(s) ({fmt_bytes(r.pre_dump_bytes)}, "
+        print(f"  pages    the dump wrote {_count(r.pages_written)} of {_count(r.pages_scanned)} ({fmt_bytes(r.page_bytes)}); "
+              f"{_count(r.pages_in_pre_dumps)} were as in its {r.pre_dumps} pre-dump(s) ({fmt_bytes(r.pre_dump_bytes)}, "
               "written while the job ran)")
     elif r.pages_scanned:
-        print(f"  pages    the dump wrote {r.pages_written:,} of {r.pages_scanned:,} ({fmt_bytes(r.page_bytes)})")
+        print(f"  pages    the dump wrote {_count(r.pages_written)} of {r.pages_scanned:,} ({fmt_bytes(r.page_bytes)})")
     if r.pre_dump_unused:
         print(f"  note: the pre-dumps waiting for this checkpoint were not used ({r.pre_dump_unused}): the dump "
               "was whole", file=sys.stderr)
@@ -121,6 +121,11 @@ def checkpoint(args: argparse.Namespace) -> int:
     print(f"  the job {'runs on' if r.leave_running else 'has ended'}; "
           f"bring it back with: gputrace restore --full {r.path}")
     return 0
+
+
+def _count(n: int | None) -> str:
+    """A count CRIU's stats gave, or that it is not known (never 0 for want of them)."""
+    return "(not known)" if n is None else f"{n:,}"
 
 
 def _pre_dump(args: argparse.Namespace) -> int:
@@ -143,8 +148,9 @@ def _pre_dump(args: argparse.Namespace) -> int:
     print(f"pre-dump {r.index} of pid {r.pid} (for {r.target or 'its next checkpoint --full without -o'}): {r.path}")
     if r.restarted:
         print(f"  note: {r.restarted}", file=sys.stderr)
-    print(f"  wrote    {r.pages_written:,} of {r.pages_scanned:,} pages ({fmt_bytes(r.bytes)}) in {ms(r.ns)}, the job "
-          f"frozen {ms(r.frozen_ns)} of it (CRIU's count); no GPU lock")
+    frozen = "for a time CRIU did not say" if r.frozen_ns is None else f"{ms(r.frozen_ns)} of it (CRIU's count)"
+    print(f"  wrote    {_count(r.pages_written)} of {_count(r.pages_scanned)} pages ({fmt_bytes(r.bytes)}) in {ms(r.ns)}, "
+          f"the job frozen {frozen}; no GPU lock")
     print(f"  waiting  {r.pre_dumps} pre-dump(s), {fmt_bytes(r.pre_dump_bytes)}; the job runs on")
     out = f" -o {r.target}" if r.target else ""
     print(f"  next: gputrace checkpoint --full -p {r.pid}{out} dumps only the pages written since")
