@@ -135,8 +135,13 @@ GT_UPROBE int gt_entry(struct pt_regs *ctx)
         u64 *k = seen_lookup(&one);
         if (k)
             __sync_fetch_and_add(k, 1);
-        if (s)
+        if (s) {
             __sync_fetch_and_add(&s->watched, 1);
+            /* In a window, its calls there: the window then stands for that many of the job's
+             * calls of it, at its exact rate outside the windows, whatever the probes cost. */
+            if (open == GT_OPEN)
+                __sync_fetch_and_add(&s->kept_open, 1);
+        }
         struct gt_tstats *ts = gt_tstats_of(id, func);
         if (ts)
             __sync_fetch_and_add(&ts->kept, 1);

@@ -35,6 +35,8 @@ struct gt_stats {
     u64 closed;                   /* entry hits while counting was closed (attach and detach edges) */
     u64 outside;                  /* entry hits between windows (the marker's unperturbed count) */
     u64 watched;                  /* entry hits on the watch link, whatever the counting state */
+    u64 kept_open;                /* of those of a kept function, the hits while a window was open: the
+                                   * window's reference, counted exactly (tracer/estimator.py) */
     u64 hist[GT_HIST_SLOTS];
 };
 

@@ -56,7 +56,7 @@ def test_the_object_holds_the_programs_and_maps_of_the_source(object_path):
     types = {name: (m.type, ctypes.sizeof(m.key_type), ctypes.sizeof(m.value_type), m.max_entries)
              for name, m in obj.maps.items()}
     h = bpfprog.header_constants((BPF_DIR / "gputrace.h").read_text())
-    assert types == {"stats": (1, 8, 8 * (8 + h["GT_HIST_SLOTS"]), h["GT_MAX_STATS"]),
+    assert types == {"stats": (1, 8, 8 * (9 + h["GT_HIST_SLOTS"]), h["GT_MAX_STATS"]),  # 9 u64s and the histogram
                      "threads": (9, 4, 16 + 24 * h["GT_MAX_DEPTH"], h["GT_MAX_THREADS"]),
                      "errors": (2, 4, 8, h["GT_ERR_COUNT"]),
                      # gen, open, hit_ns[4]; sync_func, sync_tgid, 6 sync_* u64s, step_last_t, 3 gap_* u64s
@@ -65,7 +65,7 @@ def test_the_object_holds_the_programs_and_maps_of_the_source(object_path):
                      "tstats": (9, 16, 24, h["GT_MAX_TSTATS"])}
     # The stats row typed from the BTF: RawStats' fields, laid out as the C struct.
     leaf = bpfprog.Layout.of(obj.maps["stats"].value_type)
-    assert leaf.struct.format == f"=1Q1Q1Q1Q1Q1Q1Q1Q{h['GT_HIST_SLOTS']}Q"
+    assert leaf.struct.format == f"=1Q1Q1Q1Q1Q1Q1Q1Q1Q{h['GT_HIST_SLOTS']}Q"
     assert list(leaf.fields)[:3] == ["calls", "timed", "total_ns"]
     for prog in obj.programs.values():
         assert prog.maps_at and all(prog.insns[8 * i] == 0x18 for i, _ in prog.maps_at)

@@ -842,3 +842,63 @@ def test_step_windows_of_two_step_functions_count_in_one_at_their_rates_ratio():
         obs.append(est.Observation(1.0, tuple(wins), {a: 400, b: 800}, {f: 1.0}))
     e = est.estimate(obs, MEASURED)[f]
     assert e.rate_hz == pytest.approx(4000.0, rel=0.01), e  # (the windows of time alone: 3250)
+
+
+def kept_observations(rng: random.Random, seconds: int, *, kept_in: bool, burst: bool = False) -> list[est.Observation]:
+    """Intervals of 1 s of a 0.55-ms step (1,800 a second) whose CPU has no slack: 40 calls of a getter
+    (function 0) and one each of functions 1, 2 and 3 a step probed in two 3-ms windows an interval,
+    their probes (2 us a hit) slowing the job there by their whole time (kappa 1); function 9, once a
+    step too, kept: on the watch link throughout, which notes its calls while a window is open
+    (`kept_in`). The windows' marker (function 1) makes too few calls for a reference. `burst`:
+    function 9 is instead called 100 times at once, once a second, caught by the first window. Steps
+    are periodic: a window of random phase holds the whole steps of its length, or one more."""
+    step_hz, window_s, hit_s = 1800.0, 0.003, 2e-6
+    per_step = {0: 40, 1: 1, 2: 1, 3: 1}
+    probe_step = sum(per_step.values()) * hit_s
+    obs = []
+    for _ in range(seconds):
+        windows, inside = [], 0
+        for i in range(2):
+            steps = int(step_hz * window_s / (1 + probe_step * step_hz) + rng.random())
+            calls = {f: n * steps for f, n in per_step.items() if steps}
+            k = (100 if i == 0 else 0) if burst else steps
+            inside += k
+            m = est.MarkerCount(calls.get(1, 0), window_s, int(step_hz * window_s + rng.random()), window_s, 0.0, 1)
+            windows.append(est.Window(window_s, frozenset(per_step), calls, sum(calls.values()) * hit_s, m,
+                                      kept_in={9: k} if kept_in and k else {}))
+        outside = 0 if burst else int(step_hz * (1.0 - 2 * window_s) + rng.random())
+        obs.append(est.Observation(1.0, tuple(windows), {9: outside + inside}, {f: 1.0 for f in per_step}))
+    return obs
+
+
+def test_windows_read_against_a_kept_functions_calls_in_them_keep_the_steps_ratio_whatever_the_probes_cost():
+    """The probes take 13% of every window and the exposure is not measured: read through it (1.5 x
+    the probe time taken off, and the windows' few calls weighed by it), the once-a-step functions
+    read 15% high here (this project's CI host saw +32%). Read against the kept function's calls in each window at its exact rate outside them,
+    the job's slowdown there cancels: each within 2% of the truth, and functions called in the same
+    steps in exactly their ratio."""
+    truth = {0: 72_000.0, 1: 1_800.0, 2: 1_800.0, 3: 1_800.0}
+    old = est.estimate(kept_observations(random.Random(5), 5, kept_in=False))
+    assert all(old[f].rate_hz > 1.05 * truth[f] for f in (1, 2, 3))  # what the exposure made of it
+    out = est.estimate(kept_observations(random.Random(5), 5, kept_in=True))
+    for f, true in truth.items():
+        assert out[f].rate_hz == pytest.approx(true, rel=0.02), (f, out[f])
+        assert abs(out[f].rate_hz - true) <= out[f].err_hz
+    assert out[1].rate_hz == pytest.approx(out[2].rate_hz, rel=1e-9) == pytest.approx(out[3].rate_hz, rel=1e-9)
+    assert out[0].rate_hz / out[1].rate_hz == pytest.approx(40.0, rel=1e-9)
+
+
+def test_a_kept_function_whose_calls_in_a_window_its_rate_cannot_make_there_is_no_reference():
+    """Function 9's 100 calls at once, caught in a 3-ms window of a second that has no others: at its
+    100 calls a second the window could hold 1, so it does not say how long the window stood for,
+    and the windows are read as they would be without it."""
+    obs = kept_observations(random.Random(6), 3, kept_in=True, burst=True)
+    assert all(how == "exposure" for o in obs for w in o.windows
+               for *_, how, _ in (est.reading(w, est.UNMEASURED, {}, est.reference_rates(o)),))
+    assert est.estimate(obs) == est.estimate(kept_observations(random.Random(6), 3, kept_in=False, burst=True))
+
+
+def test_kept_calls_in_windows_survive_the_observations_dump():
+    obs = kept_observations(random.Random(7), 2, kept_in=True)
+    back, _ = est.load_observations(orjson.loads(orjson.dumps(est.dump_observations(obs, est.UNMEASURED))))
+    assert back == obs

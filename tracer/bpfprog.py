@@ -121,13 +121,14 @@ class RawStats:
     hist: tuple[int, ...]
     outside: int = 0
     watched: int = 0   # hits on the watch link (functions no window probes), counted at any time
+    kept_open: int = 0  # of a kept function's, those while a window was open
 
     def _zip(self, other: "RawStats", op) -> "RawStats":
         return RawStats(
             op(self.calls, other.calls), op(self.timed, other.timed), op(self.total_ns, other.total_ns),
             op(self.outer_ns, other.outer_ns), op(self.nested, other.nested), op(self.closed, other.closed),
             self.hist if other.hist is ZERO_HIST else tuple(map(op, self.hist, other.hist)),
-            op(self.outside, other.outside), op(self.watched, other.watched),
+            op(self.outside, other.outside), op(self.watched, other.watched), op(self.kept_open, other.kept_open),
         )
 
     # Spelled out rather than through _zip: run per process, function and interval by `top`.
@@ -137,14 +138,14 @@ class RawStats:
             else tuple(map(int.__sub__, h, oh))
         return RawStats(self.calls - o.calls, self.timed - o.timed, self.total_ns - o.total_ns,
                         self.outer_ns - o.outer_ns, self.nested - o.nested, self.closed - o.closed, hist,
-                        self.outside - o.outside, self.watched - o.watched)
+                        self.outside - o.outside, self.watched - o.watched, self.kept_open - o.kept_open)
 
     def __add__(self, o: "RawStats") -> "RawStats":
         h, oh = self.hist, o.hist
         hist = h if oh is ZERO_HIST else oh if h is ZERO_HIST else tuple(map(int.__add__, h, oh))
         return RawStats(self.calls + o.calls, self.timed + o.timed, self.total_ns + o.total_ns,
                         self.outer_ns + o.outer_ns, self.nested + o.nested, self.closed + o.closed, hist,
-                        self.outside + o.outside, self.watched + o.watched)
+                        self.outside + o.outside, self.watched + o.watched, self.kept_open + o.kept_open)
 
 
 ZERO_HIST = (0,) * HIST_SLOTS
@@ -481,7 +482,8 @@ class Program:
             cached = self._rows.get(key)
             if cached is None or cached[0] != blob:
                 cached = self._rows[key] = (blob, RawStats(v.calls, v.timed, v.total_ns, v.outer_ns, v.nested,
-                                                           v.closed, tuple(v.hist), v.outside, v.watched))
+                                                           v.closed, tuple(v.hist), v.outside, v.watched,
+                                                           v.kept_open))
             out.setdefault(k.tgid, {})[k.func] = cached[1]
         return out
 
@@ -493,8 +495,9 @@ class Program:
         size, key_size = leaf_l.struct.size, key_l.struct.size
         rows, unpack = self._rows, leaf_l.struct.unpack
         ka, kb = key_l.index("tgid"), key_l.index("func")
-        c, t, tn, on, ne, cl, ou, wa = (leaf_l.index(n) for n in ("calls", "timed", "total_ns", "outer_ns", "nested",
-                                                                   "closed", "outside", "watched"))
+        c, t, tn, on, ne, cl, ou, wa, ko = (leaf_l.index(n) for n in ("calls", "timed", "total_ns", "outer_ns",
+                                                                       "nested", "closed", "outside", "watched",
+                                                                       "kept_open"))
         hist = leaf_l.fields["hist"]
         token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
         out: dict[int, dict[int, RawStats]] = {}
@@ -509,7 +512,8 @@ class Program:
                 cached = rows.get(key)
                 if cached is None or cached[0] != blob:
                     v = unpack(blob)
-                    cached = rows[key] = (blob, RawStats(v[c], v[t], v[tn], v[on], v[ne], v[cl], v[hist], v[ou], v[wa]))
+                    cached = rows[key] = (blob, RawStats(v[c], v[t], v[tn], v[on], v[ne], v[cl], v[hist], v[ou], v[wa],
+                                                           v[ko]))
                 tgid_rows = out.get(key[0])
                 if tgid_rows is None:
                     tgid_rows = out[key[0]] = {}

@@ -8,11 +8,15 @@ In each interval, each of a process's functions is measured in one of these ways
 - carried: neither (the budget spaced windows out), so the last windows that sampled it stand in;
 - not measured: never sampled and off the watch link; no figure is made up for that time.
 
-A window's rate is its calls over the time the job would have needed for them untraced: probes
-slow a job that has no slack, so the window is shortened by the probe time that showed, which the
-marker measures (`Exposure`: the share of the calibrated probe time the job lost, pooled over the
-windows). Until it has, the exposure is known only to lie between 0 and `EXPOSURE_MAX`, and that
-range is part of the stated uncertainty.
+A window's rate is its calls over the time the job would have needed for them untraced, read in
+the first of these ways that holds (`window_time`): a step window's steps at its step function's
+exact rate; a kept function's calls in it (counted exactly on the watch link, which notes those
+made while a window is open) at that function's exact rate outside the interval's windows; its
+marker's calls at the marker's rate in its reference spans; else its counting time shortened by
+the probe time that showed, which the marker measures (`Exposure`: the share of the calibrated
+probe time the job lost, pooled over the windows). The first three cancel the job's slowdown
+inside the window, whatever the probes cost; until the exposure is measured it is known only to
+lie between 0 and `EXPOSURE_MAX`, and that range is part of the stated uncertainty.
 
 Inside an interval, a function's windows are pooled by the time they counted (a 5-ms window that
 caught a burst weighs 5 ms, not as much as a 100-ms one); an interval whose windows counted far
@@ -64,6 +68,18 @@ FIRM_FACTOR = 5.0
 REF_MIN_CALLS = 20
 REF_PROBE_MAX = 0.05
 REF_MIN_IN = 10
+# A window is read against a kept function (on the watch link throughout its interval, counted there
+# exactly, in and out of the windows) where it made at least KEPT_MIN_IN calls in the window and as
+# many as its rate outside could have made there (`_kept_fits`): the interval's hundreds of calls
+# outside the windows are its reference, not a span as long as the window (a 0.5-ms step's marker
+# spans caught 5-7 steps and read the job 5-14% fast, and its once-a-step functions read as far
+# high; on this project's CI host +32% once). Its own count in the window is quantized (a call a
+# step: +-1 of 3-7), which the windows' dispersion carries; functions called in the same steps as
+# it read in the ratio they are called in.
+KEPT_MIN_IN = 3
+# The fastest pace, against its interval's outside the windows, a window may see the job go at (a
+# kept function that comes in bursts, one caught in a short window, is no measure of its time).
+KEPT_PACE_MAX = 1.5
 # An interval whose step function (a step window's) was on the watch link for at least this share of
 # it gives that function's rate there (`_by_steps`).
 STEP_WATCHED_MIN = 0.5
@@ -105,6 +121,9 @@ class Window:
     # estimated) seconds of the job (`window_time`): no exposure, and no pace of its own.
     step_func: int | None = None
     steps: int = 0
+    # Calls of the kept functions (on the watch link throughout) while the window was open: exact, and
+    # not its probes' (`kept_rates`).
+    kept_in: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -194,11 +213,13 @@ def step_rates(observations: Sequence["Observation"]) -> dict[int, float]:
 @dataclass(frozen=True)
 class Reference:
     """A marker function's untraced rate in one interval, from its reference spans (where it was
-    probed alone), and the 95% relative half-width of that rate."""
+    probed alone), and the 95% relative half-width of that rate; or a kept function's (`kept`) over
+    the interval outside its windows."""
 
     rate_hz: float
     rel: float    # from its probes' share of its spans: the same for every window it reads
     rand: float   # its count's own (Poisson) relative error, one sigma: its interval's alone
+    kept: bool = False
 
 
 def reference_rates(o: "Observation") -> dict[int | None, Reference]:
@@ -227,16 +248,67 @@ def reference_rates(o: "Observation") -> dict[int | None, Reference]:
         lo, hi = n / t, n / (t - EXPOSURE_MAX * probe)
         mid = (lo + hi) / 2
         out[f] = Reference(mid, (hi - lo) / 2 / mid, 1.0 / math.sqrt(n))
+    # A kept function's rate outside the windows is exact and rests on the whole interval: it stands
+    # where it is a marker too.
+    out.update(kept_rates(o))
     return out
 
 
-def referenced(w: "Window", refs: Mapping[int | None, Reference]) -> bool:
-    """Whether `window_time` reads window w against a reference (its steps or its marker's) rather
-    than through the exposure."""
+def kept_rates(o: "Observation") -> dict[int | None, Reference]:
+    """Per function on the watch link throughout interval o, its calls a second outside o's windows
+    (its count there over their time), where that counted REF_MIN_CALLS: the job's pace where no
+    window's probes slowed it, the reference its calls in each window are read against."""
+    inside: dict[int, int] = {}
+    t_in = 0.0
+    for w in o.windows:
+        if w.discovery:
+            continue
+        t_in += w.counted_s
+        for g, k in w.kept_in.items():
+            inside[g] = inside.get(g, 0) + k
+    t_out = o.span_s - t_in
+    out: dict[int | None, Reference] = {}
+    if t_out <= 0:
+        return out
+    for g, n in o.watched_calls.items():
+        n_out = n - inside.get(g, 0)
+        if o.unwatched_s.get(g, 0.0) <= 0 and n_out >= REF_MIN_CALLS:
+            out[g] = Reference(n_out / t_out, 0.0, 1.0 / math.sqrt(n_out), kept=True)
+    return out
+
+
+def _kept_fits(w: "Window", k: int, rate_hz: float) -> bool:
+    """Whether k calls in window w fit a function called at rate_hz outside the windows: no more
+    than it makes in the window's counting time at KEPT_PACE_MAX times that pace, no fewer than in
+    what is left of that time where the probes cost the job EXPOSURE_MAX times their calibrated
+    time, each give or take two Poisson sigmas and a call."""
+    hi = rate_hz * w.counted_s * KEPT_PACE_MAX
+    lo = rate_hz * max(EFFECTIVE_FLOOR * w.counted_s, w.counted_s - EXPOSURE_MAX * w.probe_s)
+    return lo - 2.0 * math.sqrt(lo) - 1.0 <= k <= hi + 2.0 * math.sqrt(hi) + 1.0
+
+
+def reading(w: "Window", expo: Exposures, steps_hz: Mapping[int, float],
+            refs: Mapping[int | None, Reference] | None = None) -> tuple[float, float, float, str, int | None]:
+    """`window_time`, and how it was read: "steps", "kept" or "marker" (and against which function),
+    or "exposure" (None)."""
     if w.step_func is not None and w.steps > 0:
-        return True
+        r = steps_hz.get(w.step_func)
+        if r:
+            return w.steps / r, 0.0, 0.0, "steps", w.step_func
+    if refs and w.kept_in:
+        best: tuple[int, int, Reference] | None = None
+        for g, k in w.kept_in.items():
+            ref = refs.get(g)
+            if ref is not None and ref.kept and k >= KEPT_MIN_IN and _kept_fits(w, k, ref.rate_hz) and \
+                    (best is None or k > best[0]):
+                best = (k, g, ref)
+        if best is not None:
+            k, g, ref = best
+            return k / ref.rate_hz, ref.rel, ref.rand, "kept", g
     m = w.marker
-    return m is not None and m.calls_in >= REF_MIN_IN and m.func in refs
+    if refs and m is not None and m.calls_in >= REF_MIN_IN and (ref := refs.get(m.func)) is not None:
+        return m.calls_in / ref.rate_hz, ref.rel, ref.rand, "marker", m.func
+    return expo.effective_s(w), expo.rel_err(w), 0.0, "exposure", None
 
 
 def window_time(w: "Window", expo: Exposures, steps_hz: Mapping[int, float],
@@ -245,18 +317,12 @@ def window_time(w: "Window", expo: Exposures, steps_hz: Mapping[int, float],
     exposure or the reference's probes make (a bound, the same for every window read that way), and
     the reference's own count's relative error (one sigma, random from one interval to the next): a
     step window's steps at its step function's rate (`step_rates`), no error from the exposure; a
-    window with a marker, the marker's calls in it at the marker's rate in its interval's reference
-    spans (`reference_rates`): the job's slowdown inside the window cancels, however much of it the
-    probes took, and the error is the reference's; any other, its counting time less the probes'
-    share (`Exposure.effective_s`)."""
-    if w.step_func is not None and w.steps > 0:
-        r = steps_hz.get(w.step_func)
-        if r:
-            return w.steps / r, 0.0, 0.0
-    m = w.marker
-    if refs and m is not None and m.calls_in >= REF_MIN_IN and (ref := refs.get(m.func)) is not None:
-        return m.calls_in / ref.rate_hz, ref.rel, ref.rand
-    return expo.effective_s(w), expo.rel_err(w), 0.0
+    window in which a kept function made calls, those at its rate outside the interval's windows
+    (`kept_rates`); a window with a marker, the marker's calls in it at the marker's rate in its
+    interval's reference spans (`reference_rates`): the job's slowdown inside the window cancels,
+    however much of it the probes took, and the error is the reference's; any other, its counting
+    time less the probes' share (`Exposure.effective_s`)."""
+    return reading(w, expo, steps_hz, refs)[:3]
 
 
 def exposure(windows: Iterable[Window], *, min_calls: int = 30) -> Exposure:
@@ -519,7 +585,8 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
     for o in observations:
         refs = reference_rates(o)
         refs_of.append(refs)
-        timings.append([(w, referenced(w, refs), *window_time(w, expo, steps_hz, refs)) for w in o.windows])
+        timings.append([(w, how, g, eff, rel, rand) for w in o.windows
+                        for eff, rel, rand, how, g in (reading(w, expo, steps_hz, refs),)])
     # Per interval and function, the marker whose reference read all its windows there (None: not
     # one, or not all): the pace of the windowless intervals it stands for is that marker's there.
     paced_by: list[dict[int, int | None]] = []
@@ -528,11 +595,12 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         # Functions that a window of this interval read against a reference (its steps, its marker)
         # probed: their windows of time here, read through the exposure, are left out (where probes
         # fill most of a window, an exposure off by a little moves its rate several-fold).
-        anchored = {f for w, ref, *_ in timing if ref for f in w.probed}
+        anchored = {f for w, how, *_ in timing if how != "exposure" for f in w.probed}
         acc: dict[int, _Unit] = {}
         paced: dict[int, int | None] = {}
         last_resort: dict[int, _Unit] = {}
-        for w, ref, eff, rel, rand in timing:
+        for w, how, g_ref, eff, rel, rand in timing:
+            ref = how != "exposure"
             # (A referenced window's rate has no range from the probes' share: its time is its own.)
             counted = eff if ref else w.counted_s
             probed = w.probed if len(w.probed) <= 2 * len(funcs) else funcs.intersection(w.probed)
@@ -542,7 +610,7 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 probed = probed - anchored
             calls = w.calls
             into = last_resort if w.discovery else acc
-            m = w.marker.func if ref and w.marker is not None and not w.steps else None
+            m = g_ref if how in ("kept", "marker") else None
             for f in probed:
                 if not w.discovery:
                     paced[f] = m if paced.get(f, m) == m else None
@@ -972,6 +1040,8 @@ def dump_observations(observations: Sequence[Observation], expo: Exposures) -> d
                            w.marker.func]
         if w.step_func is not None and w.steps:
             d["step"] = [w.step_func, w.steps]
+        if w.kept_in:
+            d["kept_in"] = {str(f): n for f, n in w.kept_in.items()}
         return d
 
     return {
@@ -988,7 +1058,8 @@ def load_observations(doc: dict) -> tuple[list[Observation], Exposures]:
         step = d.get("step") or (None, 0)
         return Window(d["counted_s"], frozenset(d["probed"]), {int(f): n for f, n in d["calls"].items()},
                       d["probe_s"], MarkerCount(*m) if m else None, d["timed"], d["stepped_s"], d["discovery"],
-                      step_func=step[0], steps=step[1])
+                      step_func=step[0], steps=step[1],
+                      kept_in={int(f): n for f, n in d.get("kept_in", {}).items()})
 
     ex = doc["exposures"]
     expo = Exposures(Exposure(*ex["counted"]), Exposure(*ex["timed"]))

@@ -262,7 +262,8 @@ class Tracee:
             w = est.Window(ws.counted_s, ws.probed, {f: x.calls for f, x in d.items() if x.calls},
                            self._probe_s(d, window_only=True), marker, timed=ws.timed >= ws.probed,
                            stepped_s=self._probe_s(d, window_only=True, stepped=True),
-                           step_func=ws.step_func if ws.steps else None, steps=ws.steps)
+                           step_func=ws.step_func if ws.steps else None, steps=ws.steps,
+                           kept_in={f: x.kept_open for f, x in d.items() if x.kept_open})
             windows.append(w)
             if not w.steps:
                 self._pool.add(w)
