@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import orjson
@@ -902,3 +902,20 @@ def test_kept_calls_in_windows_survive_the_observations_dump():
     obs = kept_observations(random.Random(7), 2, kept_in=True)
     back, _ = est.load_observations(orjson.loads(orjson.dumps(est.dump_observations(obs, est.UNMEASURED))))
     assert back == obs
+
+
+def test_windows_read_against_a_kept_function_measure_the_exposure_against_it():
+    """The job of `kept_observations` loses the probes' whole time in its windows (kappa 1): pooled
+    as markers whose reference is the interval outside the windows, 20 intervals' windows (their 5
+    calls each of the kept function a Poisson count's worth) measure the exposure at 1, the truth,
+    within their interval, where nothing else measures it."""
+    obs = kept_observations(random.Random(8), 20, kept_in=True)
+    pool = est.MarkerPool()
+    for o in obs:
+        for w in o.windows:
+            m = est.kept_marker(w, o)
+            assert m is not None and m.func == 9 and m.calls_in == w.kept_in[9]
+            pool.add(replace(w, marker=m))
+    e = pool.exposure()
+    assert e.measured and abs(e.value - 1.0) <= e.err and e.value + e.err < 0.7 * est.EXPOSURE_MAX, e
+    assert est.kept_marker(obs[0].windows[0], replace(obs[0], unwatched_s={9: 0.5})) is None  # not kept throughout

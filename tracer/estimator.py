@@ -287,6 +287,33 @@ def _kept_fits(w: "Window", k: int, rate_hz: float) -> bool:
     return lo - 2.0 * math.sqrt(lo) - 1.0 <= k <= hi + 2.0 * math.sqrt(hi) + 1.0
 
 
+def _kept_choice(w: "Window", refs: Mapping[int | None, Reference]) -> tuple[int, int, Reference] | None:
+    """The kept function window w is read against, (its calls in w, it, its reference), or None: of
+    those with a reference (`kept_rates`), the one with the most calls in w that fit (`_kept_fits`)."""
+    best: tuple[int, int, Reference] | None = None
+    for g, k in w.kept_in.items():
+        ref = refs.get(g)
+        if ref is not None and ref.kept and k >= KEPT_MIN_IN and _kept_fits(w, k, ref.rate_hz) and \
+                (best is None or k > best[0]):
+            best = (k, g, ref)
+    return best
+
+
+def kept_marker(w: "Window", o: "Observation") -> MarkerCount | None:
+    """The kept function window w of interval o is read against, as a marker whose reference span is
+    the interval outside its windows (no probes of its own there that it lacks in the window: the
+    kept link counts it everywhere): its pace in the window against there measures the exposure
+    (`MarkerPool`) as a marker's does. None where w is not read against one."""
+    best = _kept_choice(w, kept_rates(o))
+    if best is None:
+        return None
+    k, g, _ = best
+    inner = [x for x in o.windows if not x.discovery]
+    t_out = o.span_s - sum(x.counted_s for x in inner)
+    n_out = o.watched_calls.get(g, 0) - sum(x.kept_in.get(g, 0) for x in inner)
+    return MarkerCount(k, w.counted_s, n_out, t_out, 0.0, g)
+
+
 def reading(w: "Window", expo: Exposures, steps_hz: Mapping[int, float],
             refs: Mapping[int | None, Reference] | None = None) -> tuple[float, float, float, str, int | None]:
     """`window_time`, and how it was read: "steps", "kept" or "marker" (and against which function),
@@ -295,16 +322,9 @@ def reading(w: "Window", expo: Exposures, steps_hz: Mapping[int, float],
         r = steps_hz.get(w.step_func)
         if r:
             return w.steps / r, 0.0, 0.0, "steps", w.step_func
-    if refs and w.kept_in:
-        best: tuple[int, int, Reference] | None = None
-        for g, k in w.kept_in.items():
-            ref = refs.get(g)
-            if ref is not None and ref.kept and k >= KEPT_MIN_IN and _kept_fits(w, k, ref.rate_hz) and \
-                    (best is None or k > best[0]):
-                best = (k, g, ref)
-        if best is not None:
-            k, g, ref = best
-            return k / ref.rate_hz, ref.rel, ref.rand, "kept", g
+    if refs and (best := _kept_choice(w, refs)) is not None:
+        k, g, ref = best
+        return k / ref.rate_hz, ref.rel, ref.rand, "kept", g
     m = w.marker
     if refs and m is not None and m.calls_in >= REF_MIN_IN and (ref := refs.get(m.func)) is not None:
         return m.calls_in / ref.rate_hz, ref.rel, ref.rand, "marker", m.func

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import contextlib
 import itertools
 import math
@@ -265,9 +266,7 @@ class Tracee:
                            step_func=ws.step_func if ws.steps else None, steps=ws.steps,
                            kept_in={f: x.kept_open for f, x in d.items() if x.kept_open})
             windows.append(w)
-            if not w.steps:
-                self._pool.add(w)
-                self._expo = None
+        probed_windows = list(windows)  # (the discovery windows below measure no exposure)
         for f, dt, n in log.discovered.get(self.pid, ()):
             # The watch link's last calls of a function before it moved into the windows: a window
             # of its own (only it, and the other watched ones that cost nothing, probed).
@@ -295,6 +294,13 @@ class Tracee:
         else:
             obs = est.Observation(span, tuple(windows), {f: d.watched for f, d in gained.items() if d.watched},
                                   dict(log.unwatched_s))
+        for w in probed_windows:
+            if not w.steps:
+                # A window read against a kept function measures the exposure against it (its pace
+                # there against the interval's outside the windows), in place of its marker's span.
+                m = est.kept_marker(w, obs)
+                self._pool.add(w if m is None else dataclasses.replace(w, marker=m))
+                self._expo = None
         expo = self.exposure()
         kappa = self._exposure_for_cost(expo.counted if expo.counted.measured else expo.timed)
         unplanned = kappa * sum(
