@@ -1674,3 +1674,41 @@ def test_a_once_a_step_function_kept_as_the_step_stays_kept_and_is_priced_at_its
         p.observe_kept({step: 1800.0})  # its exact count, before the windows' (as tracer/tracee.py)
         p.observe(2, {0: 88e3} | {f: 1.2 * r for f, r in low.items()}, {0: 240} | {f: 6 for f in low}, {0: 72e3} | low)
         assert p.kept & {1, 2, 3} == {step}
+
+
+def test_a_rate_its_calls_measured_time_rules_out_is_not_known_nor_any_sum_it_is_in(procs_one_thread):
+    """A function counted at 2.5M calls a second (exactly, on the watch link) whose timed calls took 2
+    us each, in a process of one thread: it would keep five threads inside the call. Not shown as a
+    rate, nor its class's sum, nor the process's calls/s; at 750k a second (1.5 threads: a thread
+    waiting in the call all the time, read some way over, is within the margin) it is."""
+    from gputrace.tracer.bpfprog import ZERO, RawStats
+    from gputrace.tracer.model import IMPLAUSIBLE, implausible
+    from gputrace.tracer.probes import IntervalLog, WindowSpan
+
+    assert implausible(2.5e6, 2000.0, 1).startswith(IMPLAUSIBLE) and implausible(2.5e6, 2000.0, 3) is None
+    assert implausible(2.5e6, None, 1) is None and implausible(2.5e6, 2000.0, None) is None
+    for rate, known in ((2_500_000, False), (750_000, True)):
+        t = _one_function_tracee(procs_one_thread.pid)
+        t.begin()
+        timed = RawStats(100, 100, 100 * 2300, 100 * 2300, 0, 0, ZERO.hist)  # 2.3 us less the 300-ns bias
+        log = IntervalLog([WindowSpan(0.01, frozenset({0}), frozenset({0}))], {})  # on the watch link throughout
+        snap = t.account(1.0, log, [{0: timed}], {0: timed + RawStats(0, 0, 0, 0, 0, 0, ZERO.hist, watched=rate)})
+        (f,) = snap.functions
+        assert f.rate_hz == pytest.approx(rate) and f.mean_ns == pytest.approx(2000.0)
+        assert (f.not_known is None) is known, f.not_known
+        (sub,) = [c for c in snap.classes if c.cls is SUB]
+        assert (sub.not_known is None) is known and (snap.calls_not_known is None) is known
+        if not known:
+            assert "would keep 5.0 threads in it; the process has 1" in f.not_known
+            assert snap.to_dict()["functions"][0]["rate_hz"] is None and snap.shown_calls_hz is None
+
+
+@pytest.fixture
+def procs_one_thread():
+    """A process of one thread (sleep), killed at teardown."""
+    import subprocess
+
+    p = subprocess.Popen(["sleep", "60"])
+    yield p
+    p.kill()
+    p.wait()

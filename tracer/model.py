@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from gputrace.base.units import fmt_rate
+from gputrace.base.units import fmt_ns, fmt_rate
 
 from .classify import FunctionClass
 
@@ -23,6 +23,10 @@ from .classify import FunctionClass
 KNOWN_REL_MAX = 0.5
 KNOWN_MIN_CALLS = 10
 KNOWN_ABS_HZ = 10.0
+# How `implausible`'s reasons begin: a rate its calls' measured time rules out makes every sum it is
+# in not known too (a class's, the process's), where a sum of rates merely not known may be known.
+IMPLAUSIBLE = "not possible: "
+IMPLAUSIBLE_MARGIN = 2.0
 
 
 def unknown_reason(calls_observed: int, rate_hz: float, err_hz: float | None) -> str | None:
@@ -38,6 +42,23 @@ def unknown_reason(calls_observed: int, rate_hz: float, err_hz: float | None) ->
     if err_hz > KNOWN_REL_MAX * rate_hz:
         return f"95% interval {fmt_range(rate_hz, err_hz)} calls/s"
     return None
+
+
+def implausible(rate_hz: float, mean_ns: float | None, threads: int | None) -> str | None:
+    """Why a rate cannot be (None: it can): at its measured time per call (`mean_ns`, the probes'
+    own taken out) it would keep more than IMPLAUSIBLE_MARGIN times as many threads inside the
+    call as the process has, doing nothing else. The one check of an estimate against what its
+    calls' measured time allows: one that far off (a 1-s native program read at 11.2M launches a
+    second, 2 us each, by one thread; a simcuda client at 5.7M for 0.74M) is not shown as a rate,
+    whatever interval it states. (The margin: a thread that waits in one call all the time, a few
+    percent over in rate and per-call time, is no sign of an estimate gone wrong.)"""
+    if not mean_ns or not threads or rate_hz <= 0:
+        return None
+    busy = rate_hz * mean_ns * 1e-9
+    if busy <= IMPLAUSIBLE_MARGIN * threads:
+        return None
+    return (f"{IMPLAUSIBLE}{fmt_rate(rate_hz)} calls/s at {fmt_ns(mean_ns)} a call would keep {busy:.1f} "
+            f"threads in it; the process has {threads}")
 
 
 def fmt_range(rate_hz: float, err_hz: float) -> str:
@@ -127,7 +148,9 @@ class ProcessSnapshot:
         not measured (which `not_measured` says)."""
         if self.not_measured is not None:
             return None
-        return unknown_reason(sum(f.calls_observed for f in self.functions), self.calls_hz or 0.0, self.calls_err_hz)
+        return unknown_reason(sum(f.calls_observed for f in self.functions), self.calls_hz or 0.0,
+                              self.calls_err_hz) or next((c.not_known for c in self.classes if c.not_known and
+                                                          c.not_known.startswith(IMPLAUSIBLE)), None)
 
     @property
     def shown_calls_hz(self) -> float | None:

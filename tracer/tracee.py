@@ -28,7 +28,7 @@ from . import estimator as est
 from .bpfprog import ZERO, RawStats
 from .budget import WRITE_S, Policy
 from .classify import CLASS_ORDER, FunctionClass, waiting_ids, waits
-from .model import ClassTotals, FunctionStats, ProcessSnapshot, unknown_reason
+from .model import ClassTotals, FunctionStats, ProcessSnapshot, implausible, unknown_reason
 from .probes import IntervalLog, Probes
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -363,6 +363,13 @@ class Tracee:
         now, then = self._prev.get(f), self._first.get(f)
         return None if now is None else now if then is None else now - then
 
+    def _threads(self) -> int | None:
+        """The process's threads now (None: gone, or not readable): no more can be inside calls."""
+        try:
+            return len(os.listdir(f"/proc/{self.pid}/task")) or None
+        except OSError:
+            return None
+
     def _calling_threads(self) -> int | None:
         """How many of the process's live threads have made a timed driver call (None: not known)."""
         prog = getattr(self.probes, "program", None)
@@ -399,8 +406,10 @@ class Tracee:
         expo = self.exposure()
         reason = self._not_measured(obs, carry, view) if obs else "not measured yet"
         funcs: list[FunctionStats] = []
+        tasks = None
         if reason is None:
             estimates = est.estimate(obs, expo, carry)
+            tasks = self._threads()
             for f, e in estimates.items():
                 d = gained.get(f, ZERO)
                 fn = self.ids[f]
@@ -420,7 +429,8 @@ class Tracee:
                     name=fn.name, cls=fn.cls, calls_observed=e.calls_observed, calls_estimated=e.calls_estimated,
                     rate_hz=e.rate_hz, rate_err_hz=err,
                     timed_calls=d.timed, mean_ns=mean_ns, outer_mean_ns=outer_mean_ns, p50_ns=p50, p99_ns=p99,
-                    hist=d.hist, not_known=unknown_reason(e.calls_observed, e.rate_hz, err)))
+                    hist=d.hist, not_known=unknown_reason(e.calls_observed, e.rate_hz, err)
+                    or implausible(e.rate_hz, mean_ns, tasks)))
             funcs.sort(key=lambda s: (-s.rate_hz, s.name))
         rate = dict.fromkeys(CLASS_ORDER, 0.0)
         busy = dict.fromkeys(CLASS_ORDER, 0.0)
@@ -443,8 +453,10 @@ class Tracee:
         def class_totals(cls: FunctionClass) -> ClassTotals:
             mine = [fs for fs in funcs if fs.cls is cls]
             err = None if any(fs.rate_err_hz is None for fs in mine) else sum(fs.rate_err_hz for fs in mine)
+            # (A member's rate that its calls' time rules out rules out the class's sum.)
+            bad = next((fs.not_known for fs in mine if implausible(fs.rate_hz, fs.mean_ns, tasks)), None)
             return ClassTotals(cls, rate[cls], busy[cls], err,
-                               unknown_reason(sum(fs.calls_observed for fs in mine), rate[cls], err))
+                               unknown_reason(sum(fs.calls_observed for fs in mine), rate[cls], err) or bad)
 
         totals = tuple(class_totals(cls) for cls in CLASS_ORDER) if reason is None else ()
         measured = reason is None
