@@ -280,17 +280,25 @@ def test_a_rare_function_is_counted_every_call_and_a_hot_one_sampled(finishing_j
 def test_functions_called_once_a_step_beside_hot_getters_read_within_their_interval(finishing_job, tmp_path):
     """A step of 0.5 ms on the GPU with 40 device getters and five other functions once each: each of
     the five reads within its interval and within 25% of its count, whatever the policy does with
-    them (sampled, in a window of their own, or counted in full). On this machine it passes without
-    the rare window too (tested: RARE_SHARE = 0); the rare window's planning is tested in
-    test_tracer_units.py, its benefit only on the H200."""
+    them (sampled, in a window of their own, or counted in full), and the five, called in the same
+    steps, within 5% of one another. On this machine it passes without the rare window too (tested:
+    RARE_SHARE = 0); the rare window's planning is tested in test_tracer_units.py, its benefit only
+    on the H200. (Read against marker spans as long as the windows, 5-7 steps, or through the
+    exposure, the five read -1.3..+20% in 12 attaches, +32% once on CI, each at its own error; read
+    against a kept one's calls in each window, within 1% of the truth and of one another in 20.)"""
     job, log = finishing_job(["9:getdev=40,attr=1,current=1,state=1,capturing=1,event=1,spin=20000,gpu=500000"])
     report = attach_json(job.pid, 5, tmp_path / "r.json")
     assert job.wait(timeout=60) == 0
     rows = {r[0]: r for r in check(report, Truth(log), min_hz=100.0)}
-    for name in ("cuDeviceGetAttribute", "cuCtxGetCurrent", "cuDevicePrimaryCtxGetState", "cuStreamIsCapturing",
-                 "cuEventRecord"):
+    for name in FIVE_ONCE_A_STEP:
         _, true, est, err = rows[name]
         assert abs(est - true) <= err and abs(est - true) <= 0.25 * true, rows[name]
+    ratios = [est / true for name, (_, true, est, _) in rows.items() if name in FIVE_ONCE_A_STEP]
+    assert max(ratios) <= 1.05 * min(ratios), rows
+
+
+FIVE_ONCE_A_STEP = ("cuDeviceGetAttribute", "cuCtxGetCurrent", "cuDevicePrimaryCtxGetState", "cuStreamIsCapturing",
+                    "cuEventRecord")
 
 
 def test_step_windows_open_and_close_at_the_step_functions_calls(finishing_job, tmp_path):
