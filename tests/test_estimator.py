@@ -919,3 +919,25 @@ def test_windows_read_against_a_kept_function_measure_the_exposure_against_it():
     e = pool.exposure()
     assert e.measured and abs(e.value - 1.0) <= e.err and e.value + e.err < 0.7 * est.EXPOSURE_MAX, e
     assert est.kept_marker(obs[0].windows[0], replace(obs[0], unwatched_s={9: 0.5})) is None  # not kept throughout
+
+
+def test_step_windows_single_stepped_hits_are_not_charged_to_the_exposure():
+    """Step windows whose probes cost the job 1.3x their calibrated time, beside single-stepped hits
+    that cost it their own (1x): where those are 0.1 ms of a window's 0.14 ms, charged to the
+    emulated hits they read the exposure near 4; taken out at the middle of their range (whose width
+    widens the interval), the windows cannot tell (not measured). Where they are a sliver, the
+    exposure reads 1.3 within its interval."""
+    def pool(stepped_s: float, probe_s: float) -> est.Exposure:
+        p = est.StepPool()
+        for i in range(6):
+            jitter = 1.0 + 0.02 * (i % 3 - 1)
+            lost = (1.3 * probe_s + stepped_s) * jitter
+            p.add(est.Window(0.00115 + lost, frozenset({1}), {1: 80}, probe_s + stepped_s, stepped_s=stepped_s,
+                             step_func=2, steps=2), 2 / 0.00115)
+        return p.exposure()
+
+    assert not pool(1e-4, 4e-5).measured
+    e = pool(5e-6, 1e-4)
+    assert e.measured and abs(e.value - 1.3) <= e.err < 0.2, e
+    e = pool(0.0, 1e-4)
+    assert e.measured and abs(e.value - 1.3) <= e.err < 0.1, e
