@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import bisect
 import collections
-import dataclasses
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -454,7 +454,7 @@ class Tracee:
             mine = [fs for fs in funcs if fs.cls is cls]
             err = None if any(fs.rate_err_hz is None for fs in mine) else sum(fs.rate_err_hz for fs in mine)
             # (A member's rate that its calls' time rules out rules out the class's sum.)
-            bad = next((fs.not_known for fs in mine if implausible(fs.rate_hz, fs.mean_ns, tasks)), None)
+            bad = next((r for fs in mine if (r := implausible(fs.rate_hz, fs.mean_ns, tasks))), None)
             return ClassTotals(cls, rate[cls], busy[cls], err,
                                unknown_reason(sum(fs.calls_observed for fs in mine), rate[cls], err) or bad)
 
