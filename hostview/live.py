@@ -82,6 +82,8 @@ class _FileTracer:
                 self.session = HostSession(self.lib.path, self.options, prog, self.cal, keep=self.cumulative)
                 for pid in self._pending:
                     self.session.add(pid)
+                first = list(self._pending)
+            self._first_read(first)
             if self._stopped.is_set():
                 return
             # Rows show each process's last few intervals (the whole span for --once): one
@@ -97,11 +99,20 @@ class _FileTracer:
             if prog is not None:
                 prog.close()
 
+    def _first_read(self, pids: list[int]) -> None:
+        """(Cumulative) The whole span's first read of the threads of the processes traced from the
+        start, before the first interval: read at the first snapshot instead, a rank whose calls were
+        all counted in that interval has none counted between its reads, and its audit no threads."""
+        if self.cumulative:
+            self._read_threads(dict.fromkeys(pids))
+
     def _read_threads(self, snaps: dict[int, ProcessSnapshot]) -> dict[int, tuple]:
         """(In the stepping thread, which owns the program.) A read of the threads of each process
-        that has a new snapshot (or none read yet): one batched read of `tstats` for all of them."""
+        that has a new snapshot (or none read yet; cumulative: every one, the span ending now, as the
+        summary's does): one batched read of `tstats` for all of them."""
         s = self.session
-        todo = [pid for pid, snap in snaps.items() if pid not in self._windows or snap is not self.latest.get(pid)]
+        todo = [pid for pid, snap in snaps.items()
+                if self.cumulative or pid not in self._windows or snap is not self.latest.get(pid)]
         if not todo:
             return {}
         try:

@@ -169,6 +169,39 @@ def assert_worker_carries_the_calls(pid: int, audit: dict) -> None:
     assert audit["pacer"] is not None
 
 
+@pytest.mark.parametrize("counts", [(0, 100, 100), (0, 0, 300)], ids=["all-in-the-first-interval", "all-late"])
+def test_a_jobs_rank_reads_its_threads_over_the_whole_span_though_its_summary_stands_still(counts):
+    """(cumulative: attach -p A,B) A rank's threads are read before the first interval and at every
+    step after, not only when its summary changed: read first at its first summary and then only at
+    a new one, a rank whose calls were counted in the first interval, or whose summary then stood
+    still (no window of its own later, two ranks on a loaded host), had no calls between its reads,
+    and its audit no threads (`lower_basis` "process"). The session is a stand-in: `counts` are the
+    worker's calls in `tstats` at the three reads."""
+    import os
+    import threading
+    import types
+
+    from gputrace.hostview.live import _FileTracer
+
+    pid = os.getpid()
+    reads = iter([{pid: {(pid, LAUNCH): (n, 0, 0)}} if n else {} for n in counts])
+    ft = object.__new__(_FileTracer)
+    ft.cumulative, ft.history_len = True, 30
+    ft.latest, ft.history, ft._history_t, ft.gone, ft.finished = {}, {}, {}, set(), {}
+    ft._windows, ft.threads, ft._names, ft._lock = {}, {}, None, threading.Lock()
+    ft.session = types.SimpleNamespace(
+        program=types.SimpleNamespace(read_thread_stats_by_tgid=lambda: next(reads)),
+        probes=types.SimpleNamespace(ids={LAUNCH: types.SimpleNamespace(name="cuLaunchKernel")}), exited=[])
+    ft._first_read([pid])
+    summary = snap(pid=pid)
+    ft._publish({pid: summary})
+    ft._publish({pid: summary})  # the same summary: nothing new measured for it
+    threads, pacer = ft.threads_of(pid)
+    assert threads is not None and pacer is not None, counts
+    (t,) = threads
+    assert t.tid == pid and t.calls_share == {"cuLaunchKernel": 1.0}
+
+
 @pytest.mark.bpf
 @pytest.mark.usefixtures("bpf_host")
 @pytest.mark.timeout(240)
