@@ -220,6 +220,8 @@ class Reference:
     rel: float    # from its probes' share of its spans: the same for every window it reads
     rand: float   # its count's own (Poisson) relative error, one sigma: its interval's alone
     kept: bool = False
+    n_out: int = 0        # (kept) its calls outside the windows, and their time: the rate's terms
+    t_out: float = 0.0
 
 
 def reference_rates(o: "Observation") -> dict[int | None, Reference]:
@@ -273,7 +275,7 @@ def kept_rates(o: "Observation") -> dict[int | None, Reference]:
     for g, n in o.watched_calls.items():
         n_out = n - inside.get(g, 0)
         if o.unwatched_s.get(g, 0.0) <= 0 and n_out >= REF_MIN_CALLS:
-            out[g] = Reference(n_out / t_out, 0.0, 1.0 / math.sqrt(n_out), kept=True)
+            out[g] = Reference(n_out / t_out, 0.0, 1.0 / math.sqrt(n_out), kept=True, n_out=n_out, t_out=t_out)
     return out
 
 
@@ -299,19 +301,18 @@ def _kept_choice(w: "Window", refs: Mapping[int | None, Reference]) -> tuple[int
     return best
 
 
-def kept_marker(w: "Window", o: "Observation") -> MarkerCount | None:
+def kept_marker(w: "Window", o: "Observation",
+                refs: Mapping[int | None, Reference] | None = None) -> MarkerCount | None:
     """The kept function window w of interval o is read against, as a marker whose reference span is
     the interval outside its windows (no probes of its own there that it lacks in the window: the
     kept link counts it everywhere): its pace in the window against there measures the exposure
-    (`MarkerPool`) as a marker's does. None where w is not read against one."""
-    best = _kept_choice(w, kept_rates(o))
+    (`MarkerPool`) as a marker's does. None where w is not read against one. `refs`: o's
+    `kept_rates`, where the caller has them (one pass over o's windows for all of them)."""
+    best = _kept_choice(w, kept_rates(o) if refs is None else refs)
     if best is None:
         return None
-    k, g, _ = best
-    inner = [x for x in o.windows if not x.discovery]
-    t_out = o.span_s - sum(x.counted_s for x in inner)
-    n_out = o.watched_calls.get(g, 0) - sum(x.kept_in.get(g, 0) for x in inner)
-    return MarkerCount(k, w.counted_s, n_out, t_out, 0.0, g)
+    k, g, ref = best
+    return MarkerCount(k, w.counted_s, ref.n_out, ref.t_out, 0.0, g)
 
 
 def reading(w: "Window", expo: Exposures, steps_hz: Mapping[int, float],

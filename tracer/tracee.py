@@ -294,11 +294,12 @@ class Tracee:
         else:
             obs = est.Observation(span, tuple(windows), {f: d.watched for f, d in gained.items() if d.watched},
                                   dict(log.unwatched_s))
+        kept = est.kept_rates(obs)
         for w in probed_windows:
             if not w.steps:
                 # A window read against a kept function measures the exposure against it (its pace
                 # there against the interval's outside the windows), in place of its marker's span.
-                m = est.kept_marker(w, obs)
+                m = est.kept_marker(w, obs, kept)
                 self._pool.add(w if m is None else dataclasses.replace(w, marker=m))
                 self._expo = None
         expo = self.exposure()
