@@ -660,6 +660,28 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
         latest_exact: tuple[int, float] | None = None
         stood: list[tuple[Observation, float]] = []  # (interval, its time off the watch link measured)
         pace: tuple[int, float] | None = None  # the last unit's marker and its rate in that interval
+        # Windowless intervals since the last unit: (their time, the last unit's pace factor there,
+        # their references). Where the next unit of windows saw another rate than the last
+        # (`_consistent`: not their counts' noise), it takes the later half of their time and the
+        # last one the earlier half: a function that stopped, or started, between two windows that
+        # sampled it changed somewhere between them, as likely in the first half as in the second.
+        # Carried forward whole, a function that stopped in a gap of windows went on at its old rate
+        # to the next window (a job switching to CUDA-graph replay: its eager launches, where
+        # windows came every other interval, read +15% on average). Else the last unit takes it all.
+        pending: list[tuple[float, float, Mapping[int | None, Reference]]] = []
+
+        def settle(nxt: _Unit | None, nxt_pace: tuple[int, float] | None) -> None:
+            half = sum(x[0] for x in pending) / 2 if nxt is not None else math.inf
+            at = 0.0
+            for u_p, factor, refs_p in pending:
+                first = min(u_p, max(0.0, half - at))
+                units[-1].u += first * factor
+                if u_p > first:
+                    g_ref = refs_p.get(nxt_pace[0]) if nxt_pace is not None else None
+                    nxt.u += (u_p - first) * (g_ref.rate_hz / nxt_pace[1] if g_ref is not None else 1.0)
+                at += u_p
+            pending.clear()
+
         for o, d, refs, paced in zip(observations, per_obs, refs_of, paced_by):
             c = o.watched_calls.get(f, 0)
             observed += c
@@ -673,12 +695,19 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                     mine = None
                 else:
                     mine.u, mine.span = 0.0, o.span_s
+                    g = paced.get(f)
+                    mine_pace = (g, refs[g].rate_hz) if g is not None and g in refs and not mine.alone else None
+                    if pending:
+                        prev = units[-1]
+                        changed = not (mine.alone or prev.alone or prev.exact or _consistent(prev, mine))
+                        settle(mine if changed else None, mine_pace)
                     units.append(mine)
                     observed += mine.n
                     latest_exact = None
-                    g = paced.get(f)
-                    pace = (g, refs[g].rate_hz) if g is not None and g in refs and not mine.alone else None
+                    pace = mine_pace
             if u <= 0:
+                if pending:
+                    settle(None, None)
                 if o.span_s > 0 and (c or units or latest_exact):
                     latest_exact = (c, o.span_s)
                 continue
@@ -689,20 +718,26 @@ def estimate(observations: Sequence[Observation], expo: Exposures = UNMEASURED,
                 units.append(x)
                 latest_exact = pace = None
             if units:
-                # A windowless interval goes at the last unit's rate, times the job's pace there
-                # against the unit's, as the marker that read the unit's windows measured both:
-                # functions counted together keep their ratio. (JAX on an H100: three once-a-step
-                # functions probed only in one long window, whose interval's reference read the
-                # job 11% fast, stood at that pace for the next three intervals; the functions in
-                # every interval's windows read each at its own: +11% against +5%.)
-                g_ref = refs.get(pace[0]) if pace is not None and mine is None else None
-                units[-1].u += u * (g_ref.rate_hz / pace[1] if g_ref is not None else 1.0)
+                # A windowless interval goes at the last unit's rate (or the next one's: `settle`),
+                # times the job's pace there against the unit's, as the marker that read the unit's
+                # windows measured both: functions counted together keep their ratio. (JAX on an
+                # H100: three once-a-step functions probed only in one long window, whose
+                # interval's reference read the job 11% fast, stood at that pace for the next three
+                # intervals; the functions in every interval's windows read each at its own: +11%
+                # against +5%.)
+                if mine is not None:
+                    units[-1].u += u  # its own interval
+                else:
+                    g_ref = refs.get(pace[0]) if pace is not None else None
+                    pending.append((u, g_ref.rate_hz / pace[1] if g_ref is not None else 1.0, refs))
                 stood.append((o, u))
             elif carry and f in carry:
                 carried_u += u
                 stood.append((o, u))
             else:
                 unmeasured += u
+        if pending:
+            settle(None, None)
         sampled = var = rel_sys = half_walk = 0.0
         last = carry.get(f) if carry else None
         if last is not None and carried_u > 0:
