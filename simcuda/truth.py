@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from . import env as simcuda_env
 from . import workload
@@ -26,11 +26,12 @@ def phases_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def start_phases(phases: list[str], log: Path, held: bool = False, env: Mapping[str, str] | None = None,
-                 **popen) -> subprocess.Popen:
+                 extra: Sequence[str] = (), **popen) -> subprocess.Popen:
     """A phases job (SPEC strings as `--phase` takes them), running when this returns; `held`: its
-    phases start only once a line is written to its stdin."""
+    phases start only once a line is written to its stdin; `extra`: more of its options (`--side`)."""
     r, w = os.pipe()
     argv = workload("phases") + sum((["--phase", p] for p in phases), []) + ["--log", str(log), "--ready-fd", str(w)]
+    argv += list(extra)
     argv += ["--wait-stdin"] if held else []
     p = subprocess.Popen(argv, env=dict(env) if env is not None else phases_env(), pass_fds=(w,),
                          stdin=subprocess.PIPE if held else None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

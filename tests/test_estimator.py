@@ -919,6 +919,28 @@ def test_a_kept_function_whose_calls_in_a_window_its_rate_cannot_make_there_is_n
     assert est.estimate(obs) == est.estimate(kept_observations(random.Random(6), 3, kept_in=False, burst=True))
 
 
+def test_a_kept_function_called_from_another_thread_than_the_windows_calls_is_no_reference():
+    """tstats rows (thread, function) -> (window calls, kept calls, ns): function 9 kept on thread 2,
+    the windows' calls on thread 1 (a runtime thread polling at its own pace, unslowed by the
+    windows' probes): apart. On the windows' own thread, or with a helper thread's tenth at most
+    either way, a reference. An interval that says so reads its windows as if 9 were not kept, and
+    9's steps are no step rate."""
+    assert est.kept_apart({(1, 0): (500, 0, 0), (2, 9): (0, 300, 0)}) == {9}
+    assert est.kept_apart({(1, 0): (500, 0, 0), (1, 9): (0, 300, 0)}) == frozenset()
+    assert est.kept_apart({(1, 0): (460, 0, 0), (3, 0): (40, 0, 0), (1, 9): (0, 300, 0), (2, 9): (0, 20, 0)}) == frozenset()
+    assert est.kept_apart({(1, 0): (400, 0, 0), (3, 0): (100, 0, 0), (1, 9): (0, 300, 0)}) == {9}  # a fifth elsewhere
+    assert est.kept_apart({(2, 9): (50, 300, 0)}) == frozenset()  # no other window calls: nothing to say
+    obs = kept_observations(random.Random(5), 5, kept_in=True)
+    apart = [replace(o, kept_apart=frozenset({9})) for o in obs]
+    assert all(9 in est.kept_rates(o) for o in obs) and not any(9 in est.kept_rates(o) for o in apart)
+    assert est.estimate(apart) == est.estimate(kept_observations(random.Random(5), 5, kept_in=False))
+    back, _ = est.load_observations(orjson.loads(orjson.dumps(est.dump_observations(apart, est.UNMEASURED))))
+    assert back == apart
+    stepped = [replace(o, windows=tuple(replace(w, step_func=9, steps=2) for w in o.windows)) for o in obs]
+    assert 9 in est.step_rates(stepped)
+    assert 9 not in est.step_rates([replace(o, kept_apart=frozenset({9})) for o in stepped])
+
+
 def test_kept_calls_in_windows_survive_the_observations_dump():
     obs = kept_observations(random.Random(7), 2, kept_in=True)
     back, _ = est.load_observations(orjson.loads(orjson.dumps(est.dump_observations(obs, est.UNMEASURED))))

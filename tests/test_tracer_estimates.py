@@ -30,10 +30,10 @@ def env() -> dict[str, str]:
     return phases_env()
 
 
-def start_job(spawned, phases: list[str], log: Path, held: bool = False) -> subprocess.Popen:
+def start_job(spawned, phases: list[str], log: Path, held: bool = False, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     """A phases job, running (past its first driver calls) when this returns; `held`: its phases
-    start only once a line is written to its stdin."""
-    p = start_phases(phases, log, held)
+    start only once a line is written to its stdin; `extra`: more of its options."""
+    p = start_phases(phases, log, held, extra=extra)
     spawned.append(p)
     return p
 
@@ -118,9 +118,9 @@ def attach_then_release(job: subprocess.Popen, out: Path, *args: str) -> dict:
 @pytest.fixture
 def finishing_job(spawned, tmp_path):
     """A phases job that ends by itself, so it writes its log: returns (process, log path)."""
-    def make(phases: list[str], held: bool = False) -> tuple[subprocess.Popen, Path]:
+    def make(phases: list[str], held: bool = False, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Path]:
         log = tmp_path / f"log-{len(spawned)}.json"
-        return start_job(spawned, phases, log, held), log
+        return start_job(spawned, phases, log, held, extra), log
     return make
 
 
@@ -294,6 +294,25 @@ def test_functions_called_once_a_step_beside_hot_getters_read_within_their_inter
         _, true, est, err = rows[name]
         assert abs(est - true) <= err and abs(est - true) <= 0.25 * true, rows[name]
     ratios = [est / true for name, (_, true, est, _) in rows.items() if name in FIVE_ONCE_A_STEP]
+    assert max(ratios) <= 1.05 * min(ratios), rows
+
+
+def test_a_kept_function_of_another_thread_is_no_reference_for_the_windows(finishing_job, tmp_path):
+    """A job whose main thread's probes take about 40% of its windows, and a second thread calling
+    cuMemGetInfo_v2 300 times a second at its own pace, the cheapest function to keep: read against
+    that thread's calls (as the step, or as a kept function's in each window), the windows stood for
+    time the main thread did not have, and its functions read 4-6% low, outside their stated +-3-4%
+    (tracer/estimator.py `kept_apart`). Each within its interval, and the three main-thread
+    functions, called in the same steps, within 5% of one another."""
+    job, log = finishing_job(["9:getdev=10,launch=3,capturing=1,spin=200000"], extra=("--side", "meminfo=300"))
+    report = attach_json(job.pid, 5, tmp_path / "r.json")
+    assert job.wait(timeout=60) == 0
+    rows = {r[0]: r for r in check(report, Truth(log), min_hz=100.0)}
+    main = ("cuCtxGetDevice_v2", "cuLaunchKernel", "cuStreamIsCapturing")
+    assert set(main) | {"cuMemGetInfo_v2"} <= set(rows), rows
+    for name, true, est, err in rows.values():
+        assert err is not None and abs(est - true) <= err, rows[name]
+    ratios = [rows[n][2] / rows[n][1] for n in main]
     assert max(ratios) <= 1.05 * min(ratios), rows
 
 

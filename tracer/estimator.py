@@ -135,6 +135,8 @@ class Observation:
     watched_calls: Mapping[int, int] = field(default_factory=dict)  # counted on the watch link
     # Seconds of the span each function spent off the watch link; absent: on it throughout.
     unwatched_s: Mapping[int, float] = field(default_factory=dict)
+    # Kept functions called from other threads than the windows' calls (`kept_apart`): no reference.
+    kept_apart: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -199,8 +201,10 @@ def watched_rate(o: "Observation", g: int, min_share: float = 1.0) -> float | No
 
 def step_rates(observations: Sequence["Observation"]) -> dict[int, float]:
     """Per step function of the observations' step windows, its calls a second over the intervals
-    in which it was on the watch link throughout (counted exactly there)."""
+    in which it was on the watch link throughout (counted exactly there); none for one called from
+    other threads than the windows' calls in any of them (`kept_apart`)."""
     funcs = {w.step_func for o in observations for w in o.windows if w.step_func is not None and w.steps > 0}
+    funcs -= {g for o in observations for g in o.kept_apart}  # another thread's pace: not the job's steps
     out: dict[int, float] = {}
     for g in funcs:
         on = [o for o in observations if watched_rate(o, g) is not None]
@@ -274,9 +278,47 @@ def kept_rates(o: "Observation") -> dict[int | None, Reference]:
         return out
     for g, n in o.watched_calls.items():
         n_out = n - inside.get(g, 0)
-        if o.unwatched_s.get(g, 0.0) <= 0 and n_out >= REF_MIN_CALLS:
+        if o.unwatched_s.get(g, 0.0) <= 0 and n_out >= REF_MIN_CALLS and g not in o.kept_apart:
             out[g] = Reference(n_out / t_out, 0.0, 1.0 / math.sqrt(n_out), kept=True, n_out=n_out, t_out=t_out)
     return out
+
+
+# The least share of a window's calls made by the threads that call a kept function, and of its
+# calls made by threads that make the window's, for it to be that window's reference: a thread the
+# window's probes do not slow (a framework's runtime thread polling at its own pace) keeps its pace
+# there, and read against it the window's calls are those of a window as long as it was counted
+# (a simcuda job whose getters ran 40% probes in windows, a second thread's 300 calls/s kept: its
+# rates read 4-6% low, outside their +-3-4% intervals, its lockstep functions 6% apart). A tenth
+# either way: a helper thread's few calls do not disqualify a reference.
+KEPT_SAME_THREADS = 0.9
+
+
+def kept_apart(tstats: Mapping[tuple[int, int], tuple[int, int, int]]) -> frozenset[int]:
+    """The kept functions whose calls in `tstats` (one process's counts over a span: (thread,
+    function) -> (window calls, kept calls, ns)) come from other threads than its windows' calls
+    (`KEPT_SAME_THREADS`), so that they are no reference for its windows (`kept_rates`)."""
+    window: dict[int, dict[int, int]] = {}  # function -> thread -> window calls
+    kept: dict[int, dict[int, int]] = {}
+    for (tid, f), (calls, k, _) in tstats.items():
+        if calls:
+            window.setdefault(f, {})[tid] = window.get(f, {}).get(tid, 0) + calls
+        if k:
+            kept.setdefault(f, {})[tid] = kept.get(f, {}).get(tid, 0) + k
+    out = set()
+    for g, by_tid in kept.items():
+        w: dict[int, int] = {}
+        for f, per in window.items():
+            if f != g:
+                for tid, n in per.items():
+                    w[tid] = w.get(tid, 0) + n
+        k_all, w_all = sum(by_tid.values()), sum(w.values())
+        if not k_all or not w_all:
+            continue
+        share_w = sum(n for tid, n in w.items() if by_tid.get(tid)) / w_all
+        share_k = sum(n for tid, n in by_tid.items() if w.get(tid)) / k_all
+        if share_w < KEPT_SAME_THREADS or share_k < KEPT_SAME_THREADS:
+            out.add(g)
+    return frozenset(out)
 
 
 def _kept_fits(w: "Window", k: int, rate_hz: float) -> bool:
@@ -1116,7 +1158,8 @@ def dump_observations(observations: Sequence[Observation], expo: Exposures) -> d
         "exposures": {k: [e.value, e.err, e.measured] for k, e in (("counted", expo.counted), ("timed", expo.timed))},
         "observations": [{"span_s": o.span_s, "windows": [window(w) for w in o.windows],
                           "watched_calls": {str(f): n for f, n in o.watched_calls.items()},
-                          "unwatched_s": {str(f): u for f, u in o.unwatched_s.items()}} for o in observations],
+                          "unwatched_s": {str(f): u for f, u in o.unwatched_s.items()},
+                          **({"kept_apart": sorted(o.kept_apart)} if o.kept_apart else {})} for o in observations],
     }
 
 
@@ -1133,5 +1176,6 @@ def load_observations(doc: dict) -> tuple[list[Observation], Exposures]:
     expo = Exposures(Exposure(*ex["counted"]), Exposure(*ex["timed"]))
     obs = [Observation(o["span_s"], tuple(window(w) for w in o["windows"]),
                        {int(f): n for f, n in o["watched_calls"].items()},
-                       {int(f): u for f, u in o["unwatched_s"].items()}) for o in doc["observations"]]
+                       {int(f): u for f, u in o["unwatched_s"].items()},
+                       frozenset(o.get("kept_apart", ()))) for o in doc["observations"]]
     return obs, expo

@@ -177,7 +177,7 @@ class Probes:
         # planned (set by the caller with the kept set): past it, `on_kept_hot(hits, seconds)` is
         # called from the waits, and the caller chooses the kept set again.
         self.kept_hz_limit = float("inf")
-        self.irregular: set[int] = set()  # kept functions found called at irregular intervals: no step
+        self.irregular: set[int] = set()  # kept functions never the step: found called at irregular intervals, or from another thread (Tracee)
         self.on_kept_hot: Callable[[int, float], None] | None = None
         self._kept_mark, self._kept_t = 0, time.monotonic()
 

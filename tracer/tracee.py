@@ -30,6 +30,7 @@ from .budget import WRITE_S, Policy
 from .classify import CLASS_ORDER, FunctionClass, waiting_ids, waits
 from .model import ClassTotals, FunctionStats, ProcessSnapshot, implausible, unknown_reason
 from .probes import IntervalLog, Probes
+from .threads import rows_since
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -149,7 +150,9 @@ class Tracee:
         # not host-wide, where one set of links serves every process.
         self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s, waiting=waiting,
                              step_windows=keep_cheap, **({} if keep_cheap else {"keep_share": 0.0}))
-        self.policy.irregular = probes.irregular  # step functions the probes found irregular: one set
+        # Kept functions that are never the step: found irregular (the probes), or called from
+        # other threads than the windows' calls (`_kept_apart`): one set.
+        self.policy.irregular = probes.irregular
         self.comm = comm(pid)
         # The maps may already hold counts of this pid (a reused program, a process hit before it
         # was found): start from them.
@@ -167,6 +170,7 @@ class Tracee:
         self._recent: collections.deque = collections.deque(maxlen=RECENT)
         self._rows_at: collections.deque = collections.deque([self._prev], maxlen=RECENT + 1)
         self._recent_snap: ProcessSnapshot | None = None
+        self._tstats: Mapping[tuple[int, int], tuple[int, int, int]] = {}  # per-thread counts at the last read
         self._cpu_mark: float | None = None
         self._cpu = CpuClock(pid)
         self._steps = 0
@@ -278,8 +282,12 @@ class Tracee:
             prev = end_rows
         self._prev = prev  # the caller hands over rows it no longer changes
         gained = row_deltas(prev, start, self.ids)
+        apart = frozenset() if self.exact else self._kept_apart(windows)
+        # A kept function called from other threads than the windows' calls keeps its own pace
+        # in the windows: no step of the job either (the probes' and the policy's shared set).
+        self.probes.irregular.update(apart)
         for w in windows:
-            if w.steps and w.step_func is not None:
+            if w.steps and w.step_func is not None and w.step_func not in apart:
                 # Its steps against the step function's count over the interval (exact: it is kept).
                 g = gained.get(w.step_func)
                 hz = None if g is None or not g.watched else \
@@ -293,7 +301,7 @@ class Tracee:
             obs = est.Observation(span, (), {f: d.calls for f, d in gained.items() if d.calls}, {})
         else:
             obs = est.Observation(span, tuple(windows), {f: d.watched for f, d in gained.items() if d.watched},
-                                  dict(log.unwatched_s))
+                                  dict(log.unwatched_s), apart)
         kept = est.kept_rates(obs)
         for w in probed_windows:
             if not w.steps:
@@ -363,6 +371,22 @@ class Tracee:
         """Function f's row gained over the session."""
         now, then = self._prev.get(f), self._first.get(f)
         return None if now is None else now if then is None else now - then
+
+    def _kept_apart(self, windows: Sequence[est.Window]) -> frozenset[int]:
+        """(An interval whose windows counted kept functions' calls) Those called from other threads
+        than the windows' calls since the last such read (`est.kept_apart`); none where the
+        program's per-thread counts cannot be read."""
+        if not any(w.kept_in for w in windows):
+            return frozenset()
+        prog = getattr(self.probes, "program", None)
+        if prog is None or not hasattr(prog, "read_thread_stats_by_tgid"):
+            return frozenset()
+        try:
+            rows = prog.read_thread_stats_by_tgid().get(self.pid, {})
+        except OSError:
+            return frozenset()
+        since, self._tstats = rows_since(rows, self._tstats), rows
+        return est.kept_apart(since)
 
     def _threads(self) -> int | None:
         """The process's threads now (None: gone, or not readable): no more can be inside calls."""

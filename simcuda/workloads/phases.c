@@ -1,6 +1,7 @@
 /* phases: a job whose driver calls change as it runs, and which says exactly when it made which.
  *
  *   phases --phase SPEC [--phase SPEC ...] [--log FILE] [--log-ms MS] [--wait-stdin] [--ready-fd FD]
+ *          [--side NAME=HZ]
  *   SPEC = SECONDS:NAME=COUNT[,NAME=COUNT...][,spin=NS][,gpu=NS][,copywait=1]
  *
  * Each phase runs for SECONDS, in steps; a step makes COUNT calls of each NAME (interleaved), then
@@ -12,6 +13,10 @@
  * launch cuLaunchKernel (a kernel of 0 ns), event cuEventRecord, sync cuStreamSynchronize.
  * A function first called in a later phase is one the tracer has never seen called until then.
  *
+ * --side NAME=HZ: a second thread calls NAME (one the phases do not) HZ times a second, paced by the
+ * clock (it sleeps between calls), from the first phase to the last: a framework's runtime thread
+ * whose calls go on at their own pace, however much the main thread is slowed.
+ *
  * --log FILE: every --log-ms (default 1) the cumulative count of every function, with the time
  * (CLOCK_MONOTONIC, seconds), written at exit as one JSON object {"names": [...], "t": [...],
  * "counts": [[...], ...]} (one row per time): the exact calls in any span, for tests of a tracer.
@@ -19,7 +24,9 @@
  * and the report still written): a bench ends a long job once it has what it needs. */
 #include "workload.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <time.h>
 
 static volatile sig_atomic_t stop_now;
 
@@ -150,6 +157,47 @@ static void write_log(const char *path)
         wl_die("--log %s: %s", path, strerror(errno));
 }
 
+static struct {
+    int api;
+    double hz;
+    volatile int done;
+    CUcontext ctx;
+    CUdevice dev;
+} side = {.api = -1};
+
+static int api_of(const char *name)
+{
+    for (int k = 0; k < N_NAMES; k++)
+        if (!strcmp(names[k].name, name))
+            return names[k].api;
+    wl_die("unknown function %s", name);
+    return -1;
+}
+
+static void call_one(int api, CUdevice dev, CUstream s, CUfunction nop, CUevent ev);
+
+static void *side_thread(void *arg)
+{
+    (void)arg;
+    CU(cuCtxSetCurrent, side.ctx);
+    CUevent ev;
+    CU(cuEventCreate, &ev, 0);
+    struct timespec next;
+    clock_gettime(CLOCK_MONOTONIC, &next);
+    long long step = (long long)(1e9 / side.hz);
+    while (!side.done && !stop_now) {
+        call_one(side.api, side.dev, NULL, NULL, ev);
+        next.tv_nsec += step;
+        while (next.tv_nsec >= 1000000000L) {
+            next.tv_nsec -= 1000000000L;
+            next.tv_sec++;
+        }
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
+    }
+    CU(cuEventDestroy_v2, ev);
+    return NULL;
+}
+
 static void spin(long long ns)
 {
     if (ns <= 0)
@@ -172,6 +220,17 @@ int main(int argc, char **argv)
             log_path = argv[++i];
         else if (!strcmp(argv[i], "--log-ms") && i + 1 < argc)
             log_ms = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--side") && i + 1 < argc) {
+            char *spec = strdup(argv[++i]), *eq = strchr(spec, '=');
+            if (!eq)
+                wl_die("--side %s: expected NAME=HZ", spec);
+            *eq = 0;
+            side.api = api_of(spec);
+            side.hz = atof(eq + 1);
+            if (side.hz <= 0 || side.api == API_cuLaunchKernel || side.api == API_cuStreamSynchronize)
+                wl_die("--side: a getter or cuEventRecord at a rate above 0");
+            free(spec);
+        }
         else
             argv[out++] = argv[i];
     }
@@ -208,6 +267,13 @@ int main(int argc, char **argv)
     CU(cuMemAlloc_v2, &word, 4);
     uint32_t host_word;
     long steps = 0;
+    pthread_t side_tid;
+    if (side.api >= 0) {
+        side.ctx = ctx;
+        side.dev = dev;
+        if (pthread_create(&side_tid, NULL, side_thread, NULL))
+            wl_die("pthread_create failed");
+    }
     double start = wl_now();
     log_now(start);
     for (int k = 0; k < n_phases && !stop_now; k++) {
@@ -221,25 +287,7 @@ int main(int argc, char **argv)
                 for (int e = 0; e < p->n; e++) {
                     if (p->count[e] <= i)
                         continue;
-                    CUdevice d;
-                    CUcontext c;
-                    unsigned flags;
-                    int active, v;
-                    CUstreamCaptureStatus cs;
-                    size_t fr, tot;
-                    switch (p->api[e]) {
-                    case API_cuCtxGetDevice_v2: CU(cuCtxGetDevice_v2, &d, NULL); break;
-                    case API_cuDevicePrimaryCtxGetState: CU(cuDevicePrimaryCtxGetState, dev, &flags, &active); break;
-                    case API_cuCtxGetCurrent: CU(cuCtxGetCurrent, &c); break;
-                    case API_cuDeviceGetAttribute:
-                        CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-                        break;
-                    case API_cuStreamIsCapturing: CU(cuStreamIsCapturing, s, &cs); break;
-                    case API_cuMemGetInfo_v2: CU(cuMemGetInfo_v2, &fr, &tot); break;
-                    case API_cuLaunchKernel: CU(cuLaunchKernel, nop, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL); break;
-                    case API_cuEventRecord: CU(cuEventRecord, ev, s); break;
-                    case API_cuStreamSynchronize: CU(cuStreamSynchronize, s); break;
-                    }
+                    call_one(p->api[e], dev, s, nop, ev);
                     log_now(wl_now());
                 }
             }
@@ -255,6 +303,10 @@ int main(int argc, char **argv)
             log_now(wl_now());
         }
     }
+    if (side.api >= 0) {
+        side.done = 1;
+        pthread_join(side_tid, NULL);
+    }
     CU(cuStreamSynchronize, s);
     logbuf.next = 0;
     log_now(wl_now());
@@ -266,4 +318,25 @@ int main(int argc, char **argv)
         write_log(log_path);
     wl_report(steps, t0, NULL);
     return 0;
+}
+
+static void call_one(int api, CUdevice dev, CUstream s, CUfunction nop, CUevent ev)
+{
+    CUdevice d;
+    CUcontext c;
+    unsigned flags;
+    int active, v;
+    CUstreamCaptureStatus cs;
+    size_t fr, tot;
+    switch (api) {
+    case API_cuCtxGetDevice_v2: CU(cuCtxGetDevice_v2, &d, NULL); break;
+    case API_cuDevicePrimaryCtxGetState: CU(cuDevicePrimaryCtxGetState, dev, &flags, &active); break;
+    case API_cuCtxGetCurrent: CU(cuCtxGetCurrent, &c); break;
+    case API_cuDeviceGetAttribute: CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev); break;
+    case API_cuStreamIsCapturing: CU(cuStreamIsCapturing, s, &cs); break;
+    case API_cuMemGetInfo_v2: CU(cuMemGetInfo_v2, &fr, &tot); break;
+    case API_cuLaunchKernel: CU(cuLaunchKernel, nop, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL); break;
+    case API_cuEventRecord: CU(cuEventRecord, ev, s); break;
+    case API_cuStreamSynchronize: CU(cuStreamSynchronize, s); break;
+    }
 }
