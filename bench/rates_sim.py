@@ -11,6 +11,9 @@ an emulated one): the hardest case for the estimator.
   attach: `gputrace attach -p PID -d 5 --json` on a client already running; every function above
     1k calls/s within +-15% of the truth over the session's span, its stated 95% interval covering
     it, and each function's rate over the busiest one's within +-5% of their true ratio (lockstep);
+    a quarter of these clients (drawn apart: the others are the clients the same seed made before)
+    also run a second thread calling a getter 300-2000 times a second at its own pace (`--side`),
+    outside the lockstep;
   short: a client of 1 s traced from its start (`gputrace attach --json -- CLIENT`): every function's
     calls over the session within +-25% of the truth, or said not known;
   top: two clients at once on the two cores, read by `gputrace top --once --json` (as long as it
@@ -41,6 +44,9 @@ from gputrace.simcuda.truth import PhaseLog, phases_env, start_phases
 
 CLI = [sys.executable, "-m", "gputrace"]
 NAMES = ["getdev", "state", "current", "attr", "capturing", "meminfo", "launch", "event"]
+FULL = {"getdev": "cuCtxGetDevice_v2", "state": "cuDevicePrimaryCtxGetState", "current": "cuCtxGetCurrent",
+        "attr": "cuDeviceGetAttribute", "capturing": "cuStreamIsCapturing", "meminfo": "cuMemGetInfo_v2",
+        "launch": "cuLaunchKernel", "event": "cuEventRecord"}
 STEP_NS = [20_000, 50_000, 200_000, 1_000_000, 5_000_000, 20_000_000, 200_000_000]
 HOT_HZ = 1000.0
 ATTACH_TOL, LOCKSTEP_TOL, SHORT_TOL, TOP_TOL = 0.15, 0.05, 0.25, 0.25
@@ -58,6 +64,22 @@ def client(rng: random.Random) -> str:
     if rng.random() < 0.25:
         spec += ",sync=1"
     return spec + f",spin={rng.choice(STEP_NS)}"
+
+
+SIDE_SHARE = 0.25
+SIDE_HZ = (300, 1000, 2000)
+_SIDE_SEED = [0]  # (main sets it: the side threads are drawn apart, so the clients stay as seeded before them)
+
+
+def side(spec: str, i: int) -> list[str]:
+    """In a quarter of the attach runs, a second thread calling a getter the steps do not at its own
+    pace (`--side`: a framework's runtime thread), drawn from a generator of its own."""
+    r = random.Random(1_000_003 * _SIDE_SEED[0] + i)
+    if r.random() >= SIDE_SHARE:
+        return []
+    used = {part.split("=")[0] for part in spec.split(",")}
+    name = r.choice([n for n in NAMES if n not in used and n != "launch"])
+    return ["--side", f"{name}={r.choice(SIDE_HZ)}"]
 
 
 def run_cli(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -80,8 +102,10 @@ def rate_of(f: dict) -> tuple[float | None, float | None, str | None]:
 
 def attach_run(i: int, rng: random.Random, tmp: Path) -> list[dict]:
     spec = client(rng)
+    extra = side(spec, i)
     log = tmp / f"attach-{i}.json"
-    job = start_phases([f"60:{spec}"], log)
+    job = start_phases([f"60:{spec}"], log, extra=extra)
+    spec += f" {' '.join(extra)}" if extra else ""
     try:
         time.sleep(rng.uniform(0.2, 1.0))  # a random point of its run (no event to wait for: any moment will do)
         out = tmp / f"attach-{i}-report.json"
@@ -99,7 +123,9 @@ def attach_run(i: int, rng: random.Random, tmp: Path) -> list[dict]:
     est = {f["name"]: f for f in rep["summary"]["functions"]}
     hot = {n: c / (b - a) for n, c in calls.items() if c / (b - a) >= HOT_HZ}
     rows = []
-    busiest = max(hot, key=hot.get) if hot else None
+    apart = {FULL[extra[1].split("=")[0]]} if extra else set()  # the side thread's: not in the steps' lockstep
+    steps = {n: r for n, r in hot.items() if n not in apart}
+    busiest = max(steps, key=steps.get) if steps else None
     for name, true in hot.items():
         rate, err, why = rate_of(est.get(name, {"rate_hz": 0.0, "rate_err_hz": 0.0}))
         row = {"part": "attach", "run": i, "client": spec, "function": name, "truth_hz": true, "rate_hz": rate,
@@ -109,7 +135,7 @@ def attach_run(i: int, rng: random.Random, tmp: Path) -> list[dict]:
             row["covered"] = err is not None and abs(rate - true) <= err
             row["within"] = abs(row["error"]) <= ATTACH_TOL
             br = rate_of(est.get(busiest, {"rate_hz": None}))[0]
-            if name != busiest and br:
+            if name != busiest and name not in apart and br:
                 row["lockstep_error"] = (rate / br) / (true / hot[busiest]) - 1
         rows.append(row)
     return rows
@@ -221,6 +247,7 @@ def main() -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
+    _SIDE_SEED[0] = args.seed
     parts = args.parts.split(",")
     plan = [("attach", args.runs), ("short", max(1, args.runs // 3)), ("top", max(1, args.runs // 6))]
     rows: list[dict] = []
