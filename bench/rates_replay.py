@@ -24,7 +24,8 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-RUNS = ["rates-h100-2", "rates-h100-3/1-jax-mlp", "rates-h100-4", "rates-h100-5", "rates-h100-5/top", "rates-h100-6"]
+RUNS = ["rates-h100-2", "rates-h100-3/1-jax-mlp", "rates-h100-4", "rates-h100-5", "rates-h100-5/top", "rates-h100-6",
+        "rates-h100-7"]
 
 
 def known(e) -> bool:
