@@ -4,7 +4,7 @@
 The report as committed, one command (docs/overhead-report.md, docs/overhead-report/*.png):
     .venv/bin/python bench/overhead_report.py bench/results/overhead-h200 \\
         --audit bench/results/audit-validate-h100 --incremental bench/results/incremental-costs-h100-2 \\
-        --restore-whole bench/results/restore-whole-h100.json --rates bench/results/rates-h100-6
+        --restore-whole bench/results/restore-whole-h100.json --rates bench/results/rates-h100-7
 Anywhere else:
     .venv/bin/python bench/overhead_report.py DIR [--audit D] [...] --md OUT.md --plots OUTDIR [--mtbf-h 24]
 
@@ -239,6 +239,8 @@ README_TREES = {
                                 "is what the device's copy reported"),
     "rates-h100-6": ("95f2845", "its README: that working tree laid over the wheel, the estimator of 39e0052; the "
                                 "JSON's commit, cc84b66, is what the device's copy reported"),
+    "rates-h100-7": ("eaf47c2", "its README: that working tree laid over the wheel; the JSON's commit, e03c429, "
+                                "is what the device's copy reported"),
 }
 # The suite's steady state waits on other work (issue 41, part 2): said wherever its stages are missing.
 STEADY_WHY = ("issue 41 runs them after the tracer-rates issue (38) and the audit-bounds issue (40) are resolved, "

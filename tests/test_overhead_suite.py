@@ -27,7 +27,7 @@ GPU_RESULTS = ROOT / "bench/results/overhead-h200"
 # The report's inputs as committed, in the order the command names them (bench/overhead_report.py's docstring).
 COMMITTED = ["bench/results/overhead-h200", "--audit", "bench/results/audit-validate-h100",
              "--incremental", "bench/results/incremental-costs-h100-2",
-             "--restore-whole", "bench/results/restore-whole-h100.json", "--rates", "bench/results/rates-h100-6"]
+             "--restore-whole", "bench/results/restore-whole-h100.json", "--rates", "bench/results/rates-h100-7"]
 
 
 def run(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
