@@ -255,6 +255,7 @@ class Program:
         self._seen = self.maps["seen"]
         self._threads = self.maps["threads"]
         self._thread_ids: frozenset[int] | None = None  # its keys as of the last stats read (thread_ids)
+        self._tstats_now: dict[int, dict] | None = None  # `tstats` as of the last stats read (thread_stats_now)
         # seen_hits() is polled 50 times a second per file: one bpf() lookup into kept buffers.
         self._seen_key, self._seen_val = self._seen.key_type(0), self._seen.value_type(0)
         self._kept_key, self._kept_val = self._seen.key_type(1), self._seen.value_type(0)
@@ -420,6 +421,13 @@ class Program:
                 out[(k.tid, k.func)] = (int(v.calls), int(v.kept), int(v.outer_ns))
         return out
 
+    def thread_stats_now(self) -> dict[int, dict[tuple[int, int], tuple[int, int, int]]]:
+        """read_thread_stats_by_tgid, once per read of the stats: every process of a host session
+        asks after the same read (Tracee's `_apart`), and the map is read once for all of them."""
+        if self._tstats_now is None:
+            self._tstats_now = self.read_thread_stats_by_tgid()
+        return self._tstats_now
+
     def read_thread_stats_by_tgid(self) -> dict[int, dict[tuple[int, int], tuple[int, int, int]]]:
         """Every process's `tstats` rows at once, by tgid (as read_thread_stats gives one process's):
         for a host session, which reads them every interval. In batches where the kernel has them,
@@ -470,6 +478,7 @@ class Program:
         rows, not two per row) where the kernel has them (5.6+); a row whose bytes did not change
         since the last read comes back as the same RawStats object, so callers can skip it cheaply."""
         self._thread_ids = None  # read again when next asked: threads come and go between reads
+        self._tstats_now = None
         if self._batch is not None:
             try:
                 return self._read_batched()

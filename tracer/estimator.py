@@ -135,8 +135,8 @@ class Observation:
     watched_calls: Mapping[int, int] = field(default_factory=dict)  # counted on the watch link
     # Seconds of the span each function spent off the watch link; absent: on it throughout.
     unwatched_s: Mapping[int, float] = field(default_factory=dict)
-    # Kept functions called from other threads than the windows' calls (`kept_apart`): no reference.
-    kept_apart: frozenset[int] = frozenset()
+    # Functions called from other threads than the windows' calls (`apart`): no reference.
+    apart: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -202,9 +202,9 @@ def watched_rate(o: "Observation", g: int, min_share: float = 1.0) -> float | No
 def step_rates(observations: Sequence["Observation"]) -> dict[int, float]:
     """Per step function of the observations' step windows, its calls a second over the intervals
     in which it was on the watch link throughout (counted exactly there); none for one called from
-    other threads than the windows' calls in any of them (`kept_apart`)."""
+    other threads than the windows' calls in any of them (`apart`)."""
     funcs = {w.step_func for o in observations for w in o.windows if w.step_func is not None and w.steps > 0}
-    funcs -= {g for o in observations for g in o.kept_apart}  # another thread's pace: not the job's steps
+    funcs -= {g for o in observations for g in o.apart}  # another thread's pace: not the job's steps
     out: dict[int, float] = {}
     for g in funcs:
         on = [o for o in observations if watched_rate(o, g) is not None]
@@ -237,7 +237,7 @@ def reference_rates(o: "Observation") -> dict[int | None, Reference]:
     sums: dict[int | None, list[float]] = {}
     for w in o.windows:
         m = w.marker
-        if m is None or m.out_s <= 0 or m.out_probe_s > REF_PROBE_MAX * m.out_s:
+        if m is None or m.out_s <= 0 or m.out_probe_s > REF_PROBE_MAX * m.out_s or m.func in o.apart:
             # (A span whose probes took too much of it is left out, not pooled: the interval's other
             # spans of the same function still give its windows their reference. Pooled, one such
             # span ruled out every window of its interval: on an H100 a GPT-2 job's spans of 4.9%
@@ -278,47 +278,39 @@ def kept_rates(o: "Observation") -> dict[int | None, Reference]:
         return out
     for g, n in o.watched_calls.items():
         n_out = n - inside.get(g, 0)
-        if o.unwatched_s.get(g, 0.0) <= 0 and n_out >= REF_MIN_CALLS and g not in o.kept_apart:
+        if o.unwatched_s.get(g, 0.0) <= 0 and n_out >= REF_MIN_CALLS and g not in o.apart:
             out[g] = Reference(n_out / t_out, 0.0, 1.0 / math.sqrt(n_out), kept=True, n_out=n_out, t_out=t_out)
     return out
 
 
-# The least share of a window's calls made by the threads that call a kept function, and of its
-# calls made by threads that make the window's, for it to be that window's reference: a thread the
-# window's probes do not slow (a framework's runtime thread polling at its own pace) keeps its pace
-# there, and read against it the window's calls are those of a window as long as it was counted
-# (a simcuda job whose getters ran 40% probes in windows, a second thread's 300 calls/s kept: its
-# rates read 4-6% low, outside their +-3-4% intervals, its lockstep functions 6% apart). A tenth
-# either way: a helper thread's few calls do not disqualify a reference.
-KEPT_SAME_THREADS = 0.9
+# The least share of the windows' calls that the threads calling a reference function (kept, or a
+# marker) must make for it to be their reference: a thread the windows' probes do not slow (a
+# framework's runtime thread polling at its own pace) keeps its pace there, and read against it the
+# windows' calls are those of a window as long as it was counted (a simcuda job whose getters ran
+# 40% probes in windows, a second thread's 300 calls/s kept: its rates read 4-6% low, outside their
+# +-3-4% intervals, its lockstep functions 6% apart). Half, not all: a jitted JAX step's calls come
+# 66% from its main thread and the rest from XLA's, and a reference on the main thread paces most.
+SAME_THREADS = 0.5
 
 
-def kept_apart(tstats: Mapping[tuple[int, int], tuple[int, int, int]]) -> frozenset[int]:
-    """The kept functions whose calls in `tstats` (one process's counts over a span: (thread,
-    function) -> (window calls, kept calls, ns)) come from other threads than its windows' calls
-    (`KEPT_SAME_THREADS`), so that they are no reference for its windows (`kept_rates`)."""
-    window: dict[int, dict[int, int]] = {}  # function -> thread -> window calls
-    kept: dict[int, dict[int, int]] = {}
+def apart(tstats: Mapping[tuple[int, int], tuple[int, int, int]]) -> frozenset[int]:
+    """The functions whose calls in `tstats` (one process's counts over a span: (thread, function)
+    -> (window calls, kept calls, ns)) come from threads that made less than `SAME_THREADS` of the
+    windows' calls, so that they are no reference for the windows (`kept_rates`, `reference_rates`,
+    `step_rates`). (A function called from the windows' threads and another thread alike is not
+    told apart: its pace is partly theirs.)"""
+    callers: dict[int, set[int]] = {}  # function -> threads that called it (in windows or kept)
+    by_tid: dict[int, int] = {}        # thread -> its window calls
     for (tid, f), (calls, k, _) in tstats.items():
+        if calls or k:
+            callers.setdefault(f, set()).add(tid)
         if calls:
-            window.setdefault(f, {})[tid] = window.get(f, {}).get(tid, 0) + calls
-        if k:
-            kept.setdefault(f, {})[tid] = kept.get(f, {}).get(tid, 0) + k
-    out = set()
-    for g, by_tid in kept.items():
-        w: dict[int, int] = {}
-        for f, per in window.items():
-            if f != g:
-                for tid, n in per.items():
-                    w[tid] = w.get(tid, 0) + n
-        k_all, w_all = sum(by_tid.values()), sum(w.values())
-        if not k_all or not w_all:
-            continue
-        share_w = sum(n for tid, n in w.items() if by_tid.get(tid)) / w_all
-        share_k = sum(n for tid, n in by_tid.items() if w.get(tid)) / k_all
-        if share_w < KEPT_SAME_THREADS or share_k < KEPT_SAME_THREADS:
-            out.add(g)
-    return frozenset(out)
+            by_tid[tid] = by_tid.get(tid, 0) + calls
+    total = sum(by_tid.values())
+    if not total:
+        return frozenset()
+    return frozenset(g for g, tids in callers.items()
+                     if sum(by_tid.get(t, 0) for t in tids) < SAME_THREADS * total)
 
 
 def _kept_fits(w: "Window", k: int, rate_hz: float) -> bool:
@@ -1191,7 +1183,7 @@ def dump_observations(observations: Sequence[Observation], expo: Exposures) -> d
         "observations": [{"span_s": o.span_s, "windows": [window(w) for w in o.windows],
                           "watched_calls": {str(f): n for f, n in o.watched_calls.items()},
                           "unwatched_s": {str(f): u for f, u in o.unwatched_s.items()},
-                          **({"kept_apart": sorted(o.kept_apart)} if o.kept_apart else {})} for o in observations],
+                          **({"apart": sorted(o.apart)} if o.apart else {})} for o in observations],
     }
 
 
@@ -1209,5 +1201,5 @@ def load_observations(doc: dict) -> tuple[list[Observation], Exposures]:
     obs = [Observation(o["span_s"], tuple(window(w) for w in o["windows"]),
                        {int(f): n for f, n in o["watched_calls"].items()},
                        {int(f): u for f, u in o["unwatched_s"].items()},
-                       frozenset(o.get("kept_apart", ()))) for o in doc["observations"]]
+                       frozenset(o.get("apart", o.get("kept_apart", ())))) for o in doc["observations"]]
     return obs, expo

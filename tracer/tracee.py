@@ -151,7 +151,7 @@ class Tracee:
         self.policy = Policy(probes.classes, probes.costs, budget=budget, interval_s=interval_s, waiting=waiting,
                              step_windows=keep_cheap, **({} if keep_cheap else {"keep_share": 0.0}))
         # Kept functions that are never the step: found irregular (the probes), or called from
-        # other threads than the windows' calls (`_kept_apart`): one set.
+        # other threads than the windows' calls (`_apart`): one set.
         self.policy.irregular = probes.irregular
         self.comm = comm(pid)
         # The maps may already hold counts of this pid (a reused program, a process hit before it
@@ -282,7 +282,7 @@ class Tracee:
             prev = end_rows
         self._prev = prev  # the caller hands over rows it no longer changes
         gained = row_deltas(prev, start, self.ids)
-        apart = frozenset() if self.exact else self._kept_apart(windows)
+        apart = frozenset() if self.exact else self._apart(windows)
         # A kept function called from other threads than the windows' calls keeps its own pace
         # in the windows: no step of the job either (the probes' and the policy's shared set).
         self.probes.irregular.update(apart)
@@ -308,6 +308,8 @@ class Tracee:
                 # A window read against a kept function measures the exposure against it (its pace
                 # there against the interval's outside the windows), in place of its marker's span.
                 m = est.kept_marker(w, obs, kept)
+                if m is None and w.marker is not None and w.marker.func in apart:
+                    w = dataclasses.replace(w, marker=None)  # another thread's pace: no exposure from it
                 self._pool.add(w if m is None else dataclasses.replace(w, marker=m))
                 self._expo = None
         expo = self.exposure()
@@ -372,21 +374,22 @@ class Tracee:
         now, then = self._prev.get(f), self._first.get(f)
         return None if now is None else now if then is None else now - then
 
-    def _kept_apart(self, windows: Sequence[est.Window]) -> frozenset[int]:
-        """(An interval whose windows counted kept functions' calls) Those called from other threads
-        than the windows' calls since the last such read (`est.kept_apart`); none where the
-        program's per-thread counts cannot be read."""
-        if not any(w.kept_in for w in windows):
+    def _apart(self, windows: Sequence[est.Window]) -> frozenset[int]:
+        """(An interval whose windows have a reference: a marker, a kept function's calls) The
+        functions called from other threads than the windows' calls since the last such read
+        (`est.apart`); none where the program's per-thread counts cannot be read."""
+        if not any(w.kept_in or w.marker is not None for w in windows):
             return frozenset()
         prog = getattr(self.probes, "program", None)
-        if prog is None or not hasattr(prog, "read_thread_stats_by_tgid"):
+        read = getattr(prog, "thread_stats_now", None) or getattr(prog, "read_thread_stats_by_tgid", None)
+        if read is None:
             return frozenset()
         try:
-            rows = prog.read_thread_stats_by_tgid().get(self.pid, {})
+            rows = read().get(self.pid, {})
         except OSError:
             return frozenset()
         since, self._tstats = rows_since(rows, self._tstats), rows
-        return est.kept_apart(since)
+        return est.apart(since)
 
     def _threads(self) -> int | None:
         """The process's threads now (None: gone, or not readable): no more can be inside calls."""
